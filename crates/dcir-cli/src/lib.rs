@@ -1,0 +1,1 @@
+//! The dcir drivers.

@@ -1,0 +1,1 @@
+//! Reads `.dcir` text into a [`dcir_ir::Module`].
