@@ -1,1 +1,110 @@
-fn main() {}
+//! `cargo xtask`: repository chores behind a cargo alias (see `.cargo/config.toml`).
+//!
+//! A thin orchestrator: it runs cargo, git and the release `dcir-opt`, and
+//! depends on no dcir crate (the layering check enforces that too).
+
+mod bench;
+mod bless;
+mod chaingen;
+mod layering;
+mod pipeline;
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+
+/// The subcommands.
+#[derive(Parser)]
+#[command(bin_name = "cargo xtask", about = "Repository chores for dcir")]
+enum Cli {
+    /// Fail on any dependency between workspace crates that the layer table forbids.
+    Layering,
+    /// Run FILE through every compiler stage, writing one numbered file per stage.
+    Pipeline {
+        /// The input graph.
+        file: PathBuf,
+        /// Where the stage files go (default: target/pipeline/<stem>/).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Re-bless every snapshot (insta and filetests), then list the changed files.
+    Bless,
+    /// Generate the benchmark graphs, time release dcir-opt on them, print markdown rows.
+    Bench,
+}
+
+fn main() -> ExitCode {
+    let result = match Cli::parse() {
+        Cli::Layering => layering::run(),
+        Cli::Pipeline { file, out } => pipeline::run(&file, out),
+        Cli::Bless => bless::run(),
+        Cli::Bench => bench::run(),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The workspace root: xtask lives one directory below it.
+fn workspace_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives inside the workspace")
+}
+
+/// A `cargo` command (the cargo running us, from `$CARGO`), run in the workspace root.
+fn cargo() -> Command {
+    let mut cmd = Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.current_dir(workspace_root());
+    cmd
+}
+
+/// Runs `cmd` with inherited stdio and fails unless it succeeds.
+fn run_checked(cmd: &mut Command) -> Result<()> {
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot run {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed ({status})");
+    }
+    Ok(())
+}
+
+/// `cargo metadata --format-version 1 --no-deps`, parsed.
+fn metadata() -> Result<serde_json::Value> {
+    let out = cargo()
+        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .output()
+        .context("cannot run cargo metadata")?;
+    if !out.status.success() {
+        bail!(
+            "cargo metadata failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    serde_json::from_slice(&out.stdout).context("cargo metadata printed invalid JSON")
+}
+
+/// The cargo target directory (honours `CARGO_TARGET_DIR` and config).
+fn target_dir() -> Result<PathBuf> {
+    let meta = metadata()?;
+    let dir = meta["target_directory"]
+        .as_str()
+        .context("cargo metadata has no target_directory")?;
+    Ok(PathBuf::from(dir))
+}
+
+/// Builds the release `dcir-opt` and returns the path of the binary.
+fn build_dcir_opt() -> Result<PathBuf> {
+    run_checked(cargo().args(["build", "--release", "--bin", "dcir-opt"]))?;
+    Ok(target_dir()?
+        .join("release")
+        .join(format!("dcir-opt{}", env::consts::EXE_SUFFIX)))
+}

@@ -3,7 +3,10 @@
 use indexmap::IndexMap;
 
 /// One attribute value.
-#[derive(Clone, Debug, PartialEq)]
+///
+/// Equality compares floats by what they print as, not by IEEE `==`: `nan`
+/// equals `nan` and `-0.0` differs from `0.0`.
+#[derive(Clone, Debug)]
 pub enum Attr {
     /// A signed integer.
     Int(i64),
@@ -17,6 +20,25 @@ pub enum Attr {
     Ints(Vec<i64>),
     /// A list of floats.
     Floats(Vec<f64>),
+}
+
+impl PartialEq for Attr {
+    fn eq(&self, other: &Attr) -> bool {
+        fn same(a: f64, b: f64) -> bool {
+            a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+        }
+        match (self, other) {
+            (Attr::Int(a), Attr::Int(b)) => a == b,
+            (Attr::Float(a), Attr::Float(b)) => same(*a, *b),
+            (Attr::Bool(a), Attr::Bool(b)) => a == b,
+            (Attr::Str(a), Attr::Str(b)) => a == b,
+            (Attr::Ints(a), Attr::Ints(b)) => a == b,
+            (Attr::Floats(a), Attr::Floats(b)) => {
+                a.len() == b.len() && a.iter().zip(b).all(|(&x, &y)| same(x, y))
+            }
+            _ => false,
+        }
+    }
 }
 
 /// The kind of value an attribute of the op table must hold.
@@ -127,9 +149,15 @@ impl Attr {
 /// schema ops, sorted by name for ops with an open schema).
 ///
 /// Construct through [`crate::OpKind::normalize_attrs`] so that defaults are
-/// filled in and the order is canonical.
-#[derive(Clone, Debug, PartialEq, Default)]
+/// filled in and the order is canonical. Equality takes the order into account.
+#[derive(Clone, Debug, Default)]
 pub struct Attrs(IndexMap<String, Attr>);
+
+impl PartialEq for Attrs {
+    fn eq(&self, other: &Attrs) -> bool {
+        self.0.iter().eq(other.0.iter())
+    }
+}
 
 impl Attrs {
     /// No attributes.

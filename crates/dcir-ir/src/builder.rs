@@ -90,10 +90,10 @@ impl GraphBuilder {
         ty: TensorType,
     ) -> Result<ValueId, BuildError> {
         let mut attrs = kind.normalize_attrs(attrs)?;
-        if kind == OpKind::Constant {
-            if let Some(value) = attrs.remove("value") {
-                attrs.set("value", value.literal_for(ty.dtype));
-            }
+        if kind == OpKind::Constant
+            && let Some(value) = attrs.remove("value")
+        {
+            attrs.set("value", value.literal_for(ty.dtype));
         }
         let types: Vec<&TensorType> = operands.iter().map(|&v| self.graph.ty(v)).collect();
         check_types(kind, &attrs, &types, &[&ty]).map_err(|message| BuildError::Type {

@@ -80,18 +80,10 @@ impl Span {
     }
 }
 
-/// Where an op or graph came from: debug information only.
-///
-/// Locations never take part in equality: a module read back from its own
-/// printed text equals the original although every location differs.
-#[derive(Clone, Copy, Debug, Default)]
+/// Where an op or graph came from: debug information only (graph equality
+/// ignores it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Location(pub Option<Span>);
-
-impl PartialEq for Location {
-    fn eq(&self, _: &Location) -> bool {
-        true
-    }
-}
 
 /// What defines a value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -157,8 +149,11 @@ pub struct BlockData {
 
 /// One computational graph: a named function from parameters to results.
 ///
-/// Equality compares the name, signature and arenas (dead entries included),
-/// not the name-allocation state or locations.
+/// Equality is structural: the name, the signature, and block by block the
+/// arguments (name, type) and live ops (kind, operand names, results' names
+/// and types, attributes, symbol, region) in order. Arena layout, removed
+/// ops and locations do not count, so a graph equals its own printed text
+/// read back.
 #[derive(Clone, Debug)]
 pub struct Graph {
     name: String,
@@ -177,11 +172,34 @@ impl PartialEq for Graph {
     fn eq(&self, other: &Graph) -> bool {
         self.name == other.name
             && self.result_types == other.result_types
-            && self.body == other.body
-            && self.values == other.values
-            && self.ops == other.ops
-            && self.blocks == other.blocks
+            && blocks_equal(self, self.body, other, other.body)
     }
+}
+
+fn blocks_equal(a: &Graph, ab: BlockId, b: &Graph, bb: BlockId) -> bool {
+    let values_equal = |x: &[ValueId], y: &[ValueId]| {
+        x.len() == y.len()
+            && x.iter().zip(y).all(|(&u, &v)| {
+                let (u, v) = (a.value(u), b.value(v));
+                u.name == v.name && u.ty == v.ty
+            })
+    };
+    let (ab, bb) = (a.block(ab), b.block(bb));
+    values_equal(&ab.args, &bb.args)
+        && ab.ops.len() == bb.ops.len()
+        && ab.ops.iter().zip(&bb.ops).all(|(&x, &y)| {
+            let (x, y) = (a.op(x), b.op(y));
+            x.kind == y.kind
+                && x.attrs == y.attrs
+                && x.symbol == y.symbol
+                && values_equal(&x.operands, &y.operands)
+                && values_equal(&x.results, &y.results)
+                && match (x.region, y.region) {
+                    (Some(xr), Some(yr)) => blocks_equal(a, xr, b, yr),
+                    (None, None) => true,
+                    _ => false,
+                }
+        })
 }
 
 /// Why a value cannot be created.
@@ -362,10 +380,11 @@ impl Graph {
         attrs: Attrs,
         results: Vec<(String, TensorType)>,
     ) -> Result<OpId, GraphError> {
+        let mut seen = HashSet::new();
         if let Some(dup) = results
             .iter()
             .map(|(n, _)| n)
-            .find(|n| self.names.contains(*n))
+            .find(|n| self.names.contains(*n) || !seen.insert(*n))
         {
             return Err(GraphError::DuplicateName(dup.clone()));
         }

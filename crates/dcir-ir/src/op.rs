@@ -352,7 +352,7 @@ ops! {
     /// Negation.
     Neg = "neg", Exactly(1), Exactly(1), NO_ATTRS, Inferred, "-x";
     /// Absolute value.
-    Abs = "abs", Exactly(1), Exactly(1), NO_ATTRS, Inferred, "|x|";
+    Abs = "abs", Exactly(1), Exactly(1), NO_ATTRS, Inferred, "absolute value";
     /// 2-D convolution, NCHW input and OIHW weights.
     Conv2d = "conv2d", Exactly(2), Exactly(1), CONV2D_ATTRS, Inferred, "2-D convolution of x[N,C,H,W] with w[O,C/groups,KH,KW]";
     /// (Batched) matrix multiply.

@@ -45,6 +45,17 @@ pub fn check_types(
     results: &[&TensorType],
 ) -> Result<(), TypeError> {
     use OpKind::*;
+    let info = kind.info();
+    if !info.operands.accepts(operands.len()) || !info.results.accepts(results.len()) {
+        return Err(format!(
+            "`{}` takes {} operands and has {} results, found {} and {}",
+            kind.name(),
+            info.operands.describe(),
+            info.results.describe(),
+            operands.len(),
+            results.len()
+        ));
+    }
     match kind {
         Fused | Return | Yield => Ok(()),
         Broadcast => check_broadcast(attrs, operands[0], results[0]),
@@ -188,8 +199,14 @@ fn window_out(
     stride: i64,
     dilation: i64,
 ) -> Option<usize> {
+    if kernel <= 0 {
+        return None;
+    }
     let span = dilation.checked_mul(kernel - 1)?.checked_add(1)?;
-    let padded = (input as i64).checked_add(pad_lo)?.checked_add(pad_hi)?;
+    let padded = i64::try_from(input)
+        .ok()?
+        .checked_add(pad_lo)?
+        .checked_add(pad_hi)?;
     if padded < span {
         return None;
     }
@@ -276,7 +293,9 @@ fn infer(kind: OpKind, attrs: &Attrs, ops: &[&TensorType]) -> Result<Vec<TensorT
                         "concat along axis {axis} needs equal dtypes and equal dims off the axis, found {first} and {t}"
                     ));
                 }
-                dims[axis] += t.dims()[axis];
+                dims[axis] = dims[axis]
+                    .checked_add(t.dims()[axis])
+                    .ok_or("concat result extent overflows")?;
             }
             one(TensorType::new(first.dtype, dims))
         }
@@ -288,8 +307,13 @@ fn infer(kind: OpKind, attrs: &Attrs, ops: &[&TensorType]) -> Result<Vec<TensorT
             all_non_negative(low, "low")?;
             all_non_negative(high, "high")?;
             let dims = (0..rank)
-                .map(|d| ops[0].dims()[d] + (low[d] + high[d]) as usize)
-                .collect::<Vec<_>>();
+                .map(|d| {
+                    // Non-negative, so the casts are exact; only the sum can overflow.
+                    (ops[0].dims()[d].checked_add(low[d] as usize))
+                        .and_then(|n| n.checked_add(high[d] as usize))
+                        .ok_or_else(|| format!("padding dim {d} of {} overflows", ops[0]))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
             one(TensorType::new(ops[0].dtype, dims))
         }
         Gather => {
@@ -515,7 +539,11 @@ fn infer_slice(attrs: &Attrs, x: &TensorType) -> Result<Vec<TensorType>, TypeErr
             ));
         }
         let step = steps.get(d).copied().unwrap_or(1);
-        dims.push(((e - s + step - 1) / step) as usize);
+        dims.push(if e == s {
+            0
+        } else {
+            ((e - s - 1) / step + 1) as usize
+        });
     }
     Ok(vec![TensorType::new(x.dtype, dims)])
 }
@@ -604,14 +632,21 @@ fn check_constant(attrs: &Attrs, out: &TensorType) -> Result<(), TypeError> {
     if !out.dtype.is_float() && !ints_only {
         return Err(format!("constant of type {out} needs integer values"));
     }
-    if out.dtype == DType::Bool {
-        let bad = match attrs.get("value") {
-            Some(Attr::Int(v)) => !matches!(v, 0 | 1),
-            Some(Attr::Ints(v)) => v.iter().any(|x| !matches!(x, 0 | 1)),
-            _ => false,
+    let range = match out.dtype {
+        DType::Bool => Some((0, 1)),
+        DType::I32 => Some((i64::from(i32::MIN), i64::from(i32::MAX))),
+        _ => None,
+    };
+    if let Some((lo, hi)) = range {
+        let values: &[i64] = match attrs.get("value") {
+            Some(Attr::Int(v)) => std::slice::from_ref(v),
+            Some(Attr::Ints(v)) => v,
+            _ => &[],
         };
-        if bad {
-            return Err("a bool constant holds only 0 and 1".to_string());
+        if let Some(bad) = values.iter().find(|&&v| v < lo || v > hi) {
+            return Err(format!(
+                "constant of type {out} holds values in {lo}..={hi}, found {bad}"
+            ));
         }
     }
     Ok(())

@@ -16,8 +16,8 @@
 //! 5. **SSA.** Every operand is defined before its use in the same block, or is
 //!    an argument of that block; a `fused` region is isolated — its ops use
 //!    only its arguments and its own results. Uses of values whose op was
-//!    removed are reported. A use before definition that closes a dependence
-//!    cycle is reported as a cycle, naming the values on it.
+//!    removed are reported. Uses before definition that close a dependence
+//!    cycle are reported once, as the cycle, naming the values on it.
 //! 6. **Types.** Each op's result types follow its type rule
 //!    ([`crate::shape::check_types`]), which also checks attribute ranges
 //!    (strides > 0, pads >= 0, `groups` divides the channels, `perm` is a
@@ -26,7 +26,7 @@
 //!    a `fused` region has one argument per operand, of the operand's type, and
 //!    its `yield` operands have the op's result types.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 use petgraph::graph::DiGraph;
@@ -184,7 +184,7 @@ impl Verifier<'_> {
             _ => {}
         }
         let mut defined: HashSet<ValueId> = data.args.iter().copied().collect();
-        let mut pending_cycle_check = false;
+        let mut late_uses = Vec::new();
         for (pos, &op) in data.ops.iter().enumerate() {
             let d = g.op(op);
             if d.parent != Some(block) {
@@ -221,19 +221,22 @@ impl Verifier<'_> {
                 if defined.contains(&operand) {
                     continue;
                 }
-                pending_cycle_check |= self.report_undefined(op, block, operand);
+                if self.is_defined_later(op, block, operand) {
+                    late_uses.push((op, operand));
+                }
             }
             defined.extend(d.results.iter().copied());
             self.check_op(op, terminator);
         }
-        if pending_cycle_check {
-            self.report_cycle(block);
+        if !late_uses.is_empty() {
+            self.report_late_uses(block, &late_uses);
         }
     }
 
-    /// Reports an operand not yet defined at its use; true when it is defined
-    /// later in the same block (a possible cycle).
-    fn report_undefined(&mut self, op: OpId, block: BlockId, operand: ValueId) -> bool {
+    /// Handles an operand not yet defined at its use: reports it, unless it
+    /// is defined later in the same block, which is a use before definition
+    /// or a cycle and is reported by [`Verifier::report_late_uses`] (true).
+    fn is_defined_later(&mut self, op: OpId, block: BlockId, operand: ValueId) -> bool {
         let g = self.g;
         let name = self.name(operand);
         let def_block = match g.value(operand).def {
@@ -248,10 +251,7 @@ impl Verifier<'_> {
                 );
                 false
             }
-            Some(b) if b == block => {
-                self.error(Some(op), format!("{name} is used before its definition"));
-                true
-            }
+            Some(b) if b == block => true,
             Some(_) if g.block(block).owner.is_some() => {
                 self.error(
                     Some(op),
@@ -273,34 +273,44 @@ impl Verifier<'_> {
         }
     }
 
-    fn report_cycle(&mut self, block: BlockId) {
+    /// Reports each dependence cycle of `block` once, at its first op, and
+    /// every other use before definition at the use.
+    fn report_late_uses(&mut self, block: BlockId, late_uses: &[(OpId, ValueId)]) {
         let g = self.g;
         let ops = &g.block(block).ops;
-        let mut dep = DiGraph::<OpId, ()>::new();
-        let nodes: Vec<_> = ops.iter().map(|&o| dep.add_node(o)).collect();
-        let index_of = |o: OpId| ops.iter().position(|&x| x == o);
+        let position: HashMap<OpId, usize> = ops.iter().enumerate().map(|(i, &o)| (o, i)).collect();
+        let mut dep = DiGraph::<usize, ()>::new();
+        let nodes: Vec<_> = (0..ops.len()).map(|i| dep.add_node(i)).collect();
         for (i, &op) in ops.iter().enumerate() {
             for &operand in &g.op(op).operands {
-                if let ValueDef::OpResult { op: def, .. } = g.value(operand).def {
-                    if let Some(j) = index_of(def) {
-                        dep.add_edge(nodes[j], nodes[i], ());
-                    }
+                if let ValueDef::OpResult { op: def, .. } = g.value(operand).def
+                    && let Some(&j) = position.get(&def)
+                {
+                    dep.add_edge(nodes[j], nodes[i], ());
                 }
             }
         }
+        let mut in_cycle = HashSet::new();
         for scc in petgraph::algo::tarjan_scc(&dep) {
-            let cyclic = scc.len() > 1 || dep.contains_edge(scc[0], scc[0]);
-            if cyclic {
-                let mut members: Vec<OpId> = scc.iter().map(|&n| dep[n]).collect();
-                members.sort_by_key(|&o| index_of(o));
-                let names: Vec<String> = members
-                    .iter()
-                    .flat_map(|&o| g.op(o).results.iter().map(|&r| self.name(r)))
-                    .collect();
-                self.error(
-                    Some(members[0]),
-                    format!("dependence cycle through {}", names.join(", ")),
-                );
+            if scc.len() == 1 && !dep.contains_edge(scc[0], scc[0]) {
+                continue;
+            }
+            let mut members: Vec<usize> = scc.iter().map(|&n| dep[n]).collect();
+            members.sort_unstable();
+            let names: Vec<String> = members
+                .iter()
+                .flat_map(|&i| g.op(ops[i]).results.iter().map(|&r| self.name(r)))
+                .collect();
+            self.error(
+                Some(ops[members[0]]),
+                format!("dependence cycle through {}", names.join(", ")),
+            );
+            in_cycle.extend(members.into_iter().map(|i| ops[i]));
+        }
+        for &(op, operand) in late_uses {
+            if !in_cycle.contains(&op) {
+                let name = self.name(operand);
+                self.error(Some(op), format!("{name} is used before its definition"));
             }
         }
     }
@@ -380,6 +390,12 @@ impl Verifier<'_> {
         if outer_terminator == OpKind::Yield {
             self.error(Some(op), "`fused` groups cannot nest".to_string());
             return;
+        }
+        if g.block(region).owner != Some(op) {
+            self.error(
+                Some(op),
+                format!("the region {region} of this `fused` op names another owner"),
+            );
         }
         if d.symbol.as_deref().is_none_or(|s| !is_identifier(s)) {
             self.error(Some(op), "`fused` needs a symbol such as @g0".to_string());

@@ -1,0 +1,272 @@
+//! Data-driven filetests: every `.dcir` file under `tests/filetests/<stage>/`
+//! and every file of `ir-examples/`.
+//!
+//! A filetest starts with a header of commands, one per line:
+//!
+//! ```text
+//! // test verify      read and verify; snapshot the canonical IR (or the diagnostics)
+//! // test roundtrip   print, read back, and check the module and text agree
+//! ```
+//!
+//! Expected diagnostics are written on the offending line as a trailing
+//! `// error: <part of the message>`; every diagnostic must be expected and
+//! every expectation met. A line `// -----` splits a file into independent
+//! cases (MLIR's split-input-file), keeping line numbers. Snapshots live in
+//! `tests/filetests/<stage>/snapshots/`; re-bless with `cargo xtask bless`.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::{Path, PathBuf};
+
+use dcir_ir::{Module, print_module, verify_module};
+use dcir_reader::{Diagnostic, parse_module, read_bytes, render};
+
+const SPLIT: &str = "// -----";
+const EXPECT_ERROR: &str = "// error: ";
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The commands a filetest's header asks for.
+#[derive(Debug, Default)]
+struct Commands {
+    verify: bool,
+    roundtrip: bool,
+}
+
+fn parse_header(source: &str) -> Result<Commands, String> {
+    let mut commands = Commands::default();
+    for line in source.lines().take_while(|l| l.starts_with("//")) {
+        let Some(cmd) = line.strip_prefix("// test ") else {
+            continue;
+        };
+        match cmd.trim() {
+            "verify" => commands.verify = true,
+            "roundtrip" => commands.roundtrip = true,
+            other => return Err(format!("unknown filetest command `test {other}`")),
+        }
+    }
+    if !commands.verify && !commands.roundtrip {
+        return Err("no `// test <command>` line in the header".to_string());
+    }
+    Ok(commands)
+}
+
+/// The cases of a file: each keeps its line numbers by leading blank lines.
+fn split_cases(source: &str) -> Vec<String> {
+    let mut cases = Vec::new();
+    let mut current = String::new();
+    let mut line_no = 0;
+    for line in source.split_inclusive('\n') {
+        line_no += 1;
+        if line.trim_end() == SPLIT {
+            cases.push(std::mem::replace(&mut current, "\n".repeat(line_no)));
+            continue;
+        }
+        current.push_str(line);
+    }
+    cases.push(current);
+    cases
+}
+
+/// `(line, expected message part)` for every `// error:` annotation (1-based lines).
+fn expectations(case: &str) -> Vec<(usize, String)> {
+    case.lines()
+        .enumerate()
+        .filter_map(|(i, line)| {
+            let at = line.find(EXPECT_ERROR)?;
+            Some((i + 1, line[at + EXPECT_ERROR.len()..].trim().to_string()))
+        })
+        .collect()
+}
+
+/// Reads and verifies one case: the module, or every diagnostic.
+fn read_and_verify(case: &str) -> Result<Module, Vec<Diagnostic>> {
+    let module = read_bytes(case.as_bytes())?;
+    verify_module(&module).map_err(|errs| errs.iter().map(Diagnostic::from).collect::<Vec<_>>())?;
+    Ok(module)
+}
+
+/// Checks diagnostics against expectations; `Err` describes every mismatch.
+fn match_expectations(case: &str, diags: &[Diagnostic]) -> Result<(), String> {
+    let mut expected = expectations(case);
+    let mut problems = Vec::new();
+    for d in diags {
+        let line = d.line_col(case).map(|(l, _)| l);
+        let found = expected
+            .iter()
+            .position(|(l, text)| Some(*l) == line && d.message.contains(text.as_str()));
+        match found {
+            Some(i) => {
+                expected.remove(i);
+            }
+            None => problems.push(format!(
+                "unexpected diagnostic at line {}: {}",
+                line.map_or("?".to_string(), |l| l.to_string()),
+                d.message
+            )),
+        }
+    }
+    for (line, text) in expected {
+        problems.push(format!(
+            "line {line}: expected an error containing `{text}`, none was reported"
+        ));
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("\n"))
+    }
+}
+
+fn check_roundtrip(module: &Module) -> Result<(), String> {
+    let text = print_module(module);
+    let reread = parse_module(&text).map_err(|d| {
+        format!(
+            "printed IR does not read back:\n{}",
+            render("<printed>", &text, &d)
+        )
+    })?;
+    if &reread != module {
+        return Err(format!(
+            "printed IR reads back to a different module:\n{text}"
+        ));
+    }
+    let again = print_module(&reread);
+    if again != text {
+        return Err(format!(
+            "printing is not a fixpoint:\n--- first\n{text}--- second\n{again}"
+        ));
+    }
+    Ok(())
+}
+
+/// Runs one filetest; returns the stage output to snapshot.
+fn run_file(path: &Path, source: &str) -> Result<String, String> {
+    let commands = parse_header(source)?;
+    let file_name = path
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .to_string();
+    let mut output = String::new();
+    for (i, case) in split_cases(source).iter().enumerate() {
+        if i > 0 {
+            output.push_str(SPLIT);
+            output.push('\n');
+        }
+        match read_and_verify(case) {
+            Ok(module) => {
+                match_expectations(case, &[])?;
+                if commands.roundtrip {
+                    check_roundtrip(&module)?;
+                }
+                if commands.verify {
+                    output.push_str(&print_module(&module));
+                }
+            }
+            Err(diags) => {
+                let rendered = render(&file_name, case, &diags);
+                match_expectations(case, &diags).map_err(|e| format!("{e}\n{rendered}"))?;
+                output.push_str(&rendered);
+            }
+        }
+    }
+    Ok(output)
+}
+
+fn dcir_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "dcir"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// Runs every filetest of one stage directory and snapshots its output.
+fn run_stage(stage: &str) {
+    let dir = repo_root().join("tests/filetests").join(stage);
+    let files = dcir_files(&dir);
+    assert!(!files.is_empty(), "no filetests in {}", dir.display());
+    let mut failures = Vec::new();
+    for path in &files {
+        let name = path
+            .file_stem()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .to_string();
+        let source =
+            std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let outcome = run_file(path, &source).and_then(|output| {
+            catch_unwind(AssertUnwindSafe(|| {
+                insta::with_settings!({
+                    snapshot_path => dir.join("snapshots"),
+                    prepend_module_to_snapshot => false,
+                    description => format!("{stage}/{name}.dcir; re-bless with `cargo xtask bless`"),
+                    omit_expression => true,
+                }, {
+                    insta::assert_snapshot!(name.clone(), output);
+                });
+            }))
+            .map_err(|_| {
+                "snapshot differs (diff above); re-bless with `cargo xtask bless`".to_string()
+            })
+        });
+        match outcome {
+            Ok(()) => println!("ok   {stage}/{name}.dcir"),
+            Err(e) => failures.push(format!("FAIL {stage}/{name}.dcir\n{e}")),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} filetests failed:\n\n{}",
+        failures.len(),
+        files.len(),
+        failures.join("\n\n")
+    );
+}
+
+#[test]
+fn verify_stage() {
+    run_stage("verify");
+}
+
+#[test]
+fn errors_stage() {
+    run_stage("errors");
+}
+
+/// Every ir-example verifies, round-trips, and is already canonical: its text
+/// without comment lines is exactly what the printer prints.
+#[test]
+fn ir_examples_are_valid_and_canonical() {
+    let files = dcir_files(&repo_root().join("ir-examples"));
+    assert!(files.len() >= 6, "expected the ir-examples");
+    let mut failures = Vec::new();
+    for path in &files {
+        let source = std::fs::read_to_string(path).expect("readable example");
+        let outcome = read_and_verify(&source)
+            .map_err(|d| render(&path.display().to_string(), &source, &d))
+            .and_then(|module| {
+                check_roundtrip(&module)?;
+                let code: String = source
+                    .split_inclusive('\n')
+                    .filter(|l| !l.trim_start().starts_with("//"))
+                    .collect();
+                if print_module(&module) != code {
+                    return Err(format!(
+                        "not in canonical form; the printer gives:\n{}",
+                        print_module(&module)
+                    ));
+                }
+                Ok(())
+            });
+        match outcome {
+            Ok(()) => println!("ok   {}", path.display()),
+            Err(e) => failures.push(format!("{}: {e}", path.display())),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}

@@ -1,0 +1,50 @@
+//! `cargo xtask pipeline FILE.dcir [--out DIR]`: every compiler stage's output, one file each.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+/// The stages after `00-input.dcir` (a copy of the input), in order: the file
+/// each writes and the `dcir-opt` arguments that produce it from the input.
+/// A new stage is one more line here.
+pub const STAGES: &[(&str, &[&str])] = &[
+    // Parse, verify, print canonical IR.
+    ("01-verified.dcir", &[]),
+];
+
+/// Runs every stage on `file`, writing into `out` (default `target/pipeline/<stem>/`).
+pub fn run(file: &Path, out: Option<PathBuf>) -> Result<()> {
+    if !file.is_file() {
+        bail!("{} is not a file", file.display());
+    }
+    let out = match out {
+        Some(dir) => dir,
+        None => {
+            let stem = file.file_stem().context("the input has no file name")?;
+            crate::target_dir()?.join("pipeline").join(stem)
+        }
+    };
+    fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
+    let opt = crate::build_dcir_opt()?;
+
+    let input = out.join("00-input.dcir");
+    fs::copy(file, &input).with_context(|| format!("cannot copy {}", file.display()))?;
+    println!("{}", input.display());
+    for (name, args) in STAGES {
+        let path = out.join(name);
+        let _ = fs::remove_file(&path); // never leave a stale file behind a failing stage
+        let mut cmd = Command::new(&opt);
+        cmd.args(*args).arg(file).arg("-o").arg(&path);
+        // dcir-opt's diagnostics go straight to our stderr.
+        let status = cmd
+            .status()
+            .with_context(|| format!("cannot run {cmd:?}"))?;
+        if !status.success() {
+            bail!("stage {name} failed: {cmd:?}");
+        }
+        println!("{}", path.display());
+    }
+    Ok(())
+}
