@@ -61,14 +61,14 @@ fn run(name: &str, args: &OptArgs) -> Result<(), Reported> {
     let started = Instant::now();
     let mut timings: Vec<(&str, Duration)> = Vec::new();
     let (file_name, bytes) = read_input(name, &args.input)?;
-    let source = String::from_utf8_lossy(&bytes);
+    let source = || String::from_utf8_lossy(&bytes);
 
     let t = Instant::now();
-    let module = read_bytes(&bytes).map_err(|diags| report(&file_name, &source, &diags))?;
+    let module = read_bytes(&bytes).map_err(|diags| report(&file_name, &source(), &diags))?;
     timings.push(("parse", t.elapsed()));
 
     let t = Instant::now();
-    check(&module, &file_name, &source)?;
+    check(&module, &file_name, source)?;
     timings.push(("verify", t.elapsed()));
 
     let t = Instant::now();
@@ -113,10 +113,14 @@ fn report(file_name: &str, source: &str, diags: &[Diagnostic]) -> Reported {
     Reported
 }
 
-fn check(module: &Module, file_name: &str, source: &str) -> Result<(), Reported> {
+fn check<'s>(
+    module: &Module,
+    file_name: &str,
+    source: impl FnOnce() -> std::borrow::Cow<'s, str>,
+) -> Result<(), Reported> {
     verify_module(module).map_err(|errors| {
         let diags: Vec<Diagnostic> = errors.iter().map(Diagnostic::from).collect();
-        report(file_name, source, &diags)
+        report(file_name, &source(), &diags)
     })
 }
 

@@ -1,5 +1,7 @@
 //! Attribute values and the ordered attribute dictionary of an op.
 
+use std::borrow::Cow;
+
 use indexmap::IndexMap;
 
 /// One attribute value.
@@ -151,7 +153,7 @@ impl Attr {
 /// Construct through [`crate::OpKind::normalize_attrs`] so that defaults are
 /// filled in and the order is canonical. Equality takes the order into account.
 #[derive(Clone, Debug, Default)]
-pub struct Attrs(IndexMap<String, Attr>);
+pub struct Attrs(IndexMap<Cow<'static, str>, Attr>);
 
 impl PartialEq for Attrs {
     fn eq(&self, other: &Attrs) -> bool {
@@ -166,12 +168,12 @@ impl Attrs {
     }
 
     /// Adds or replaces one attribute (order: insertion; normalize afterwards).
-    pub fn set(&mut self, name: impl Into<String>, value: Attr) {
+    pub fn set(&mut self, name: impl Into<Cow<'static, str>>, value: Attr) {
         self.0.insert(name.into(), value);
     }
 
     /// Builder form of [`Attrs::set`].
-    pub fn with(mut self, name: impl Into<String>, value: Attr) -> Attrs {
+    pub fn with(mut self, name: impl Into<Cow<'static, str>>, value: Attr) -> Attrs {
         self.set(name, value);
         self
     }
@@ -188,7 +190,7 @@ impl Attrs {
 
     /// The attributes in canonical order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &Attr)> {
-        self.0.iter().map(|(k, v)| (k.as_str(), v))
+        self.0.iter().map(|(k, v)| (k.as_ref(), v))
     }
 
     /// Number of attributes.
@@ -232,9 +234,19 @@ impl Attrs {
     }
 }
 
-impl FromIterator<(String, Attr)> for Attrs {
-    fn from_iter<I: IntoIterator<Item = (String, Attr)>>(iter: I) -> Attrs {
-        Attrs(iter.into_iter().collect())
+impl<N: Into<Cow<'static, str>>> FromIterator<(N, Attr)> for Attrs {
+    fn from_iter<I: IntoIterator<Item = (N, Attr)>>(iter: I) -> Attrs {
+        Attrs(iter.into_iter().map(|(n, v)| (n.into(), v)).collect())
+    }
+}
+
+impl IntoIterator for Attrs {
+    type Item = (Cow<'static, str>, Attr);
+    type IntoIter = indexmap::map::IntoIter<Cow<'static, str>, Attr>;
+
+    /// The attributes, moved out, in canonical order.
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
     }
 }
 

@@ -7,7 +7,7 @@
 //! in execution order; an op removed from every block is dead and is not
 //! printed. Value names are unique within a graph.
 
-use std::collections::HashSet;
+use rustc_hash::FxHashSet as HashSet;
 use std::fmt;
 
 use crate::attr::Attrs;
@@ -220,7 +220,7 @@ impl Graph {
             blocks: vec![BlockData::default()],
             body: BlockId(0),
             result_types: Vec::new(),
-            names: HashSet::new(),
+            names: HashSet::default(),
             next_fresh: 0,
             loc: Location::default(),
         }
@@ -380,7 +380,7 @@ impl Graph {
         attrs: Attrs,
         results: Vec<(String, TensorType)>,
     ) -> Result<OpId, GraphError> {
-        let mut seen = HashSet::new();
+        let mut seen = HashSet::default();
         if let Some(dup) = results
             .iter()
             .map(|(n, _)| n)

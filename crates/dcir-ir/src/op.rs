@@ -50,6 +50,18 @@ pub enum AttrDefault {
 }
 
 impl AttrDefault {
+    /// True when `attr` is this default (no allocation).
+    pub fn matches(self, attr: &Attr) -> bool {
+        match (self, attr) {
+            (AttrDefault::Int(a), Attr::Int(b)) => a == *b,
+            (AttrDefault::Float(a), Attr::Float(b)) => a.to_bits() == b.to_bits(),
+            (AttrDefault::Bool(a), Attr::Bool(b)) => a == *b,
+            (AttrDefault::Str(a), Attr::Str(b)) => a == b,
+            (AttrDefault::Ints(a), Attr::Ints(b)) => a == b.as_slice(),
+            _ => false,
+        }
+    }
+
     /// The default as an attribute value.
     pub fn to_attr(self) -> Attr {
         match self {
@@ -432,16 +444,42 @@ impl OpKind {
         )
     }
 
+    /// True when `attrs` are already what [`OpKind::normalize_attrs`] would
+    /// return for them (checked without copying them).
+    pub fn attrs_are_canonical(self, attrs: &Attrs) -> bool {
+        let info = self.info();
+        if info.open_attrs {
+            let names: Vec<&str> = attrs.iter().map(|(n, _)| n).collect();
+            return names.windows(2).all(|w| w[0] < w[1]);
+        }
+        attrs.len() == info.attrs.len()
+            && attrs.iter().zip(info.attrs).all(|((name, value), spec)| {
+                name == spec.name
+                    && match (spec.kind, value) {
+                        (AttrKind::Int, Attr::Int(_))
+                        | (AttrKind::Float, Attr::Float(_))
+                        | (AttrKind::Bool, Attr::Bool(_))
+                        | (AttrKind::Str, Attr::Str(_))
+                        | (AttrKind::Ints, Attr::Ints(_))
+                        | (AttrKind::Floats, Attr::Floats(_)) => true,
+                        (AttrKind::Literal, v) => {
+                            matches!(
+                                v,
+                                Attr::Int(_) | Attr::Float(_) | Attr::Ints(_) | Attr::Floats(_)
+                            )
+                        }
+                        _ => false,
+                    }
+            })
+    }
+
     /// Checks `attrs` against the schema and returns them canonical: values
     /// converted to the schema's kinds, defaults filled in, in schema order
     /// (sorted by name for an open schema).
     pub fn normalize_attrs(self, attrs: Attrs) -> Result<Attrs, AttrError> {
         let info = self.info();
         if info.open_attrs {
-            let mut entries: Vec<(String, Attr)> = attrs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.clone()))
-                .collect();
+            let mut entries: Vec<_> = attrs.into_iter().collect();
             entries.sort_by(|a, b| a.0.cmp(&b.0));
             return Ok(entries.into_iter().collect());
         }
@@ -461,10 +499,11 @@ impl OpKind {
                 message,
             });
         }
+        let mut attrs = attrs;
         let mut out = Attrs::new();
         for spec in info.attrs {
-            let value = match attrs.get(spec.name) {
-                Some(v) => v.clone().coerce(spec.kind).ok_or_else(|| AttrError {
+            let value = match attrs.remove(spec.name) {
+                Some(v) => v.coerce(spec.kind).ok_or_else(|| AttrError {
                     attr: Some(spec.name.to_string()),
                     message: format!(
                         "attribute `{}` of `{}` must be {}",

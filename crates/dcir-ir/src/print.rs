@@ -10,15 +10,25 @@ use std::fmt::{self, Write};
 use crate::attr::Attr;
 use crate::graph::{BlockId, Graph, Module, OpData, ValueId};
 use crate::op::OpKind;
+use crate::types::TensorType;
 
 /// Prints a module.
 pub fn print_module(module: &Module) -> String {
-    module.to_string()
+    let mut out = String::new();
+    for (i, g) in module.graphs.iter().enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        write_graph(&mut out, g);
+    }
+    out
 }
 
 /// Prints one graph.
 pub fn print_graph(graph: &Graph) -> String {
-    graph.to_string()
+    let mut out = String::new();
+    write_graph(&mut out, graph);
+    out
 }
 
 /// Prints a float so that it reads back to the same `f64`: `1.0`, `1e-5`, `nan`, `inf`, `-inf`.
@@ -73,116 +83,139 @@ pub fn format_attr(attr: &Attr) -> String {
 
 impl fmt::Display for Module {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, g) in self.graphs.iter().enumerate() {
-            if i > 0 {
-                f.write_str("\n")?;
-            }
-            write!(f, "{g}")?;
-        }
-        Ok(())
+        f.write_str(&print_module(self))
     }
 }
 
 impl fmt::Display for Graph {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "graph @{}(", self.name())?;
-        for (i, &p) in self.params().iter().enumerate() {
-            if i > 0 {
-                f.write_str(", ")?;
-            }
-            write!(f, "%{}: {}", self.value(p).name, self.ty(p))?;
-        }
-        f.write_str(") -> (")?;
-        for (i, t) in self.result_types().iter().enumerate() {
-            if i > 0 {
-                f.write_str(", ")?;
-            }
-            write!(f, "{t}")?;
-        }
-        f.write_str(") {\n")?;
-        write_block(f, self, self.body(), 1)?;
-        f.write_str("}\n")
+        f.write_str(&print_graph(self))
     }
 }
 
-fn write_values(f: &mut fmt::Formatter<'_>, g: &Graph, values: &[ValueId]) -> fmt::Result {
+// The writers append to a `String` directly: printing is on the path of every
+// `dcir-opt` run, and `fmt` machinery per token costs more than the text.
+
+fn write_type(out: &mut String, ty: &TensorType) {
+    out.push_str(ty.dtype.name());
+    out.push('[');
+    for (i, d) in ty.dims().iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let _ = write!(out, "{d}");
+    }
+    out.push(']');
+}
+
+fn write_graph(out: &mut String, g: &Graph) {
+    out.push_str("graph @");
+    out.push_str(g.name());
+    out.push('(');
+    for (i, &p) in g.params().iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        out.push('%');
+        out.push_str(&g.value(p).name);
+        out.push_str(": ");
+        write_type(out, g.ty(p));
+    }
+    out.push_str(") -> (");
+    for (i, t) in g.result_types().iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        write_type(out, t);
+    }
+    out.push_str(") {\n");
+    write_block(out, g, g.body(), 1);
+    out.push_str("}\n");
+}
+
+fn write_values(out: &mut String, g: &Graph, values: &[ValueId]) {
     for (i, &v) in values.iter().enumerate() {
         if i > 0 {
-            f.write_str(", ")?;
+            out.push_str(", ");
         }
-        write!(f, "%{}", g.value(v).name)?;
+        out.push('%');
+        out.push_str(&g.value(v).name);
     }
-    Ok(())
 }
 
-fn write_block(f: &mut fmt::Formatter<'_>, g: &Graph, block: BlockId, depth: usize) -> fmt::Result {
+fn write_block(out: &mut String, g: &Graph, block: BlockId, depth: usize) {
     for &op in &g.block(block).ops {
-        write_op(f, g, g.op(op), depth)?;
+        write_op(out, g, g.op(op), depth);
     }
-    Ok(())
 }
 
-fn write_op(f: &mut fmt::Formatter<'_>, g: &Graph, op: &OpData, depth: usize) -> fmt::Result {
-    let indent = "  ".repeat(depth);
-    f.write_str(&indent)?;
-    if !op.results.is_empty() {
-        write_values(f, g, &op.results)?;
-        f.write_str(" = ")?;
+fn write_indent(out: &mut String, depth: usize) {
+    for _ in 0..depth {
+        out.push_str("  ");
     }
-    f.write_str(op.kind.name())?;
+}
+
+fn write_op(out: &mut String, g: &Graph, op: &OpData, depth: usize) {
+    write_indent(out, depth);
+    if !op.results.is_empty() {
+        write_values(out, g, &op.results);
+        out.push_str(" = ");
+    }
+    out.push_str(op.kind.name());
     if op.kind == OpKind::Fused {
-        write!(f, " @{}(", op.symbol.as_deref().unwrap_or(""))?;
+        out.push_str(" @");
+        out.push_str(op.symbol.as_deref().unwrap_or(""));
+        out.push('(');
         let args = op.region.map(|r| g.block(r).args.as_slice()).unwrap_or(&[]);
         for (i, &operand) in op.operands.iter().enumerate() {
             if i > 0 {
-                f.write_str(", ")?;
+                out.push_str(", ");
             }
-            let arg = args.get(i).map_or("?", |&a| g.value(a).name.as_str());
-            write!(f, "%{arg} = %{}", g.value(operand).name)?;
+            out.push('%');
+            out.push_str(args.get(i).map_or("?", |&a| g.value(a).name.as_str()));
+            out.push_str(" = %");
+            out.push_str(&g.value(operand).name);
         }
-        f.write_str(")")?;
+        out.push(')');
     } else if !op.operands.is_empty() {
-        f.write_str(" ")?;
-        write_values(f, g, &op.operands)?;
+        out.push(' ');
+        write_values(out, g, &op.operands);
     }
-    write_attrs(f, op)?;
+    write_attrs(out, op);
     if !op.results.is_empty() {
-        f.write_str(" : ")?;
+        out.push_str(" : ");
         for (i, &r) in op.results.iter().enumerate() {
             if i > 0 {
-                f.write_str(", ")?;
+                out.push_str(", ");
             }
-            write!(f, "{}", g.ty(r))?;
+            write_type(out, g.ty(r));
         }
     }
     match op.region {
         Some(region) => {
-            f.write_str(" {\n")?;
-            write_block(f, g, region, depth + 1)?;
-            writeln!(f, "{indent}}}")
+            out.push_str(" {\n");
+            write_block(out, g, region, depth + 1);
+            write_indent(out, depth);
+            out.push_str("}\n");
         }
-        None => f.write_str("\n"),
+        None => out.push('\n'),
     }
 }
 
-fn write_attrs(f: &mut fmt::Formatter<'_>, op: &OpData) -> fmt::Result {
-    let shown: Vec<(&str, &Attr)> = op
-        .attrs
-        .iter()
-        .filter(|(name, value)| {
-            let default = op.kind.attr_spec(name).and_then(|s| s.default);
-            default.is_none_or(|d| d.to_attr() != **value)
-        })
-        .collect();
-    if shown.is_empty() {
-        return Ok(());
-    }
-    f.write_str(" {")?;
-    for (i, (name, value)) in shown.iter().enumerate() {
-        if i > 0 {
-            f.write_str(", ")?;
+fn write_attrs(out: &mut String, op: &OpData) {
+    let mut first = true;
+    for (name, value) in op.attrs.iter() {
+        let default = op.kind.attr_spec(name).and_then(|s| s.default);
+        if default.is_some_and(|d| d.matches(value)) {
+            continue;
         }
-        write!(f, "{name} = {}", format_attr(value))?;
+        out.push_str(if first { " {" } else { ", " });
+        first = false;
+        out.push_str(name);
+        out.push_str(" = ");
+        out.push_str(&format_attr(value));
     }
-    f.write_str("}")
+    if !first {
+        out.push('}');
+    }
 }

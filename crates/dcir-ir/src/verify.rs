@@ -26,7 +26,7 @@
 //!    a `fused` region has one argument per operand, of the operand's type, and
 //!    its `yield` operands have the op's result types.
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::fmt;
 
 use petgraph::graph::DiGraph;
@@ -60,7 +60,7 @@ impl std::error::Error for VerifyError {}
 /// Checks every invariant of the module doc; returns all violations found.
 pub fn verify_module(module: &Module) -> Result<(), Vec<VerifyError>> {
     let mut errors = Vec::new();
-    let mut seen = HashSet::new();
+    let mut seen = HashSet::default();
     for g in &module.graphs {
         if !is_identifier(g.name()) {
             errors.push(VerifyError {
@@ -139,7 +139,7 @@ impl Verifier<'_> {
     }
 
     fn check_value_names(&mut self) {
-        let mut seen = HashSet::new();
+        let mut seen = HashSet::default();
         for id in self.g.value_ids() {
             let data = self.g.value(id);
             let owner = match data.def {
@@ -290,7 +290,7 @@ impl Verifier<'_> {
                 }
             }
         }
-        let mut in_cycle = HashSet::new();
+        let mut in_cycle = HashSet::default();
         for scc in petgraph::algo::tarjan_scc(&dep) {
             if scc.len() == 1 && !dep.contains_edge(scc[0], scc[0]) {
                 continue;
@@ -343,12 +343,15 @@ impl Verifier<'_> {
             );
             return;
         }
-        match d.kind.normalize_attrs(d.attrs.clone()) {
-            Err(e) => self.error(Some(op), e.message),
-            Ok(canonical) if canonical != d.attrs => {
-                self.error(Some(op), format!("the attributes of `{}` are not in canonical form (built without normalize_attrs)", info.name))
-            }
-            Ok(_) => {}
+        if !d.kind.attrs_are_canonical(&d.attrs) {
+            let message = match d.kind.normalize_attrs(d.attrs.clone()) {
+                Err(e) => e.message,
+                Ok(_) => format!(
+                    "the attributes of `{}` are not in canonical form (built without normalize_attrs)",
+                    info.name
+                ),
+            };
+            self.error(Some(op), message);
         }
         if let Some((bad, _)) = d.attrs.iter().find(|(n, _)| !is_identifier(n)) {
             self.error(

@@ -42,17 +42,18 @@ pub struct TypeExpr<'a> {
     pub span: Span,
 }
 
-/// A statement of a graph body.
+/// A statement of a graph body. Boxed, so that the parser's stack entries
+/// stay small (they are moved on every shift and reduce).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Stmt<'a> {
     /// An ordinary op or a terminator.
-    Op(OpStmt<'a>),
+    Op(Box<OpStmt<'a>>),
     /// A `fused` group.
-    Fused(FusedStmt<'a>),
+    Fused(Box<FusedStmt<'a>>),
 }
 
-impl<'a> From<OpStmt<'a>> for Stmt<'a> {
-    fn from(op: OpStmt<'a>) -> Stmt<'a> {
+impl<'a> From<Box<OpStmt<'a>>> for Stmt<'a> {
+    fn from(op: Box<OpStmt<'a>>) -> Stmt<'a> {
         Stmt::Op(op)
     }
 }

@@ -8,7 +8,7 @@
 //! before the definition reaches the verifier (which reports it, or the cycle
 //! it closes) instead of failing here. Nothing here verifies the graph.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::collections::hash_map::Entry;
 
 use dcir_ir::{
@@ -78,7 +78,7 @@ fn lower_graph(decl: &GraphDecl<'_>, errors: &mut Vec<Diagnostic>) -> Graph {
         graph: Graph::new(decl.name.text),
         errors,
         declared: declared_types(decl),
-        values: HashMap::new(),
+        values: HashMap::default(),
         pending: Vec::new(),
     };
     cx.graph.loc = Location(Some(decl.span));
@@ -110,7 +110,7 @@ fn declared_types<'t, 'a>(decl: &'t GraphDecl<'a>) -> HashMap<&'a str, Declared<
             declared.entry(name.text).or_insert(Declared::Type(ty));
         }
     }
-    let mut declared = HashMap::new();
+    let mut declared = HashMap::default();
     for (name, ty) in &decl.params {
         declared.entry(name.text).or_insert(Declared::Type(ty));
     }
@@ -325,7 +325,7 @@ impl<'t, 'a> Lowering<'t, 'a, '_> {
         result_type: Option<&TensorType>,
     ) -> Option<Attrs> {
         let mut attrs = Attrs::new();
-        let mut seen: HashMap<&str, Span> = HashMap::new();
+        let mut seen: HashMap<&str, Span> = HashMap::default();
         for entry in entries {
             if let Some(first) = seen.insert(entry.name.text, entry.name.span) {
                 self.errors.push(
@@ -337,7 +337,12 @@ impl<'t, 'a> Lowering<'t, 'a, '_> {
                 );
                 return None;
             }
-            attrs.set(entry.name.text, attr_value(&entry.value));
+            // Schema names are static: only a free-form name is copied.
+            let name = match kind.attr_spec(entry.name.text) {
+                Some(spec) => std::borrow::Cow::Borrowed(spec.name),
+                None => std::borrow::Cow::Owned(entry.name.text.to_string()),
+            };
+            attrs.set(name, attr_value(&entry.value));
         }
         match kind.normalize_attrs(attrs) {
             Ok(mut attrs) => {

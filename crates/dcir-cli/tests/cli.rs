@@ -1,0 +1,123 @@
+//! `dcir-opt` as a user runs it: exit codes, files, standard input, flags.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+fn dcir_opt(args: &[&str], stdin: Option<&[u8]>) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dcir-opt"))
+        .args(args)
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("dcir-opt starts");
+    let mut pipe = child.stdin.take().expect("stdin is piped");
+    pipe.write_all(stdin.unwrap_or_default())
+        .expect("stdin accepts input");
+    drop(pipe);
+    child.wait_with_output().expect("dcir-opt finishes")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn prints_an_example_unchanged_but_for_comments() {
+    let out = dcir_opt(&["ir-examples/conv_bias_relu.dcir"], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).starts_with("graph @conv_bias_relu("));
+}
+
+#[test]
+fn reads_standard_input_and_roundtrips() {
+    let src = b"graph @g(%x: f32[2]) -> (f32[2]) {\n  %y = relu %x : f32[2]\n  return %y\n}\n";
+    let out = dcir_opt(&["--verify-roundtrip", "-"], Some(src));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(out.stdout, src);
+}
+
+#[test]
+fn writes_the_output_file() {
+    let dir = std::env::temp_dir().join(format!("dcir-opt-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let target = dir.join("out.dcir");
+    let target_arg = target.to_string_lossy().into_owned();
+    let out = dcir_opt(&["ir-examples/ln_gelu.dcir", "-o", &target_arg], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(out.stdout.is_empty());
+    let written = std::fs::read_to_string(&target).expect("output written");
+    assert!(written.starts_with("graph @ln_gelu("));
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+#[test]
+fn diagnostics_name_file_line_and_column_and_exit_1() {
+    let src = b"graph @g(%x: f32[2]) -> (f32[2]) {\n  %y = relux %x : f32[2]\n  return %y\n}\n";
+    let out = dcir_opt(&[], Some(src));
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("<stdin>:2:8"), "{err}");
+    assert!(err.contains("did you mean `relu`?"), "{err}");
+}
+
+#[test]
+fn verifier_errors_exit_1() {
+    let src = b"graph @g(%x: f32[2]) -> (f32[3]) {\n  return %x\n}\n";
+    let out = dcir_opt(&[], Some(src));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("<stdin>:2:3"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn bad_bytes_empty_input_and_missing_files_are_errors() {
+    for (args, stdin, expected) in [
+        (vec![], &b"\xff\xfe"[..], "not UTF-8"),
+        (vec![], &b""[..], "expected at least one `graph`"),
+        (
+            vec!["no/such/file.dcir"],
+            &b""[..],
+            "cannot read `no/such/file.dcir`",
+        ),
+        (vec!["ir-examples"], &b""[..], "cannot read `ir-examples`"),
+    ] {
+        let out = dcir_opt(&args, Some(stdin));
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = text(&out.stderr);
+        assert!(err.contains(expected), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+#[test]
+fn help_explains_and_unknown_flags_fail() {
+    let out = dcir_opt(&["--help"], None);
+    assert!(out.status.success());
+    let help = text(&out.stdout);
+    assert!(
+        help.contains("--verify-roundtrip") && help.contains("file:line:col"),
+        "{help}"
+    );
+    let out = dcir_opt(&["--no-such-flag"], None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("--no-such-flag"));
+}
+
+#[test]
+fn timing_reports_each_phase() {
+    let out = dcir_opt(
+        &["--timing", "ir-examples/mlp_chain.dcir", "-o", "/dev/null"],
+        None,
+    );
+    assert!(out.status.success());
+    let err = text(&out.stderr);
+    for phase in ["parse", "verify", "print", "total"] {
+        assert!(err.contains(&format!("timing: {phase} ")), "{err}");
+    }
+}
