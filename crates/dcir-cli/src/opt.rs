@@ -1,4 +1,4 @@
-//! The `dcir-opt` driver: read → verify → print, with the debugging flags.
+//! The `dcir-opt` driver: read → verify → passes → print, with the debugging flags.
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
@@ -6,18 +6,22 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches, Parser};
 use dcir_ir::{Module, print_module, verify_module};
+use dcir_passes::{Instrumentation, PassManager, PassRegistry, PipelineFailure, build_pipeline};
 use dcir_reader::{Diagnostic, read_bytes, render};
 
 /// The command line of `dcir-opt` and of every tool built on [`main_with`].
 #[derive(Debug, Parser)]
 #[command(
-    about = "Read dcir IR, verify it and print it in canonical form.",
-    long_about = "Read dcir IR (a .dcir file, or standard input), verify every invariant \
-                  of the IR, and print the canonical text. Diagnostics name file:line:col; \
-                  the exit code is 0 on success and 1 on any error.\n\n\
-                  Example: dcir-opt ir-examples/conv_bias_relu.dcir"
+    about = "Read dcir IR, run a pass pipeline on it, and print the result.",
+    long_about = "Read dcir IR (a .dcir file, or standard input), verify it, run the passes \
+                  of --pipeline, and print the canonical text. Diagnostics name \
+                  file:line:col; the exit code is 0 on success and 1 on any error.\n\n\
+                  Examples:\n  \
+                  dcir-opt ir-examples/conv_bias_relu.dcir\n  \
+                  dcir-opt --pipeline 'canonicalize,cse,dce' model.dcir -o out.dcir\n  \
+                  dcir-opt --list-passes"
 )]
 pub struct OptArgs {
     /// Input file; `-` or nothing reads standard input.
@@ -26,10 +30,40 @@ pub struct OptArgs {
     /// Write the output here instead of standard output.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
+    /// Passes to run, comma-separated, options in braces: 'cse,fold-constants{max-elems=64}'.
+    #[arg(long, value_name = "PIPELINE")]
+    pub pipeline: Option<String>,
+    /// List the registered passes with their options, and exit.
+    #[arg(long)]
+    pub list_passes: bool,
+    /// Print the IR (to standard error) before each run of this pass; repeatable.
+    #[arg(long, value_name = "PASS")]
+    pub print_ir_before: Vec<String>,
+    /// Print the IR after each run of this pass; repeatable.
+    #[arg(long, value_name = "PASS")]
+    pub print_ir_after: Vec<String>,
+    /// Print the IR after every pass.
+    #[arg(long)]
+    pub print_ir_after_all: bool,
+    /// Print the IR after every pass that changed it.
+    #[arg(long)]
+    pub print_ir_after_change: bool,
+    /// Verify the IR after every pass, naming the pass that broke it.
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub verify_each: bool,
+    /// Report the time each pass took (to standard error).
+    #[arg(long)]
+    pub time_passes: bool,
+    /// Write the input and the IR after each pass to DIR, one numbered file each.
+    #[arg(long, value_name = "DIR")]
+    pub dump_dir: Option<PathBuf>,
+    /// Run only the first N passes that are not required (bisecting a miscompile); log each decision.
+    #[arg(long, value_name = "N")]
+    pub opt_bisect_limit: Option<usize>,
     /// Also print the result, read it back and check both agree (a printer/reader test).
     #[arg(long)]
     pub verify_roundtrip: bool,
-    /// Print the time of each phase (parse, verify, print, total) to standard error.
+    /// Print the time of each phase (parse, verify, passes, print, total) to standard error.
     #[arg(long)]
     pub timing: bool,
 }
@@ -37,10 +71,21 @@ pub struct OptArgs {
 /// A failure already described to the user.
 struct Reported;
 
-/// Runs the driver named `name` over `args` (program name first) and returns
-/// the process exit code. Diagnostics go to standard error.
-pub fn main_with(name: &str, args: impl IntoIterator<Item = OsString>) -> ExitCode {
-    let args = match OptArgs::try_parse_from(args) {
+/// Runs the driver named `name`, with the passes of `registry`, over `args`
+/// (program name first), and returns the process exit code. Diagnostics and
+/// instrumentation go to standard error.
+pub fn main_with(
+    name: &str,
+    registry: &PassRegistry,
+    args: impl IntoIterator<Item = OsString>,
+) -> ExitCode {
+    let command = OptArgs::command()
+        .name(name.to_string())
+        .bin_name(name.to_string());
+    let parsed = command
+        .try_get_matches_from(args)
+        .and_then(|m| OptArgs::from_arg_matches(&m));
+    let args = match parsed {
         Ok(args) => args,
         Err(e) => {
             let _ = e.print();
@@ -51,25 +96,70 @@ pub fn main_with(name: &str, args: impl IntoIterator<Item = OsString>) -> ExitCo
             };
         }
     };
-    match run(name, &args) {
+    if args.list_passes {
+        print!("{}", list_passes(registry));
+        return ExitCode::SUCCESS;
+    }
+    match run(name, registry, &args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Reported) => ExitCode::FAILURE,
     }
 }
 
-fn run(name: &str, args: &OptArgs) -> Result<(), Reported> {
+/// `--list-passes`: every pass with its summary and options.
+pub fn list_passes(registry: &PassRegistry) -> String {
+    let mut out = String::from("Passes:\n");
+    for def in registry.sorted() {
+        out.push_str(&format!("  {:<22} {}\n", def.name, def.summary));
+        for o in def.options {
+            out.push_str(&format!(
+                "      {}=<{}>  {} (default: {})\n",
+                o.name,
+                o.kind.describe(),
+                o.help,
+                if o.default.is_empty() {
+                    "none"
+                } else {
+                    o.default
+                }
+            ));
+        }
+    }
+    out
+}
+
+fn run(name: &str, registry: &PassRegistry, args: &OptArgs) -> Result<(), Reported> {
     let started = Instant::now();
     let mut timings: Vec<(&str, Duration)> = Vec::new();
+    let mut manager = match &args.pipeline {
+        Some(text) => Some(PassManager::new(
+            build_pipeline(registry, text).map_err(|e| {
+                eprint!("{name}: {}", e.render(text));
+                Reported
+            })?,
+            instrumentation(args),
+        )),
+        None => None,
+    };
     let (file_name, bytes) = read_input(name, &args.input)?;
     let source = || String::from_utf8_lossy(&bytes);
 
     let t = Instant::now();
-    let module = read_bytes(&bytes).map_err(|diags| report(&file_name, &source(), &diags))?;
+    let mut module = read_bytes(&bytes).map_err(|diags| report(&file_name, &source(), &diags))?;
     timings.push(("parse", t.elapsed()));
 
     let t = Instant::now();
     check(&module, &file_name, source)?;
     timings.push(("verify", t.elapsed()));
+
+    if let Some(manager) = &mut manager {
+        let t = Instant::now();
+        let mut log = std::io::stderr().lock();
+        manager
+            .run(&mut module, &mut log)
+            .map_err(|failure| report_failure(name, &file_name, &source(), failure))?;
+        timings.push(("passes", t.elapsed()));
+    }
 
     let t = Instant::now();
     let text = print_module(&module);
@@ -89,6 +179,45 @@ fn run(name: &str, args: &OptArgs) -> Result<(), Reported> {
         }
     }
     Ok(())
+}
+
+fn instrumentation(args: &OptArgs) -> Instrumentation {
+    Instrumentation {
+        print_before: args.print_ir_before.clone(),
+        print_after: args.print_ir_after.clone(),
+        print_after_all: args.print_ir_after_all,
+        print_after_change: args.print_ir_after_change,
+        verify_each: args.verify_each,
+        time_passes: args.time_passes,
+        dump_dir: args.dump_dir.clone(),
+        bisect_limit: args.opt_bisect_limit,
+    }
+}
+
+fn report_failure(name: &str, file_name: &str, source: &str, failure: PipelineFailure) -> Reported {
+    match failure {
+        PipelineFailure::Pass { pass, error } => {
+            let diag = Diagnostic {
+                message: format!("pass `{pass}` failed: {}", error.message),
+                span: error.loc.0,
+                label: String::new(),
+                notes: Vec::new(),
+                help: None,
+            };
+            report(file_name, source, &[diag])
+        }
+        PipelineFailure::Verify { pass, errors, ir } => {
+            eprintln!("{name}: error: the IR does not verify after pass `{pass}`");
+            let diags: Vec<Diagnostic> = errors.iter().map(Diagnostic::from).collect();
+            eprint!("{}", render(file_name, source, &diags));
+            eprintln!("// -----// IR after `{pass}` (does not verify) //----- //\n{ir}");
+            Reported
+        }
+        other @ PipelineFailure::Io { .. } => {
+            eprintln!("{name}: error: {other}");
+            Reported
+        }
+    }
 }
 
 fn read_input(name: &str, input: &PathBuf) -> Result<(String, Vec<u8>), Reported> {

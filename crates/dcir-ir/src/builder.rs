@@ -204,3 +204,133 @@ impl GraphBuilder {
         Ok(self.graph)
     }
 }
+
+/// Inserts new ops into an existing graph at a position of a block: the tool
+/// of rewriting passes. Types are inferred (or checked, for ops that declare
+/// them), attributes normalized, and result names made fresh from a hint.
+pub struct Rewriter<'g> {
+    graph: &'g mut Graph,
+    block: BlockId,
+    pos: usize,
+}
+
+impl<'g> Rewriter<'g> {
+    /// Inserts before position `pos` of `block` (`pos` = the block's length appends).
+    pub fn at(graph: &'g mut Graph, block: BlockId, pos: usize) -> Rewriter<'g> {
+        Rewriter { graph, block, pos }
+    }
+
+    /// Inserts right before `op`, in `op`'s block.
+    pub fn before(graph: &'g mut Graph, op: crate::OpId) -> Rewriter<'g> {
+        let block = graph.op(op).parent.expect("the op is in a block");
+        let pos = graph
+            .block(block)
+            .ops
+            .iter()
+            .position(|&o| o == op)
+            .expect("listed in its parent");
+        Rewriter { graph, block, pos }
+    }
+
+    /// The graph being rewritten.
+    pub fn graph(&mut self) -> &mut Graph {
+        self.graph
+    }
+
+    /// The type of a value.
+    pub fn ty(&self, v: ValueId) -> &TensorType {
+        self.graph.ty(v)
+    }
+
+    /// Inserts an op whose result type is inferred; its result is named from `hint`.
+    pub fn op(
+        &mut self,
+        kind: OpKind,
+        operands: &[ValueId],
+        attrs: Attrs,
+        hint: &str,
+    ) -> Result<ValueId, BuildError> {
+        let attrs = kind.normalize_attrs(attrs)?;
+        let types: Vec<&TensorType> = operands.iter().map(|&v| self.graph.ty(v)).collect();
+        let ty = infer_types(kind, &attrs, &types)
+            .map_err(|message| BuildError::Type {
+                op: kind.name(),
+                message,
+            })?
+            .into_iter()
+            .next()
+            .ok_or_else(|| BuildError::Type {
+                op: kind.name(),
+                message: "produces no value".to_string(),
+            })?;
+        self.insert(kind, operands, attrs, ty, hint)
+    }
+
+    /// Inserts an op whose result type is declared (`reshape`, `broadcast`,
+    /// `cast`, `constant`), checked against the op's rule.
+    pub fn op_declared(
+        &mut self,
+        kind: OpKind,
+        operands: &[ValueId],
+        attrs: Attrs,
+        ty: TensorType,
+        hint: &str,
+    ) -> Result<ValueId, BuildError> {
+        let mut attrs = kind.normalize_attrs(attrs)?;
+        if kind == OpKind::Constant
+            && let Some(value) = attrs.remove("value")
+        {
+            attrs.set("value", value.literal_for(ty.dtype));
+        }
+        let types: Vec<&TensorType> = operands.iter().map(|&v| self.graph.ty(v)).collect();
+        check_types(kind, &attrs, &types, &[&ty]).map_err(|message| BuildError::Type {
+            op: kind.name(),
+            message,
+        })?;
+        self.insert(kind, operands, attrs, ty, hint)
+    }
+
+    /// A scalar `constant` of `dtype` broadcast to `dims`.
+    pub fn splat(
+        &mut self,
+        dtype: DType,
+        value: f64,
+        dims: &[usize],
+        hint: &str,
+    ) -> Result<ValueId, BuildError> {
+        let scalar = self.op_declared(
+            OpKind::Constant,
+            &[],
+            Attrs::new().with("value", Attr::Float(value)),
+            TensorType::new(dtype, Vec::new()),
+            hint,
+        )?;
+        if dims.is_empty() {
+            return Ok(scalar);
+        }
+        self.op_declared(
+            OpKind::Broadcast,
+            &[scalar],
+            Attrs::new().with("dims", Attr::Ints(Vec::new())),
+            TensorType::new(dtype, dims.to_vec()),
+            hint,
+        )
+    }
+
+    fn insert(
+        &mut self,
+        kind: OpKind,
+        operands: &[ValueId],
+        attrs: Attrs,
+        ty: TensorType,
+        hint: &str,
+    ) -> Result<ValueId, BuildError> {
+        let name = self.graph.fresh_name(hint);
+        let op = self
+            .graph
+            .create_op(kind, operands.to_vec(), attrs, vec![(name, ty)])?;
+        self.graph.insert_op(self.block, self.pos, op);
+        self.pos += 1;
+        Ok(self.graph.op(op).results[0])
+    }
+}

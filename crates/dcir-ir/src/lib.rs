@@ -20,7 +20,7 @@ pub mod types;
 pub mod verify;
 
 pub use attr::{Attr, AttrKind, Attrs};
-pub use builder::{BuildError, GraphBuilder};
+pub use builder::{BuildError, GraphBuilder, Rewriter};
 pub use graph::{
     BlockData, BlockId, Graph, GraphError, Location, Module, OpData, OpId, Span, ValueData,
     ValueDef, ValueId,

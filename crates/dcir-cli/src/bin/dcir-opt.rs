@@ -1,4 +1,4 @@
-//! `dcir-opt`: read, verify and print dcir IR.
+//! `dcir-opt`: read dcir IR, run passes on it, print it.
 
 use std::process::ExitCode;
 
@@ -8,5 +8,6 @@ use std::process::ExitCode;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    dcir_cli::opt::main_with("dcir-opt", std::env::args_os())
+    let registry = dcir_passes::PassRegistry::with_builtins();
+    dcir_cli::opt::main_with("dcir-opt", &registry, std::env::args_os())
 }

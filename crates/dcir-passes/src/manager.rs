@@ -1,0 +1,225 @@
+//! Runs a pipeline of passes with the instrumentation users debug with.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use dcir_ir::{Module, VerifyError, print_module, verify_module};
+
+use crate::analysis::AnalysisManager;
+use crate::pass::{Pass, PassError};
+
+/// What to print, check and record around each pass (MLIR's flag names).
+#[derive(Clone, Debug, Default)]
+pub struct Instrumentation {
+    /// Print the IR before these passes (by name).
+    pub print_before: Vec<String>,
+    /// Print the IR after these passes (by name).
+    pub print_after: Vec<String>,
+    /// Print the IR after every pass.
+    pub print_after_all: bool,
+    /// Print the IR after every pass that changed it.
+    pub print_after_change: bool,
+    /// Verify the module after every pass.
+    pub verify_each: bool,
+    /// Measure each pass.
+    pub time_passes: bool,
+    /// Write the input and the IR after each pass here, one numbered file each.
+    pub dump_dir: Option<PathBuf>,
+    /// Run only the first N passes that are not required; skip the rest.
+    pub bisect_limit: Option<usize>,
+}
+
+/// One pass's record in a run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PassRecord {
+    /// The pass.
+    pub name: &'static str,
+    /// False when the bisect limit skipped it.
+    pub ran: bool,
+    /// Whether it changed the module.
+    pub changed: bool,
+    /// Time it took (verification excluded).
+    pub time: Duration,
+}
+
+/// Why a pipeline stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineFailure {
+    /// A pass returned an error.
+    #[error("pass `{pass}` failed: {error}")]
+    Pass {
+        /// The pass.
+        pass: &'static str,
+        /// Its error.
+        error: PassError,
+    },
+    /// The module did not verify after a pass.
+    #[error("the IR does not verify after pass `{pass}`")]
+    Verify {
+        /// The pass that broke it.
+        pass: &'static str,
+        /// The violations.
+        errors: Vec<VerifyError>,
+        /// The offending IR.
+        ir: String,
+    },
+    /// Writing a dump or a log failed.
+    #[error("cannot write {what}: {error}")]
+    Io {
+        /// What was being written.
+        what: String,
+        /// The I/O error.
+        error: std::io::Error,
+    },
+}
+
+/// A pipeline ready to run.
+pub struct PassManager {
+    passes: Vec<Box<dyn Pass>>,
+    instrumentation: Instrumentation,
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> PipelineFailure {
+    let what = what.into();
+    move |error| PipelineFailure::Io { what, error }
+}
+
+impl PassManager {
+    /// A manager for `passes`, instrumented as asked.
+    pub fn new(passes: Vec<Box<dyn Pass>>, instrumentation: Instrumentation) -> PassManager {
+        PassManager {
+            passes,
+            instrumentation,
+        }
+    }
+
+    /// Runs every pass on `module` in order. IR dumps, bisect lines and the
+    /// timing report go to `log` (standard error, for the drivers).
+    pub fn run(
+        &mut self,
+        module: &mut Module,
+        log: &mut dyn Write,
+    ) -> Result<Vec<PassRecord>, PipelineFailure> {
+        let ins = &self.instrumentation;
+        let mut analyses = AnalysisManager::new();
+        let mut records = Vec::new();
+        let mut bisect_count = 0;
+        if let Some(dir) = &ins.dump_dir {
+            std::fs::create_dir_all(dir).map_err(io(dir.display().to_string()))?;
+            let path = dir.join("00-input.dcir");
+            std::fs::write(&path, print_module(module)).map_err(io(path.display().to_string()))?;
+        }
+        for (index, pass) in self.passes.iter_mut().enumerate() {
+            let name = pass.name();
+            if !pass.is_required() {
+                bisect_count += 1;
+            }
+            if let Some(limit) = ins.bisect_limit {
+                let runs = pass.is_required() || bisect_count <= limit;
+                let verb = if runs { "running" } else { "NOT running" };
+                writeln!(log, "BISECT: {verb} pass ({bisect_count}) {name}")
+                    .map_err(io("the log"))?;
+                if !runs {
+                    records.push(PassRecord {
+                        name,
+                        ran: false,
+                        changed: false,
+                        time: Duration::ZERO,
+                    });
+                    continue;
+                }
+            }
+            if ins.print_before.iter().any(|p| p == name) {
+                dump(log, "Before", name, module)?;
+            }
+            let start = Instant::now();
+            let result = pass
+                .run(module, &mut analyses)
+                .map_err(|error| PipelineFailure::Pass { pass: name, error })?;
+            let time = start.elapsed();
+            if result.changed {
+                analyses.invalidate_except(&result.preserved);
+            }
+            records.push(PassRecord {
+                name,
+                ran: true,
+                changed: result.changed,
+                time,
+            });
+            if ins.verify_each
+                && let Err(errors) = verify_module(module)
+            {
+                return Err(PipelineFailure::Verify {
+                    pass: name,
+                    errors,
+                    ir: print_module(module),
+                });
+            }
+            let asked = ins.print_after_all || ins.print_after.iter().any(|p| p == name);
+            if asked || (ins.print_after_change && result.changed) {
+                dump(log, "After", name, module)?;
+            }
+            if let Some(dir) = &ins.dump_dir {
+                let path = dir.join(format!("{:02}-{name}.dcir", index + 1));
+                std::fs::write(&path, print_module(module))
+                    .map_err(io(path.display().to_string()))?;
+            }
+        }
+        if ins.time_passes {
+            write_timing(log, &records).map_err(io("the log"))?;
+        }
+        Ok(records)
+    }
+}
+
+fn dump(
+    log: &mut dyn Write,
+    when: &str,
+    pass: &str,
+    module: &Module,
+) -> Result<(), PipelineFailure> {
+    write!(
+        log,
+        "// -----// IR Dump {when} {pass} //----- //\n{}\n",
+        print_module(module)
+    )
+    .map_err(io("the log"))
+}
+
+fn write_timing(log: &mut dyn Write, records: &[PassRecord]) -> std::io::Result<()> {
+    let total: Duration = records.iter().map(|r| r.time).sum();
+    writeln!(
+        log,
+        "===-------------------------------------------------------------------------==="
+    )?;
+    writeln!(
+        log,
+        "                         ... Pass execution timing report ..."
+    )?;
+    writeln!(
+        log,
+        "===-------------------------------------------------------------------------==="
+    )?;
+    writeln!(
+        log,
+        "  Total Execution Time: {:.4} seconds\n",
+        total.as_secs_f64()
+    )?;
+    writeln!(log, "  ---Wall Time---  ---Name---")?;
+    for r in records {
+        let share = if total.is_zero() {
+            0.0
+        } else {
+            100.0 * r.time.as_secs_f64() / total.as_secs_f64()
+        };
+        let note = if r.ran { "" } else { " (skipped by bisect)" };
+        writeln!(
+            log,
+            "  {:.4} ({share:5.1}%)  {}{note}",
+            r.time.as_secs_f64(),
+            r.name
+        )?;
+    }
+    writeln!(log, "  {:.4} (100.0%)  Total", total.as_secs_f64())
+}

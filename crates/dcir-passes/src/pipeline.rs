@@ -1,0 +1,243 @@
+//! Textual pipelines: `canonicalize,cse,dce,fold-constants{max-elems=64}`.
+//!
+//! Passes are separated by commas. Options go in braces after the pass name,
+//! separated by spaces, as `name=value` (a bare `name` sets a bool option);
+//! a list value is comma-separated: `hoist-weights{inputs=x,r}`.
+
+use std::ops::Range;
+
+use crate::pass::Pass;
+use crate::registry::{OptionKind, OptionValue, PassRegistry};
+
+/// One pass of a pipeline as written.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PipelineEntry {
+    /// The pass name.
+    pub name: String,
+    /// Where the name is in the pipeline text.
+    pub span: Range<usize>,
+    /// `(option, value, span of the option)`; the value of a bare option is `None`.
+    pub options: Vec<(String, Option<String>, Range<usize>)>,
+}
+
+/// A pipeline that cannot be parsed or built.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct PipelineError {
+    /// What is wrong.
+    pub message: String,
+    /// Where in the pipeline text.
+    pub span: Range<usize>,
+    /// A suggestion, if there is one.
+    pub help: Option<String>,
+}
+
+impl PipelineError {
+    fn new(message: impl Into<String>, span: Range<usize>) -> PipelineError {
+        PipelineError {
+            message: message.into(),
+            span,
+            help: None,
+        }
+    }
+
+    /// The error with the pipeline text and a caret under the culprit:
+    ///
+    /// ```text
+    /// error: unknown pass `csee`
+    ///   --pipeline 'canonicalize,csee,dce'
+    ///                            ^^^^
+    ///   help: did you mean `cse`?
+    /// ```
+    pub fn render(&self, pipeline: &str) -> String {
+        let prefix = "  --pipeline '";
+        let start = pipeline[..self.span.start.min(pipeline.len())]
+            .chars()
+            .count();
+        let width = pipeline
+            .get(self.span.clone())
+            .map_or(1, |s| s.chars().count().max(1));
+        let mut out = format!(
+            "error: {}\n{prefix}{pipeline}'\n{}{}\n",
+            self.message,
+            " ".repeat(prefix.chars().count() + start),
+            "^".repeat(width)
+        );
+        if let Some(help) = &self.help {
+            out.push_str(&format!("  help: {help}\n"));
+        }
+        out
+    }
+}
+
+/// Splits a pipeline into entries; checks only the syntax.
+pub fn parse_pipeline(text: &str) -> Result<Vec<PipelineEntry>, PipelineError> {
+    let mut entries = Vec::new();
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    loop {
+        while i < bytes.len() && bytes[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        let start = i;
+        while i < bytes.len()
+            && (bytes[i].is_ascii_alphanumeric() || matches!(bytes[i], b'-' | b'_' | b'.'))
+        {
+            i += 1;
+        }
+        if start == i {
+            let what = if i < bytes.len() {
+                "unexpected character"
+            } else {
+                "missing pass name"
+            };
+            return Err(PipelineError::new(format!("{what} in pipeline"), i..i + 1));
+        }
+        let mut entry = PipelineEntry {
+            name: text[start..i].to_string(),
+            span: start..i,
+            options: Vec::new(),
+        };
+        if bytes.get(i) == Some(&b'{') {
+            let open = i;
+            let close = text[open..]
+                .find('}')
+                .map(|c| open + c)
+                .ok_or_else(|| PipelineError::new("unclosed `{` in pipeline", open..open + 1))?;
+            let mut offset = open + 1;
+            for word in text[open + 1..close].split(' ') {
+                let span = offset..offset + word.len();
+                offset += word.len() + 1;
+                if word.is_empty() {
+                    continue;
+                }
+                let (key, value) = match word.split_once('=') {
+                    Some((k, v)) => (k.to_string(), Some(v.to_string())),
+                    None => (word.to_string(), None),
+                };
+                entry.options.push((key, value, span));
+            }
+            i = close + 1;
+        }
+        entries.push(entry);
+        while i < bytes.len() && bytes[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        match bytes.get(i) {
+            None => return Ok(entries),
+            Some(b',') => i += 1,
+            Some(_) => return Err(PipelineError::new("expected `,` between passes", i..i + 1)),
+        }
+    }
+}
+
+/// Parses a pipeline and creates its passes from `registry`.
+pub fn build_pipeline(
+    registry: &PassRegistry,
+    text: &str,
+) -> Result<Vec<Box<dyn Pass>>, PipelineError> {
+    let mut passes = Vec::new();
+    for entry in parse_pipeline(text)? {
+        let Some(def) = registry.get(&entry.name) else {
+            let mut e =
+                PipelineError::new(format!("unknown pass `{}`", entry.name), entry.span.clone());
+            e.help = Some(match closest(&entry.name, registry.names()) {
+                Some(near) => format!("did you mean `{near}`? (`--list-passes` lists them all)"),
+                None => "`--list-passes` lists the passes".to_string(),
+            });
+            return Err(e);
+        };
+        let mut options = def.default_options();
+        for (key, value, span) in &entry.options {
+            let Some(o) = def.options.iter().find(|o| o.name == key) else {
+                let names: Vec<&str> = def.options.iter().map(|o| o.name).collect();
+                let mut e = PipelineError::new(
+                    format!("pass `{}` has no option `{key}`", def.name),
+                    span.clone(),
+                );
+                e.help = Some(if names.is_empty() {
+                    format!("`{}` takes no options", def.name)
+                } else {
+                    format!("its options are: {}", names.join(", "))
+                });
+                return Err(e);
+            };
+            let parsed = match (value, o.kind) {
+                (None, OptionKind::Bool) => Ok(OptionValue::Bool(true)),
+                (None, kind) => Err(format!("needs a value: `{key}=<{}>`", kind.describe())),
+                (Some(v), kind) => OptionValue::parse(kind, v),
+            };
+            let value = parsed.map_err(|m| {
+                PipelineError::new(
+                    format!("option `{key}` of pass `{}`: {m}", def.name),
+                    span.clone(),
+                )
+            })?;
+            options.set(o.name, value);
+        }
+        let pass = (def.create)(&options).map_err(|m| {
+            PipelineError::new(format!("pass `{}`: {m}", def.name), entry.span.clone())
+        })?;
+        passes.push(pass);
+    }
+    Ok(passes)
+}
+
+/// The candidate within edit distance 2 of `name`, if any (closest first).
+fn closest<'a>(name: &str, candidates: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+    candidates
+        .map(|c| (edit_distance(name, c), c))
+        .filter(|&(d, _)| d <= 2)
+        .min()
+        .map(|(_, c)| c)
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_names_and_options() {
+        let entries =
+            parse_pipeline(" cse , fold-constants{max-elems=64 verbose}, x{l=a,b}").unwrap();
+        assert_eq!(entries.len(), 3);
+        assert_eq!(entries[0].name, "cse");
+        assert_eq!(
+            entries[1].options[0],
+            ("max-elems".to_string(), Some("64".to_string()), 16..28)
+        );
+        assert_eq!(entries[1].options[1].1, None);
+        assert_eq!(entries[2].options[0].1.as_deref(), Some("a,b"));
+    }
+
+    #[test]
+    fn syntax_errors_point_at_the_problem() {
+        assert_eq!(parse_pipeline("cse,,dce").unwrap_err().span, 4..5);
+        assert_eq!(parse_pipeline("cse dce").unwrap_err().span, 4..5);
+        assert_eq!(parse_pipeline("cse{a=1").unwrap_err().span, 3..4);
+        assert!(parse_pipeline("").is_err());
+        assert!(parse_pipeline("cse,").is_err());
+    }
+
+    #[test]
+    fn edit_distance_counts_edits() {
+        assert_eq!(edit_distance("csee", "cse"), 1);
+        assert_eq!(edit_distance("dce", "cse"), 1);
+        assert_eq!(edit_distance("abc", "xyz"), 3);
+    }
+}
