@@ -219,7 +219,7 @@ mod tests {
         assert_eq!(entries[0].name, "cse");
         assert_eq!(
             entries[1].options[0],
-            ("max-elems".to_string(), Some("64".to_string()), 16..28)
+            ("max-elems".to_string(), Some("64".to_string()), 22..34)
         );
         assert_eq!(entries[1].options[1].1, None);
         assert_eq!(entries[2].options[0].1.as_deref(), Some("a,b"));
@@ -237,7 +237,7 @@ mod tests {
     #[test]
     fn edit_distance_counts_edits() {
         assert_eq!(edit_distance("csee", "cse"), 1);
-        assert_eq!(edit_distance("dce", "cse"), 1);
+        assert_eq!(edit_distance("dce", "cse"), 2);
         assert_eq!(edit_distance("abc", "xyz"), 3);
     }
 }
