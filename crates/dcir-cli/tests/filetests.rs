@@ -6,6 +6,8 @@
 //! ```text
 //! // test verify      read and verify; snapshot the canonical IR (or the diagnostics)
 //! // test roundtrip   print, read back, and check the module and text agree
+//! // test pass P      run pipeline P (verifying after each pass); snapshot the
+//! //                  unified diff of the printed IR, before → after
 //! ```
 //!
 //! Expected diagnostics are written on the offending line as a trailing
@@ -18,6 +20,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 
 use dcir_ir::{Module, print_module, verify_module};
+use dcir_passes::{Instrumentation, PassManager, PassRegistry, PipelineFailure, build_pipeline};
 use dcir_reader::{Diagnostic, parse_module, read_bytes, render};
 
 const SPLIT: &str = "// -----";
@@ -32,6 +35,7 @@ fn repo_root() -> PathBuf {
 struct Commands {
     verify: bool,
     roundtrip: bool,
+    pipeline: Option<String>,
 }
 
 fn parse_header(source: &str) -> Result<Commands, String> {
@@ -43,10 +47,13 @@ fn parse_header(source: &str) -> Result<Commands, String> {
         match cmd.trim() {
             "verify" => commands.verify = true,
             "roundtrip" => commands.roundtrip = true,
-            other => return Err(format!("unknown filetest command `test {other}`")),
+            other => match other.strip_prefix("pass ") {
+                Some(pipeline) => commands.pipeline = Some(pipeline.trim().to_string()),
+                None => return Err(format!("unknown filetest command `test {other}`")),
+            },
         }
     }
-    if !commands.verify && !commands.roundtrip {
+    if !commands.verify && !commands.roundtrip && commands.pipeline.is_none() {
         return Err("no `// test <command>` line in the header".to_string());
     }
     Ok(commands)
@@ -141,6 +148,44 @@ fn check_roundtrip(module: &Module) -> Result<(), String> {
     Ok(())
 }
 
+/// Runs `pipeline` on `module`, verifying after each pass; the unified diff
+/// of the printed IR.
+fn run_pipeline(pipeline: &str, mut module: Module) -> Result<String, String> {
+    let registry = PassRegistry::with_builtins();
+    let passes = build_pipeline(&registry, pipeline).map_err(|e| e.render(pipeline))?;
+    let instrumentation = Instrumentation {
+        verify_each: true,
+        ..Instrumentation::default()
+    };
+    let before = print_module(&module);
+    PassManager::new(passes, instrumentation)
+        .run(&mut module, &mut std::io::sink())
+        .map_err(|failure| match failure {
+            PipelineFailure::Verify { pass, errors, ir } => {
+                let diags: Vec<Diagnostic> = errors.iter().map(Diagnostic::from).collect();
+                format!(
+                    "IR does not verify after `{pass}`:\n{}",
+                    render("<after>", &ir, &diags)
+                )
+            }
+            other => other.to_string(),
+        })?;
+    let after = print_module(&module);
+    let diff = similar::TextDiff::from_lines(&before, &after);
+    let mut out = format!("// pipeline: {pipeline}\n");
+    out.push_str(
+        &diff
+            .unified_diff()
+            .context_radius(3)
+            .header("before", "after")
+            .to_string(),
+    );
+    if before == after {
+        out.push_str("// (no change)\n");
+    }
+    Ok(out)
+}
+
 /// Runs one filetest; returns the stage output to snapshot.
 fn run_file(path: &Path, source: &str) -> Result<String, String> {
     let commands = parse_header(source)?;
@@ -163,6 +208,9 @@ fn run_file(path: &Path, source: &str) -> Result<String, String> {
                 }
                 if commands.verify {
                     output.push_str(&print_module(&module));
+                }
+                if let Some(pipeline) = &commands.pipeline {
+                    output.push_str(&run_pipeline(pipeline, module)?);
                 }
             }
             Err(diags) => {
@@ -236,6 +284,11 @@ fn verify_stage() {
 #[test]
 fn errors_stage() {
     run_stage("errors");
+}
+
+#[test]
+fn passes_stage() {
+    run_stage("passes");
 }
 
 /// Every ir-example verifies, round-trips, and is already canonical: its text
