@@ -121,3 +121,89 @@ fn timing_reports_each_phase() {
         assert!(err.contains(&format!("timing: {phase} ")), "{err}");
     }
 }
+
+#[test]
+fn pipeline_errors_name_the_culprit_and_exit_1() {
+    for (pipeline, expected) in [
+        ("cse,dcee", "unknown pass `dcee`"),
+        ("cse{x=1}", "pass `cse` has no option `x`"),
+        ("cse,,dce", "missing pass name"),
+        ("cse dce", "expected `,` between passes"),
+    ] {
+        let out = dcir_opt(&["--pipeline", pipeline, "ir-examples/ln_gelu.dcir"], None);
+        assert_eq!(out.status.code(), Some(1), "{pipeline}");
+        let err = text(&out.stderr);
+        assert!(err.contains(expected), "{pipeline}: {err}");
+        assert!(err.contains('^'), "points at the culprit: {err}");
+    }
+}
+
+#[test]
+fn instrumentation_flags() {
+    let example = "ir-examples/bert_encoder_layer.dcir";
+    let out = dcir_opt(
+        &[
+            "--pipeline",
+            "cse,dce",
+            "--print-ir-before",
+            "dce",
+            "--print-ir-after-all",
+            "--time-passes",
+            example,
+        ],
+        None,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    for needle in [
+        "IR Dump Before dce",
+        "IR Dump After cse",
+        "IR Dump After dce",
+        "Pass execution timing report",
+    ] {
+        assert!(err.contains(needle), "{needle}: {err}");
+    }
+
+    let out = dcir_opt(
+        &["--pipeline", "cse,dce", "--print-ir-after-change", example],
+        None,
+    );
+    assert!(
+        !text(&out.stderr).contains("IR Dump After"),
+        "bert has nothing to merge or remove"
+    );
+
+    let out = dcir_opt(
+        &["--pipeline", "cse,dce", "--opt-bisect-limit", "1", example],
+        None,
+    );
+    let err = text(&out.stderr);
+    assert!(err.contains("BISECT: running pass (1) cse"), "{err}");
+    assert!(err.contains("BISECT: NOT running pass (2) dce"), "{err}");
+
+    let dir = std::env::temp_dir().join(format!("dcir-dump-{}", std::process::id()));
+    let dir_arg = dir.to_string_lossy().into_owned();
+    let out = dcir_opt(
+        &[
+            "--pipeline",
+            "cse,dce",
+            "--dump-dir",
+            &dir_arg,
+            example,
+            "-o",
+            "/dev/null",
+        ],
+        None,
+    );
+    assert!(out.status.success());
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .expect("dump dir written")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert_eq!(files, ["00-input.dcir", "01-cse.dcir", "02-dce.dcir"]);
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+
+    let out = dcir_opt(&["--list-passes"], None);
+    assert!(text(&out.stdout).contains("cse"));
+}

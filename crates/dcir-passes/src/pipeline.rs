@@ -86,12 +86,11 @@ pub fn parse_pipeline(text: &str) -> Result<Vec<PipelineEntry>, PipelineError> {
             i += 1;
         }
         if start == i {
-            let what = if i < bytes.len() {
-                "unexpected character"
-            } else {
-                "missing pass name"
+            let message = match text[i..].chars().next() {
+                None | Some(',') => "missing pass name in pipeline".to_string(),
+                Some(c) => format!("unexpected character `{c}` in pipeline"),
             };
-            return Err(PipelineError::new(format!("{what} in pipeline"), i..i + 1));
+            return Err(PipelineError::new(message, i..i + 1));
         }
         let mut entry = PipelineEntry {
             name: text[start..i].to_string(),
