@@ -12,6 +12,15 @@ use anyhow::{Context, Result, bail};
 pub const STAGES: &[(&str, &[&str])] = &[
     // Parse, verify, print canonical IR.
     ("01-verified.dcir", &[]),
+    // The cleanup pipeline: local simplifications, batchnorms into conv weights,
+    // weight-only work first.
+    (
+        "02-simplified.dcir",
+        &[
+            "--pipeline",
+            "canonicalize,fold-constants,cse,fold-batchnorm,dce,hoist-weights",
+        ],
+    ),
 ];
 
 /// Runs every stage on `file`, writing into `out` (default `target/pipeline/<stem>/`).

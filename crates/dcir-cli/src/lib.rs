@@ -5,3 +5,4 @@
 //! name (MLIR's `MlirOptMain` pattern).
 
 pub mod opt;
+pub mod run;

@@ -291,6 +291,25 @@ fn passes_stage() {
     run_stage("passes");
 }
 
+/// The reference pipeline on the ResNet-50 bottleneck block: the
+/// batchnorms fold into the convolutions' weights and biases.
+#[test]
+fn resnet_block_reference_pipeline() {
+    let path = repo_root().join("ir-examples/resnet50_bottleneck.dcir");
+    let source = std::fs::read_to_string(&path).expect("the example exists");
+    let module = read_and_verify(&source).expect("the example verifies");
+    let diff = run_pipeline("canonicalize,cse,dce,fold-batchnorm", module)
+        .unwrap_or_else(|e| panic!("{e}"));
+    insta::with_settings!({
+        snapshot_path => repo_root().join("tests/filetests/passes/snapshots"),
+        prepend_module_to_snapshot => false,
+        description => "ir-examples/resnet50_bottleneck.dcir; re-bless with `cargo xtask bless`",
+        omit_expression => true,
+    }, {
+        insta::assert_snapshot!("resnet50_bottleneck_pipeline", diff);
+    });
+}
+
 /// Every ir-example verifies, round-trips, and is already canonical: its text
 /// without comment lines is exactly what the printer prints.
 #[test]

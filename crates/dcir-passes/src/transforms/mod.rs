@@ -1,9 +1,27 @@
 //! dcir's own passes. Each module holds one pass and its [`PassDef`].
 
+mod canonicalize;
+mod common;
 mod cse;
 mod dce;
+mod decompose_gelu;
+mod decompose_layernorm;
+mod decompose_softmax;
+mod fold_batchnorm;
+mod fold_constants;
+mod hoist_weights;
 
 use crate::registry::PassDef;
 
-/// Every built-in pass, in the order `--list-passes` documents them.
-pub const BUILTIN_PASSES: &[PassDef] = &[cse::DEF, dce::DEF];
+/// Every built-in pass, sorted by name (the order `--list-passes` documents them).
+pub const BUILTIN_PASSES: &[PassDef] = &[
+    canonicalize::DEF,
+    cse::DEF,
+    dce::DEF,
+    decompose_gelu::DEF,
+    decompose_layernorm::DEF,
+    decompose_softmax::DEF,
+    fold_batchnorm::DEF,
+    fold_constants::DEF,
+    hoist_weights::DEF,
+];

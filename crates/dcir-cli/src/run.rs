@@ -1,0 +1,223 @@
+//! The `dcir-run` driver: read → verify → bind inputs → run → summarize.
+
+use std::ffi::OsString;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, ValueEnum};
+use dcir_interp::{InterpError, Tensor, io};
+use dcir_ir::{Graph, Module, verify_module};
+use dcir_reader::{Diagnostic, read_bytes, render};
+
+/// Where a graph runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    /// The CPU reference interpreter (dcir-interp).
+    Cpu,
+}
+
+/// The command line of `dcir-run`.
+#[derive(Debug, Parser)]
+#[command(
+    about = "Run a dcir graph and summarize its outputs.",
+    long_about = "Read dcir IR (a .dcir file, or standard input), verify it, and run one graph \
+                  on the chosen backend. Parameters take their values from the safetensors \
+                  files by name; the others get seeded random values (docs/interp.md lists \
+                  the distributions). Prints one line per output: name, type, mean, abs-max \
+                  and checksum (the sum of the elements). The exit code is 0 on success and \
+                  1 on any error.\n\n\
+                  Example: dcir-run ir-examples/resnet50_bottleneck.dcir --backend cpu --seed 1"
+)]
+pub struct RunArgs {
+    /// Input file; `-` reads standard input.
+    #[arg(value_name = "FILE")]
+    pub input: PathBuf,
+    /// Where to run the graph.
+    #[arg(long, value_enum, default_value_t = Backend::Cpu)]
+    pub backend: Backend,
+    /// The graph to run, when the module has several (default: the first).
+    #[arg(long, value_name = "NAME")]
+    pub graph: Option<String>,
+    /// Parameter values by name, from a safetensors file.
+    #[arg(long, value_name = "FILE")]
+    pub weights: Option<PathBuf>,
+    /// More parameter values by name, from a safetensors file (no name may be in both files).
+    #[arg(long, value_name = "FILE")]
+    pub inputs: Option<PathBuf>,
+    /// Seed of the random values of parameters that no file provides.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub seed: u64,
+    /// Write the outputs to this safetensors file, under the returned values' names.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Print the time of each phase (parse, verify, inputs, run, total) to standard error.
+    #[arg(long)]
+    pub timing: bool,
+}
+
+/// A failure already described to the user.
+struct Reported;
+
+/// Runs the driver named `name` over `args` (program name first) and returns
+/// the process exit code. Results go to standard output, diagnostics to
+/// standard error.
+pub fn main_with(name: &str, args: impl IntoIterator<Item = OsString>) -> ExitCode {
+    let args = match RunArgs::try_parse_from(args) {
+        Ok(args) => args,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    match run(name, &args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Reported) => ExitCode::FAILURE,
+    }
+}
+
+fn run(name: &str, args: &RunArgs) -> Result<(), Reported> {
+    let started = Instant::now();
+    let mut timings: Vec<(&str, Duration)> = Vec::new();
+    let fail = |message: String| {
+        eprintln!("{name}: error: {message}");
+        Reported
+    };
+    let (file_name, bytes) = read_input(&args.input).map_err(fail)?;
+    let source = || String::from_utf8_lossy(&bytes);
+
+    let t = Instant::now();
+    let module = read_bytes(&bytes).map_err(|diags| report(&file_name, &source(), &diags))?;
+    timings.push(("parse", t.elapsed()));
+
+    let t = Instant::now();
+    verify_module(&module).map_err(|errors| {
+        let diags: Vec<Diagnostic> = errors.iter().map(Diagnostic::from).collect();
+        report(&file_name, &source(), &diags)
+    })?;
+    timings.push(("verify", t.elapsed()));
+    let graph = pick_graph(&module, args.graph.as_deref()).map_err(fail)?;
+
+    let t = Instant::now();
+    let mut given = Vec::new();
+    for path in [&args.weights, &args.inputs].into_iter().flatten() {
+        for (tensor_name, tensor) in read_tensors(path).map_err(fail)? {
+            if given.iter().any(|(n, _)| *n == tensor_name) {
+                return Err(fail(format!(
+                    "tensor `{tensor_name}` is in both --weights and --inputs"
+                )));
+            }
+            given.push((tensor_name, tensor));
+        }
+    }
+    let bound = io::bind_inputs(graph, given, args.seed).map_err(|e| fail(e.to_string()))?;
+    if !bound.random.is_empty() {
+        eprintln!(
+            "{name}: random values (seed {}) for {} of {} parameters",
+            args.seed,
+            bound.random.len(),
+            graph.params().len()
+        );
+    }
+    timings.push(("inputs", t.elapsed()));
+
+    let t = Instant::now();
+    let outputs = match args.backend {
+        Backend::Cpu => dcir_interp::run_graph(graph, &bound.inputs),
+    }
+    .map_err(|e| report_run_error(name, &file_name, &source(), &e))?;
+    timings.push(("run", t.elapsed()));
+
+    let names = io::output_names(graph);
+    for (output_name, tensor) in names.iter().zip(&outputs) {
+        let s = tensor.summary();
+        println!(
+            "%{output_name} {} mean={:.6e} abs_max={:.6e} checksum={:.9e}",
+            tensor.ty(),
+            s.mean,
+            s.abs_max,
+            s.checksum
+        );
+    }
+    if let Some(path) = &args.output {
+        let named: Vec<(String, Tensor)> = names.into_iter().zip(outputs).collect();
+        let bytes = io::write_safetensors(&named).map_err(|e| fail(e.to_string()))?;
+        std::fs::write(path, bytes)
+            .map_err(|e| fail(format!("cannot write `{}`: {e}", path.display())))?;
+    }
+    timings.push(("total", started.elapsed()));
+    if args.timing {
+        for (phase, d) in timings {
+            eprintln!("timing: {phase} {:.3} ms", d.as_secs_f64() * 1e3);
+        }
+    }
+    Ok(())
+}
+
+fn read_input(input: &Path) -> Result<(String, Vec<u8>), String> {
+    let mut bytes = Vec::new();
+    if input.as_os_str() == "-" {
+        std::io::stdin()
+            .read_to_end(&mut bytes)
+            .map_err(|e| format!("cannot read standard input: {e}"))?;
+        Ok(("<stdin>".to_string(), bytes))
+    } else {
+        let bytes =
+            std::fs::read(input).map_err(|e| format!("cannot read `{}`: {e}", input.display()))?;
+        Ok((input.display().to_string(), bytes))
+    }
+}
+
+fn read_tensors(path: &Path) -> Result<Vec<(String, Tensor)>, String> {
+    let bytes =
+        std::fs::read(path).map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
+    io::read_safetensors(&bytes).map_err(|e| format!("`{}`: {e}", path.display()))
+}
+
+fn pick_graph<'m>(module: &'m Module, name: Option<&str>) -> Result<&'m Graph, String> {
+    match name {
+        None => module
+            .graphs
+            .first()
+            .ok_or_else(|| "the module has no graph".to_string()),
+        Some(name) => module.graph(name).ok_or_else(|| {
+            let names: Vec<String> = module
+                .graphs
+                .iter()
+                .map(|g| format!("@{}", g.name()))
+                .collect();
+            format!(
+                "the module has no graph @{name} (it has: {})",
+                names.join(", ")
+            )
+        }),
+    }
+}
+
+fn report(file_name: &str, source: &str, diags: &[Diagnostic]) -> Reported {
+    eprint!("{}", render(file_name, source, diags));
+    Reported
+}
+
+/// An op error points at the op in the source; others are one line.
+fn report_run_error(name: &str, file_name: &str, source: &str, e: &InterpError) -> Reported {
+    match e {
+        InterpError::Op {
+            loc: dcir_ir::Location(Some(span)),
+            ..
+        } => report(
+            file_name,
+            source,
+            &[Diagnostic::error(e.to_string(), *span)],
+        ),
+        _ => {
+            eprintln!("{name}: error: {e}");
+            Reported
+        }
+    }
+}

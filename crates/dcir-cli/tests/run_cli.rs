@@ -1,0 +1,232 @@
+//! `dcir-run` as a user runs it: summaries, seeds, files in and out, errors.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use dcir_interp::io::{read_safetensors, write_safetensors};
+use dcir_interp::{Tensor, TensorData};
+use dcir_ir::{DType, TensorType};
+
+fn dcir_run(args: &[&str], stdin: Option<&[u8]>) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dcir-run"))
+        .args(args)
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("dcir-run starts");
+    let mut pipe = child.stdin.take().expect("stdin is piped");
+    pipe.write_all(stdin.unwrap_or_default())
+        .expect("stdin accepts input");
+    drop(pipe);
+    child.wait_with_output().expect("dcir-run finishes")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A fresh directory for one test's files.
+fn temp_dir(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("dcir-run-{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+fn f32_tensor(dims: &[usize], value: f32) -> Tensor {
+    let ty = TensorType::new(DType::F32, dims.to_vec());
+    let n = ty.num_elements().expect("small");
+    Tensor::new(ty, TensorData::F32(vec![value; n])).expect("fits")
+}
+
+fn write_tensors(path: &Path, tensors: &[(&str, Tensor)]) {
+    let named: Vec<(String, Tensor)> = tensors
+        .iter()
+        .map(|(n, t)| (n.to_string(), t.clone()))
+        .collect();
+    std::fs::write(path, write_safetensors(&named).expect("serializes")).expect("writes");
+}
+
+const ADD: &[u8] = b"graph @g(%x: f32[2,3], %w: f32[2,3]) -> (f32[2,3]) {\n  %y = add %x, %w : f32[2,3]\n  return %y\n}\n\
+graph @h(%x: f32[4]) -> (f32[4], f32[4]) {\n  %y = neg %x : f32[4]\n  return %y, %x\n}\n";
+
+#[test]
+fn runs_an_example_and_prints_one_summary_per_output() {
+    let out = dcir_run(
+        &["ir-examples/conv_bias_relu.dcir", "--backend", "cpu"],
+        None,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "{stdout}");
+    let fields: Vec<&str> = lines[0].split(' ').collect();
+    assert_eq!(fields[..2], ["%y", "f32[1,64,112,112]"]);
+    for (field, key) in fields[2..].iter().zip(["mean=", "abs_max=", "checksum="]) {
+        let value: f64 = field
+            .strip_prefix(key)
+            .unwrap_or_else(|| panic!("{field} starts with {key}"))
+            .parse()
+            .expect("a number");
+        assert!(value.is_finite() && value != 0.0, "{field}");
+    }
+    assert!(
+        text(&out.stderr).contains("random values (seed 0) for 3 of 3 parameters"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn results_are_deterministic_for_a_seed() {
+    let run = |seed: &str| {
+        let out = dcir_run(&["ir-examples/ln_gelu.dcir", "--seed", seed], None);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    assert_eq!(run("5"), run("5"));
+    assert_ne!(run("5"), run("6"));
+}
+
+#[test]
+fn values_come_from_files_and_outputs_go_to_one() {
+    let dir = temp_dir("files");
+    let (weights, inputs, output) = (
+        dir.join("w.safetensors"),
+        dir.join("in.safetensors"),
+        dir.join("out.safetensors"),
+    );
+    write_tensors(&weights, &[("w", f32_tensor(&[2, 3], 2.0))]);
+    write_tensors(&inputs, &[("x", f32_tensor(&[2, 3], 1.5))]);
+    let args = [
+        "-",
+        "--weights",
+        weights.to_str().expect("utf-8"),
+        "--inputs",
+        inputs.to_str().expect("utf-8"),
+        "-o",
+        output.to_str().expect("utf-8"),
+    ];
+    let out = dcir_run(&args, Some(ADD));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "%y f32[2,3] mean=3.500000e0 abs_max=3.500000e0 checksum=2.100000000e1\n"
+    );
+    assert!(
+        !text(&out.stderr).contains("random"),
+        "{}",
+        text(&out.stderr)
+    );
+    let written = read_safetensors(&std::fs::read(&output).expect("written")).expect("reads");
+    assert_eq!(written, [("y".to_string(), f32_tensor(&[2, 3], 3.5))]);
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+#[test]
+fn picks_a_graph_by_name() {
+    let out = dcir_run(&["-", "--graph", "h"], Some(ADD));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.starts_with("%y f32[4] ") && stdout.contains("\n%x f32[4] "),
+        "{stdout}"
+    );
+    let out = dcir_run(&["-", "--graph", "nope"], Some(ADD));
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        text(&out.stderr),
+        "dcir-run: error: the module has no graph @nope (it has: @g, @h)\n"
+    );
+}
+
+#[test]
+fn file_mismatches_are_clear_errors() {
+    let dir = temp_dir("mismatch");
+    let (w, other) = (dir.join("w.safetensors"), dir.join("x.safetensors"));
+    write_tensors(&w, &[("w", f32_tensor(&[3, 2], 1.0))]);
+    write_tensors(&other, &[("w", f32_tensor(&[2, 3], 1.0))]);
+    let w_arg = w.to_str().expect("utf-8");
+    let cases: [(Vec<&str>, &str); 4] = [
+        (
+            vec!["-", "--weights", w_arg],
+            "dcir-run: error: tensor `w` is f32[3,2] but parameter %w of @g is f32[2,3]",
+        ),
+        (
+            vec![
+                "-",
+                "--weights",
+                w_arg,
+                "--inputs",
+                other.to_str().expect("utf-8"),
+            ],
+            "dcir-run: error: tensor `w` is in both --weights and --inputs",
+        ),
+        (
+            vec!["-", "--weights", "no/such.safetensors"],
+            "cannot read `no/such.safetensors`",
+        ),
+        (
+            vec!["-", "--inputs", "ir-examples/ln_gelu.dcir"],
+            "not a valid safetensors file",
+        ),
+    ];
+    for (args, expected) in cases {
+        let out = dcir_run(&args, Some(ADD));
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert!(
+            text(&out.stderr).contains(expected),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+#[test]
+fn op_errors_point_at_the_op() {
+    let dir = temp_dir("gather");
+    let indices = dir.join("i.safetensors");
+    let ty = TensorType::new(DType::I64, vec![2]);
+    let bad = Tensor::new(ty, TensorData::I64(vec![0, 9])).expect("fits");
+    write_tensors(&indices, &[("i", bad)]);
+    let src = b"graph @g(%t: f32[4,2], %i: i64[2]) -> (f32[2,2]) {\n  %e = gather %t, %i : f32[2,2]\n  return %e\n}\n";
+    let out = dcir_run(
+        &["-", "--inputs", indices.to_str().expect("utf-8")],
+        Some(src),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("<stdin>:2:3"), "{err}");
+    assert!(
+        err.contains("`gather` defining %e: index 9 (element 1 of the indices) is out of range"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+#[test]
+fn bad_ir_backends_and_flags_are_errors() {
+    let out = dcir_run(
+        &["-"],
+        Some(b"graph @g(%x: f32[2]) -> (f32[3]) {\n  return %x\n}\n"),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("<stdin>:2:3"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = dcir_run(&["ir-examples/ln_gelu.dcir", "--backend", "cuda"], None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("invalid value 'cuda'"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = dcir_run(&["--help"], None);
+    assert!(out.status.success());
+    assert!(text(&out.stdout).contains("--weights"));
+}

@@ -1,0 +1,198 @@
+//! Comparing an actual tensor with the expected one (the oracle's).
+//!
+//! Two measures, both in f64 over all elements:
+//!
+//! - relative L2 error `||a - e|| / ||e||` (`||a - e||` when `e` is all zeros);
+//! - per-element error `|a - e|`, which must stay within `atol + rtol * |e|`.
+//!
+//! A comparison passes when the types agree, no element of either tensor is
+//! NaN or ±inf, the relative L2 error is at most [`Tolerance::rel_l2`] and
+//! every element is within its bound. Defaults per dtype
+//! ([`Tolerance::for_dtype`]):
+//!
+//! | dtype | rel_l2 | atol | rtol | why |
+//! |---|---|---|---|---|
+//! | f32 | 1e-5 | 1e-4 | 1e-4 | f32 epsilon 1.2e-7: allows a different summation order over thousands of terms |
+//! | f16 | 2e-3 | 1e-2 | 1e-2 | epsilon 9.8e-4: a few roundings of difference per result |
+//! | bf16 | 1.6e-2 | 5e-2 | 5e-2 | epsilon 7.8e-3: the same at bf16's precision |
+//! | i32, i64, bool | 0 | 0 | 0 | exact |
+
+use std::fmt;
+
+use dcir_ir::{DType, TensorType};
+
+use crate::tensor::Tensor;
+
+/// How far an actual tensor may be from the expected one.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Tolerance {
+    /// Largest relative L2 error.
+    pub rel_l2: f64,
+    /// Absolute part of the per-element bound.
+    pub atol: f64,
+    /// Relative part of the per-element bound (times `|expected|`).
+    pub rtol: f64,
+}
+
+impl Tolerance {
+    /// Exact equality.
+    pub const EXACT: Tolerance = Tolerance {
+        rel_l2: 0.0,
+        atol: 0.0,
+        rtol: 0.0,
+    };
+
+    /// The default tolerance for results of `dtype` (table in the module doc).
+    pub fn for_dtype(dtype: DType) -> Tolerance {
+        let t = |rel_l2, atol, rtol| Tolerance { rel_l2, atol, rtol };
+        match dtype {
+            DType::F32 => t(1e-5, 1e-4, 1e-4),
+            DType::F16 => t(2e-3, 1e-2, 1e-2),
+            DType::BF16 => t(1.6e-2, 5e-2, 5e-2),
+            DType::I32 | DType::I64 | DType::Bool => Tolerance::EXACT,
+        }
+    }
+}
+
+/// The measured difference of a comparison.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Stats {
+    /// Relative L2 error.
+    pub rel_l2: f64,
+    /// Largest `|actual - expected|`.
+    pub max_abs: f64,
+    /// Row-major index of the element with the largest error.
+    pub max_abs_index: usize,
+}
+
+/// Why a comparison failed.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Mismatch {
+    /// The tensors differ in dtype or shape.
+    Type {
+        /// The expected tensor's type.
+        expected: TensorType,
+        /// The actual tensor's type.
+        actual: TensorType,
+    },
+    /// An element is NaN or infinite (in either tensor).
+    NonFinite {
+        /// True when the element is in the expected tensor.
+        in_expected: bool,
+        /// Row-major index of the first such element.
+        index: usize,
+        /// Its value.
+        value: f64,
+    },
+    /// The errors exceed the tolerance.
+    Tolerance {
+        /// The measured errors.
+        stats: Stats,
+        /// The tolerance they exceed.
+        tolerance: Tolerance,
+        /// The element furthest outside its bound, if any is.
+        worst: Option<(usize, f64, f64)>,
+    },
+}
+
+impl fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Mismatch::Type { expected, actual } => {
+                write!(f, "type mismatch: expected {expected}, got {actual}")
+            }
+            Mismatch::NonFinite {
+                in_expected,
+                index,
+                value,
+            } => write!(
+                f,
+                "{} element {index} is {value}",
+                if *in_expected { "expected" } else { "actual" }
+            ),
+            Mismatch::Tolerance {
+                stats,
+                tolerance,
+                worst,
+            } => {
+                write!(
+                    f,
+                    "out of tolerance: rel_l2 {:.3e} (limit {:.1e}), max_abs {:.3e} at element {}",
+                    stats.rel_l2, tolerance.rel_l2, stats.max_abs, stats.max_abs_index
+                )?;
+                if let Some((i, e, a)) = worst {
+                    write!(
+                        f,
+                        "; element {i}: expected {e}, got {a} (bound {:.1e} + {:.1e} * |expected|)",
+                        tolerance.atol, tolerance.rtol
+                    )?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl std::error::Error for Mismatch {}
+
+fn first_non_finite(values: &[f64]) -> Option<(usize, f64)> {
+    values
+        .iter()
+        .copied()
+        .enumerate()
+        .find(|(_, v)| !v.is_finite())
+}
+
+/// Compares `actual` with `expected` under `tol` (see the module doc).
+pub fn compare(expected: &Tensor, actual: &Tensor, tol: &Tolerance) -> Result<Stats, Mismatch> {
+    if expected.ty() != actual.ty() {
+        return Err(Mismatch::Type {
+            expected: expected.ty().clone(),
+            actual: actual.ty().clone(),
+        });
+    }
+    let (e, a) = (expected.to_f64(), actual.to_f64());
+    for (values, in_expected) in [(&e, true), (&a, false)] {
+        if let Some((index, value)) = first_non_finite(values) {
+            return Err(Mismatch::NonFinite {
+                in_expected,
+                index,
+                value,
+            });
+        }
+    }
+    let (mut diff2, mut norm2) = (0.0, 0.0);
+    let mut stats = Stats {
+        rel_l2: 0.0,
+        max_abs: 0.0,
+        max_abs_index: 0,
+    };
+    // The element furthest beyond its bound: (excess, index).
+    let mut worst: Option<(f64, usize)> = None;
+    for (i, (&x, &y)) in e.iter().zip(&a).enumerate() {
+        let d = (y - x).abs();
+        diff2 += d * d;
+        norm2 += x * x;
+        if d > stats.max_abs {
+            stats.max_abs = d;
+            stats.max_abs_index = i;
+        }
+        let excess = d - (tol.atol + tol.rtol * x.abs());
+        if excess > 0.0 && worst.is_none_or(|(w, _)| excess > w) {
+            worst = Some((excess, i));
+        }
+    }
+    stats.rel_l2 = if norm2 > 0.0 {
+        (diff2 / norm2).sqrt()
+    } else {
+        diff2.sqrt()
+    };
+    if stats.rel_l2 > tol.rel_l2 || worst.is_some() {
+        return Err(Mismatch::Tolerance {
+            stats,
+            tolerance: *tol,
+            worst: worst.map(|(_, i)| (i, e[i], a[i])),
+        });
+    }
+    Ok(stats)
+}

@@ -1,0 +1,209 @@
+//! Seeded random inputs.
+//!
+//! Each parameter is drawn from SplitMix64 streams seeded from the run's seed
+//! and the FNV-1a hash of the parameter's name (one stream per block of
+//! 65,536 elements, so blocks fill in parallel), so a parameter's values
+//! depend only on (seed, name, type, role): adding, removing or reordering
+//! other parameters changes nothing. The distribution follows the parameter's
+//! role, read from its direct uses (through a `fused` op, from the uses of
+//! the region argument it binds), first match wins:
+//!
+//! | role | values |
+//! |---|---|
+//! | indices of a `gather` (operand 1) | integers uniform in `[0, extent)` of the gathered axis (the smallest extent when several gathers use it) |
+//! | must be positive: `batchnorm` var, operand of `sqrt`/`rsqrt`/`log`, `div` divisor, `pow` base | uniform in `[0.5, 1.5)` |
+//! | weights: operand 1 of `conv2d`, operand 1 of `matmul` | uniform in `[-a, a)`, `a = sqrt(3 / fan_in)` (variance `1 / fan_in`: activations keep their scale through deep stacks); fan_in = `C/groups * KH * KW` or the contraction extent |
+//! | any other float | uniform in `[-1, 1)` |
+//! | any other integer | uniform in `[0, 8)` |
+//! | bool | true or false, each with probability 1/2 |
+//!
+//! Floats are drawn as f64 from 53 random bits, rounded to f32 and then to the
+//! parameter's dtype (f16/bf16 values may round to the interval's end).
+
+use dcir_ir::{DType, Graph, OpId, OpKind, TensorType, ValueId};
+use rayon::prelude::*;
+
+use crate::tensor::{Tensor, TensorData};
+
+/// Elements per random stream (and per parallel task).
+const BLOCK: usize = 1 << 16;
+
+/// The SplitMix64 generator (Steele, Lea and Flood, 2014): a 64-bit counter
+/// stepped by the golden ratio, then mixed.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        mix(self.0)
+    }
+
+    /// Uniform in `[0, 1)`.
+    fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+
+    /// Uniform in `[0, n)` (`n > 0`), by multiply-shift.
+    fn below(&mut self, n: u64) -> u64 {
+        ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
+    }
+}
+
+/// SplitMix64's output function.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// 64-bit FNV-1a of `bytes`.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xCBF2_9CE4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01B3)
+    })
+}
+
+/// How a parameter is used, which decides its distribution.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Role {
+    Indices { extent: usize },
+    Positive,
+    Weight { fan_in: usize },
+    Plain,
+}
+
+/// Where each value is used: (op, operand position) per value index.
+fn uses(graph: &Graph) -> Vec<Vec<(OpId, usize)>> {
+    let mut uses = vec![Vec::new(); graph.value_count()];
+    for op in graph.all_ops() {
+        for (i, v) in graph.op(op).operands.iter().enumerate() {
+            uses[v.index()].push((op, i));
+        }
+    }
+    uses
+}
+
+/// Draws parameters of one graph for one seed.
+pub(crate) struct Sampler<'g> {
+    graph: &'g Graph,
+    uses: Vec<Vec<(OpId, usize)>>,
+    seed: u64,
+}
+
+impl<'g> Sampler<'g> {
+    pub(crate) fn new(graph: &'g Graph, seed: u64) -> Sampler<'g> {
+        Sampler {
+            graph,
+            uses: uses(graph),
+            seed,
+        }
+    }
+
+    /// The role of value `v` from its direct uses.
+    fn role(&self, v: ValueId) -> Role {
+        let graph = self.graph;
+        let mut indices: Option<usize> = None;
+        let mut positive = false;
+        let mut weight: Option<usize> = None;
+        for &(op_id, i) in &self.uses[v.index()] {
+            let op = graph.op(op_id);
+            let ty = |k: usize| graph.ty(op.operands[k]);
+            let role = match (op.kind, i) {
+                (OpKind::Gather, 1) => {
+                    let axis = op.attrs.int("axis").unwrap_or(0) as usize;
+                    let extent = ty(0).dims().get(axis).copied().unwrap_or(0);
+                    Role::Indices { extent }
+                }
+                (OpKind::Batchnorm, 4)
+                | (OpKind::Sqrt | OpKind::Rsqrt | OpKind::Log, 0)
+                | (OpKind::Div, 1)
+                | (OpKind::Pow, 0) => Role::Positive,
+                (OpKind::Conv2d, 1) => Role::Weight {
+                    fan_in: ty(1).dims()[1..].iter().product(),
+                },
+                (OpKind::Matmul, 1) => {
+                    let d = ty(1).dims();
+                    let transposed = op.attrs.bool("transpose_b").unwrap_or(false);
+                    Role::Weight {
+                        fan_in: d[d.len() - if transposed { 1 } else { 2 }],
+                    }
+                }
+                (OpKind::Fused, _) => match op.region {
+                    Some(region) => self.role(graph.block(region).args[i]),
+                    None => Role::Plain,
+                },
+                _ => Role::Plain,
+            };
+            match role {
+                Role::Indices { extent } => {
+                    indices = Some(indices.map_or(extent, |e| e.min(extent)))
+                }
+                Role::Positive => positive = true,
+                Role::Weight { fan_in } => weight = Some(fan_in),
+                Role::Plain => {}
+            }
+        }
+        match (indices, positive, weight) {
+            (Some(extent), _, _) => Role::Indices { extent },
+            (None, true, _) => Role::Positive,
+            (None, false, Some(fan_in)) => Role::Weight { fan_in },
+            _ => Role::Plain,
+        }
+    }
+
+    /// Random values for parameter `index` (see the module doc).
+    pub(crate) fn sample(&self, index: usize) -> Tensor {
+        let p = self.graph.params()[index];
+        let ty: &TensorType = self.graph.ty(p);
+        let seed = mix(self.seed ^ fnv1a(self.graph.value(p).name.as_bytes()));
+        let n = ty.num_elements().unwrap_or(0);
+        let uniform = |lo: f64, hi: f64| draw(seed, n, |r| (lo + (hi - lo) * r.next_f64()) as f32);
+        let data = match (ty.dtype, self.role(p)) {
+            (DType::Bool, _) => TensorData::Bool(draw(seed, n, |r| r.next_u64() >> 63 == 1)),
+            (DType::I32 | DType::I64, role) => {
+                let range = match role {
+                    Role::Indices { extent } => extent.max(1) as u64,
+                    _ => 8,
+                };
+                TensorData::from_i64(ty.dtype, &draw(seed, n, |r| r.below(range) as i64))
+            }
+            (DType::F32, role) => TensorData::F32(uniform_for(role, uniform)),
+            (half, role) => TensorData::from_f32(half, &uniform_for(role, uniform)),
+        };
+        Tensor::from_parts(ty.clone(), data)
+    }
+}
+
+/// The float values for a parameter of `role`, drawn by `uniform(lo, hi)`.
+fn uniform_for(role: Role, uniform: impl Fn(f64, f64) -> Vec<f32>) -> Vec<f32> {
+    match role {
+        Role::Positive => uniform(0.5, 1.5),
+        Role::Weight { fan_in } => {
+            let a = (3.0 / fan_in.max(1) as f64).sqrt();
+            uniform(-a, a)
+        }
+        _ => uniform(-1.0, 1.0),
+    }
+}
+
+/// `n` values from `f`; block `b` of [`BLOCK`] values draws from its own
+/// stream, seeded `mix(seed ^ mix(b))`, so blocks are filled in parallel.
+fn draw<T: Send>(seed: u64, n: usize, f: impl Fn(&mut SplitMix64) -> T + Sync) -> Vec<T> {
+    (0..n.div_ceil(BLOCK))
+        .into_par_iter()
+        .flat_map_iter(|b| {
+            let mut rng = SplitMix64(mix(seed ^ mix(b as u64)));
+            let len = BLOCK.min(n - b * BLOCK);
+            (0..len).map(|_| f(&mut rng)).collect::<Vec<T>>()
+        })
+        .collect()
+}
+
+/// Random values for every parameter of `graph`, in parameter order (see the
+/// module doc for the distributions).
+pub fn random_inputs(graph: &Graph, seed: u64) -> Vec<Tensor> {
+    let sampler = Sampler::new(graph, seed);
+    (0..graph.params().len())
+        .map(|i| sampler.sample(i))
+        .collect()
+}

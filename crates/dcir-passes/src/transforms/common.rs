@@ -1,0 +1,92 @@
+//! Small helpers shared by the transforms.
+
+use dcir_ir::{
+    Attr, Attrs, BlockId, BuildError, DType, Graph, OpId, OpKind, Rewriter, TensorType, ValueDef,
+    ValueId,
+};
+
+/// The op defining `v`, if `v` is an op result (not a block argument).
+pub(crate) fn def_op(graph: &Graph, v: ValueId) -> Option<OpId> {
+    match graph.value(v).def {
+        ValueDef::OpResult { op, .. } => Some(op),
+        ValueDef::BlockArg { .. } => None,
+    }
+}
+
+/// The body and every `fused` region of the graph, in pre-order.
+pub(crate) fn all_blocks(graph: &Graph) -> Vec<BlockId> {
+    let mut blocks = vec![graph.body()];
+    blocks.extend(
+        graph
+            .all_ops()
+            .into_iter()
+            .filter_map(|o| graph.op(o).region),
+    );
+    blocks
+}
+
+/// The number every element of `v` holds, when `v` is a splat `constant`
+/// (one number) or a `broadcast` of one.
+pub(crate) fn splat_value(graph: &Graph, v: ValueId) -> Option<f64> {
+    let mut v = v;
+    loop {
+        let op = graph.op(def_op(graph, v)?);
+        match op.kind {
+            OpKind::Constant => {
+                return match op.attrs.get("value")? {
+                    Attr::Float(f) => Some(*f),
+                    Attr::Int(i) => Some(*i as f64),
+                    _ => None,
+                };
+            }
+            OpKind::Broadcast => v = op.operands[0],
+            _ => return None,
+        }
+    }
+}
+
+/// How many operands of live ops (regions included) name each value, by value index.
+pub(crate) fn use_counts(graph: &Graph) -> Vec<usize> {
+    let mut uses = vec![0usize; graph.value_count()];
+    for op in graph.all_ops() {
+        for &v in &graph.op(op).operands {
+            uses[v.index()] += 1;
+        }
+    }
+    uses
+}
+
+/// Redirects every use of `op`'s single result to `value` and removes `op`.
+pub(crate) fn replace_op(graph: &mut Graph, op: OpId, value: ValueId) {
+    let result = graph.op(op).results[0];
+    graph.replace_all_uses(result, value);
+    graph.remove_op(op);
+}
+
+/// A scalar `constant` of `dtype` named `hint`, broadcast to `dims` as
+/// `hint_b` (just the scalar when `dims` is empty).
+pub(crate) fn splat(
+    rw: &mut Rewriter,
+    dtype: DType,
+    value: f64,
+    dims: &[usize],
+    hint: &str,
+) -> Result<ValueId, BuildError> {
+    let scalar = rw.op_declared(
+        OpKind::Constant,
+        &[],
+        Attrs::new().with("value", Attr::Float(value)),
+        TensorType::new(dtype, Vec::new()),
+        hint,
+    )?;
+    if dims.is_empty() {
+        return Ok(scalar);
+    }
+    rw.op_declared(
+        OpKind::Broadcast,
+        &[scalar],
+        Attrs::new().with("dims", Attr::Ints(Vec::new())),
+        TensorType::new(dtype, dims.to_vec()),
+        &format!("{hint}_b"),
+    )
+}
