@@ -8,6 +8,10 @@
 //! // test roundtrip   print, read back, and check the module and text agree
 //! // test pass P      run pipeline P (verifying after each pass); snapshot the
 //! //                  unified diff of the printed IR, before → after
+//! // test run [seed=N] run every graph on the interpreter (random inputs from
+//! //                  seed N, default 0, or `// input: %p = [..]`); snapshot a
+//! //                  summary of each output; check `// expect: %v = [..]`; with
+//! //                  `test pass`, also check the outputs agree before and after
 //! ```
 //!
 //! Expected diagnostics are written on the offending line as a trailing
@@ -19,6 +23,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 
+use dcir_interp::{Tensor, Tolerance, compare, random_inputs, run_graph};
 use dcir_ir::{Module, print_module, verify_module};
 use dcir_passes::{Instrumentation, PassManager, PassRegistry, PipelineFailure, build_pipeline};
 use dcir_reader::{Diagnostic, parse_module, read_bytes, render};
@@ -36,6 +41,7 @@ struct Commands {
     verify: bool,
     roundtrip: bool,
     pipeline: Option<String>,
+    run_seed: Option<u64>,
 }
 
 fn parse_header(source: &str) -> Result<Commands, String> {
@@ -47,13 +53,27 @@ fn parse_header(source: &str) -> Result<Commands, String> {
         match cmd.trim() {
             "verify" => commands.verify = true,
             "roundtrip" => commands.roundtrip = true,
-            other => match other.strip_prefix("pass ") {
-                Some(pipeline) => commands.pipeline = Some(pipeline.trim().to_string()),
-                None => return Err(format!("unknown filetest command `test {other}`")),
-            },
+            "run" => commands.run_seed = Some(0),
+            other => {
+                if let Some(pipeline) = other.strip_prefix("pass ") {
+                    commands.pipeline = Some(pipeline.trim().to_string());
+                } else if let Some(seed) = other.strip_prefix("run seed=") {
+                    let seed = seed
+                        .trim()
+                        .parse()
+                        .map_err(|_| format!("bad seed in `test {other}`"))?;
+                    commands.run_seed = Some(seed);
+                } else {
+                    return Err(format!("unknown filetest command `test {other}`"));
+                }
+            }
         }
     }
-    if !commands.verify && !commands.roundtrip && commands.pipeline.is_none() {
+    if !commands.verify
+        && !commands.roundtrip
+        && commands.pipeline.is_none()
+        && commands.run_seed.is_none()
+    {
         return Err("no `// test <command>` line in the header".to_string());
     }
     Ok(commands)
@@ -148,9 +168,111 @@ fn check_roundtrip(module: &Module) -> Result<(), String> {
     Ok(())
 }
 
+/// Inputs and outputs of each graph of a module, in graph order.
+type Runs = (Vec<Vec<Tensor>>, Vec<Vec<Tensor>>);
+
+/// `(name, values)` of every `// <key>: %name = [v, ...]` line of a case.
+fn value_lines(case: &str, key: &str) -> Result<Vec<(String, Vec<f64>)>, String> {
+    let marker = format!("// {key}: %");
+    let mut out = Vec::new();
+    for line in case.lines() {
+        let Some(at) = line.find(&marker) else {
+            continue;
+        };
+        let rest = &line[at + marker.len()..];
+        let (name, values) = rest
+            .split_once('=')
+            .ok_or_else(|| format!("`{}` needs `= [..]`", line.trim()))?;
+        let values = values.trim().trim_start_matches('[').trim_end_matches(']');
+        let parsed = values
+            .split(',')
+            .map(|v| {
+                v.trim()
+                    .parse::<f64>()
+                    .map_err(|_| format!("bad number `{v}` in `{}`", line.trim()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        out.push((name.trim().to_string(), parsed));
+    }
+    Ok(out)
+}
+
+fn tensor_of(ty: &dcir_ir::TensorType, values: &[f64]) -> Result<Tensor, String> {
+    let n = ty.num_elements().unwrap_or(0);
+    let values = if values.len() == 1 {
+        vec![values[0]; n]
+    } else {
+        values.to_vec()
+    };
+    Tensor::from_f64(ty.clone(), &values).map_err(|e| e.to_string())
+}
+
+/// Runs every graph on the interpreter; appends a summary of each output and
+/// checks `// expect:` lines.
+fn run_module(module: &Module, case: &str, seed: u64, output: &mut String) -> Result<Runs, String> {
+    let given = value_lines(case, "input")?;
+    let expected = value_lines(case, "expect")?;
+    let (mut all_inputs, mut all_outputs) = (Vec::new(), Vec::new());
+    for graph in &module.graphs {
+        let mut inputs = random_inputs(graph, seed);
+        for (param, input) in graph.params().iter().zip(inputs.iter_mut()) {
+            if let Some((_, values)) = given.iter().find(|(n, _)| *n == graph.value(*param).name) {
+                *input = tensor_of(graph.ty(*param), values)?;
+            }
+        }
+        let outputs = run_graph(graph, &inputs).map_err(|e| format!("@{}: {e}", graph.name()))?;
+        let names = graph.outputs().unwrap_or_default();
+        for (&v, out) in names.iter().zip(&outputs) {
+            let name = &graph.value(v).name;
+            let s = out.summary();
+            output.push_str(&format!(
+                "// run @{} %{name}: {} mean={:.5e} abs_max={:.5e} checksum={:.5e}\n",
+                graph.name(),
+                out.ty(),
+                s.mean,
+                s.abs_max,
+                s.checksum
+            ));
+            if let Some((_, values)) = expected.iter().find(|(n, _)| n == name) {
+                let want = tensor_of(out.ty(), values)?;
+                compare(&want, out, &Tolerance::for_dtype(out.dtype())).map_err(|m| {
+                    format!("@{} %{name} differs from `// expect:`: {m}", graph.name())
+                })?;
+            }
+        }
+        all_inputs.push(inputs);
+        all_outputs.push(outputs);
+    }
+    Ok((all_inputs, all_outputs))
+}
+
+/// Runs `module` (after a pipeline) on the same inputs and checks every output
+/// agrees with the one before, within the dtype's tolerance.
+fn check_same_outputs(
+    module: &Module,
+    inputs: &[Vec<Tensor>],
+    before: &[Vec<Tensor>],
+    output: &mut String,
+) -> Result<(), String> {
+    for ((graph, inputs), before) in module.graphs.iter().zip(inputs).zip(before) {
+        let after = run_graph(graph, inputs)
+            .map_err(|e| format!("after the pipeline, @{}: {e}", graph.name()))?;
+        for (i, (b, a)) in before.iter().zip(&after).enumerate() {
+            compare(b, a, &Tolerance::for_dtype(b.dtype())).map_err(|m| {
+                format!(
+                    "@{} output {i} changed under the pipeline: {m}",
+                    graph.name()
+                )
+            })?;
+        }
+    }
+    output.push_str("// run: every output agrees before and after the pipeline\n");
+    Ok(())
+}
+
 /// Runs `pipeline` on `module`, verifying after each pass; the unified diff
-/// of the printed IR.
-fn run_pipeline(pipeline: &str, mut module: Module) -> Result<String, String> {
+/// of the printed IR, and the module after.
+fn run_pipeline(pipeline: &str, mut module: Module) -> Result<(String, Module), String> {
     let registry = PassRegistry::with_builtins();
     let passes = build_pipeline(&registry, pipeline).map_err(|e| e.render(pipeline))?;
     let instrumentation = Instrumentation {
@@ -183,7 +305,7 @@ fn run_pipeline(pipeline: &str, mut module: Module) -> Result<String, String> {
     if before == after {
         out.push_str("// (no change)\n");
     }
-    Ok(out)
+    Ok((out, module))
 }
 
 /// Runs one filetest; returns the stage output to snapshot.
@@ -209,8 +331,16 @@ fn run_file(path: &Path, source: &str) -> Result<String, String> {
                 if commands.verify {
                     output.push_str(&print_module(&module));
                 }
+                let before = match commands.run_seed {
+                    Some(seed) => Some(run_module(&module, case, seed, &mut output)?),
+                    None => None,
+                };
                 if let Some(pipeline) = &commands.pipeline {
-                    output.push_str(&run_pipeline(pipeline, module)?);
+                    let (diff, after) = run_pipeline(pipeline, module)?;
+                    output.push_str(&diff);
+                    if let Some((inputs, outputs)) = before {
+                        check_same_outputs(&after, &inputs, &outputs, &mut output)?;
+                    }
                 }
             }
             Err(diags) => {
@@ -291,6 +421,11 @@ fn passes_stage() {
     run_stage("passes");
 }
 
+#[test]
+fn run_stage_files() {
+    run_stage("run");
+}
+
 /// The issue's reference pipeline on the ResNet-50 bottleneck block: the
 /// batchnorms fold into the convolutions' weights and biases.
 #[test]
@@ -298,7 +433,7 @@ fn resnet_block_reference_pipeline() {
     let path = repo_root().join("ir-examples/resnet50_bottleneck.dcir");
     let source = std::fs::read_to_string(&path).expect("the example exists");
     let module = read_and_verify(&source).expect("the example verifies");
-    let diff = run_pipeline("canonicalize,cse,dce,fold-batchnorm", module)
+    let (diff, _) = run_pipeline("canonicalize,cse,dce,fold-batchnorm", module)
         .unwrap_or_else(|e| panic!("{e}"));
     insta::with_settings!({
         snapshot_path => repo_root().join("tests/filetests/passes/snapshots"),
