@@ -4,5 +4,6 @@
 //! verify it, print it canonically. A downstream tool calls it with its own
 //! name (MLIR's `MlirOptMain` pattern).
 
+pub mod import;
 pub mod opt;
 pub mod run;

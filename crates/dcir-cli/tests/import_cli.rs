@@ -1,0 +1,137 @@
+//! `dcir-import` end to end: files written, refusals reported with exit code 1.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn onnx_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../dcir-onnx")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("dcir-import-cli-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn import(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_dcir-import"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn writes_ir_and_weights_that_dcir_opt_accepts() {
+    let dir = scratch("ok");
+    let out = dir.join("model.dcir");
+    let model = onnx_dir().join("tests/fixtures/conv_bias_relu.onnx");
+    let o = import(&[
+        model.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--graph-name",
+        "net",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        text.starts_with("graph @net(%x: f32[1,3,9,8], %w: f32[4,3,3,3], %b: f32[4])"),
+        "{text}"
+    );
+    assert!(dir.join("model.safetensors").exists());
+    let opt = Command::new(env!("CARGO_BIN_EXE_dcir-opt"))
+        .args(["--pipeline", "canonicalize,cse,dce", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(opt.status.success(), "{}", stderr(&opt));
+    // Deterministic output.
+    let again = dir.join("again.dcir");
+    assert!(
+        import(&[
+            model.to_str().unwrap(),
+            "-o",
+            again.to_str().unwrap(),
+            "--graph-name",
+            "net"
+        ])
+        .status
+        .success()
+    );
+    assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&again).unwrap());
+    assert_eq!(
+        std::fs::read(dir.join("model.safetensors")).unwrap(),
+        std::fs::read(dir.join("again.safetensors")).unwrap()
+    );
+}
+
+#[test]
+fn default_output_is_beside_the_model() {
+    let dir = scratch("default");
+    let model = dir.join("resnet50.onnx");
+    std::fs::copy(onnx_dir().join("models/mobilenet_v2.onnx"), &model).unwrap();
+    let o = import(&[model.to_str().unwrap(), "--timing"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("seeded random values"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(stderr(&o).contains("timing: total"), "{}", stderr(&o));
+    assert!(dir.join("resnet50.dcir").exists());
+    assert!(dir.join("resnet50.safetensors").exists());
+}
+
+#[test]
+fn refusals_exit_with_1() {
+    let fixtures = onnx_dir().join("tests/fixtures");
+    let o = import(&[
+        fixtures.join("unsupported.onnx").to_str().unwrap(),
+        "-o",
+        "/dev/null",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("`NonZero` (node `my_nonzero`, #3 of 5)"),
+        "{}",
+        stderr(&o)
+    );
+
+    let dir = scratch("dyn");
+    let out = dir.join("d.dcir");
+    let model = fixtures.join("dynamic.onnx");
+    let o = import(&[model.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("--dim batch=VALUE"), "{}", stderr(&o));
+    let o = import(&[
+        model.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--dim",
+        "batch=4",
+        "--dim",
+        "x:2=2",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        std::fs::read_to_string(&out)
+            .unwrap()
+            .contains("%x: f32[4,3,2]")
+    );
+
+    let garbage = dir.join("garbage.onnx");
+    std::fs::write(&garbage, b"\x0a\xff\xff\xff\xff garbage").unwrap();
+    let o = import(&[garbage.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("not a valid ONNX model"),
+        "{}",
+        stderr(&o)
+    );
+
+    let o = import(&["--dim", "nonsense", model.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+}

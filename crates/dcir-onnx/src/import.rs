@@ -1,0 +1,1812 @@
+//! The translation of an ONNX graph into a dcir graph, node by node.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+
+use dcir_ir::{Attr, Attrs, BuildError, DType, GraphBuilder, OpKind, TensorType, ValueId};
+
+use crate::proto::{AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto};
+use crate::random::{Role, seeded_weight};
+use crate::tensor::{self, Bin, Const, Data};
+use crate::{ImportError, ImportOptions, Imported, NodeRef, Weight};
+
+/// Every ONNX op type (default domain) the importer knows. Some of them fold
+/// only when their inputs are constants (see `docs/onnx.md`).
+pub const SUPPORTED_OPS: &[&str] = &[
+    "Abs",
+    "Add",
+    "And",
+    "AveragePool",
+    "BatchNormalization",
+    "Cast",
+    "CastLike",
+    "Ceil",
+    "Clip",
+    "Concat",
+    "Constant",
+    "ConstantOfShape",
+    "Conv",
+    "Div",
+    "Dropout",
+    "Equal",
+    "Erf",
+    "Exp",
+    "Expand",
+    "Flatten",
+    "Floor",
+    "Gather",
+    "GatherElements",
+    "Gelu",
+    "Gemm",
+    "GlobalAveragePool",
+    "GlobalMaxPool",
+    "Greater",
+    "GreaterOrEqual",
+    "Identity",
+    "LayerNormalization",
+    "Less",
+    "LessOrEqual",
+    "Log",
+    "MatMul",
+    "Max",
+    "MaxPool",
+    "Min",
+    "Mod",
+    "Mul",
+    "Neg",
+    "Not",
+    "Or",
+    "Pow",
+    "Range",
+    "Reciprocal",
+    "ReduceMax",
+    "ReduceMean",
+    "ReduceSum",
+    "Relu",
+    "Reshape",
+    "Shape",
+    "Sigmoid",
+    "Size",
+    "Slice",
+    "Softmax",
+    "Sqrt",
+    "Squeeze",
+    "Sub",
+    "Tanh",
+    "Transpose",
+    "Unsqueeze",
+    "Where",
+    "Xor",
+];
+
+/// Most elements of one initializer given random values (2^31, 8 GiB of f32).
+const MAX_SEEDED: usize = 1 << 31;
+
+/// What an ONNX value name stands for during import.
+#[derive(Clone, Debug)]
+enum Val {
+    /// A dcir value.
+    Ir(ValueId),
+    /// A tensor known at import time, materialized as `constant` on use.
+    Const(std::rc::Rc<Const>),
+}
+
+type R<T> = Result<T, String>;
+
+fn b(e: BuildError) -> String {
+    e.to_string()
+}
+
+/// Replaces every character outside `[A-Za-z0-9_.]` with `_`.
+pub fn sanitize(name: &str) -> String {
+    let s: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if s.is_empty() { "_".to_string() } else { s }
+}
+
+/// A graph name: an identifier (`[A-Za-z_][A-Za-z0-9_.]*`).
+fn graph_ident(name: &str) -> String {
+    let s = sanitize(name);
+    if s.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') {
+        s
+    } else {
+        format!("_{s}")
+    }
+}
+
+struct Importer<'m> {
+    b: GraphBuilder,
+    vals: HashMap<&'m str, Val>,
+    /// `constant` ops already made: (value name, dtype, dims) to the value.
+    materialized: HashMap<(String, DType, Vec<usize>), ValueId>,
+    opset: i64,
+    /// Value names some node or the graph output reads.
+    used: HashSet<&'m str>,
+}
+
+/// Translates `model` (whose external data files are relative to `base`).
+pub(crate) fn import(
+    model: &ModelProto,
+    base: Option<&Path>,
+    opts: &ImportOptions,
+) -> Result<Imported, ImportError> {
+    let graph = model.graph.as_ref().ok_or_else(|| ImportError::Invalid {
+        message: "the model has no graph".to_string(),
+    })?;
+    let opset = model
+        .opset_import
+        .iter()
+        .find(|o| matches!(o.domain.as_deref(), None | Some("") | Some("ai.onnx")))
+        .and_then(|o| o.version)
+        .unwrap_or(13);
+    check_supported(graph)?;
+
+    let name = opts
+        .graph_name
+        .clone()
+        .or_else(|| graph.name.clone().filter(|n| !n.is_empty()))
+        .map_or_else(|| "main".to_string(), |n| graph_ident(&n));
+    let mut used: HashSet<&str> = HashSet::new();
+    for n in &graph.node {
+        used.extend(n.input.iter().map(String::as_str));
+    }
+    used.extend(graph.output.iter().filter_map(|o| o.name.as_deref()));
+    let mut imp = Importer {
+        b: GraphBuilder::new(name),
+        vals: HashMap::new(),
+        materialized: HashMap::new(),
+        opset,
+        used,
+    };
+    let weights = imp.params(graph, base, opts)?;
+    for (index, node) in graph.node.iter().enumerate() {
+        imp.node(node).map_err(|message| ImportError::Node {
+            node: node_ref(node, index, graph.node.len()),
+            message,
+        })?;
+    }
+    let mut outputs = Vec::new();
+    for o in &graph.output {
+        let name = o.name.as_deref().unwrap_or("");
+        let v = imp
+            .vals
+            .get(name)
+            .cloned()
+            .ok_or_else(|| ImportError::Invalid {
+                message: format!("graph output `{name}` is produced by no node"),
+            })?;
+        let v = imp.ir(name, &v).map_err(|message| ImportError::Invalid {
+            message: format!("graph output `{name}`: {message}"),
+        })?;
+        if let Some(dims) = declared_dims(o.r#type.as_ref()) {
+            let got = imp.b.ty(v).dims();
+            let agrees = dims.len() == got.len()
+                && dims.iter().zip(got).all(|(d, &g)| d.is_none_or(|d| d == g));
+            if !agrees {
+                return Err(ImportError::Invalid {
+                    message: format!(
+                        "graph output `{name}` is declared with shape {}, but the import computed {}",
+                        show_dims(&dims),
+                        imp.b.ty(v)
+                    ),
+                });
+            }
+        }
+        outputs.push(v);
+    }
+    let graph = imp.b.finish(&outputs).map_err(|e| ImportError::Invalid {
+        message: format!("internal error: {e}"),
+    })?;
+    let mut module = dcir_ir::Module::new();
+    module.graphs.push(graph);
+    Ok(Imported { module, weights })
+}
+
+fn show_dims(d: &[Option<usize>]) -> String {
+    let parts: Vec<String> = d
+        .iter()
+        .map(|x| x.map_or("?".to_string(), |v| v.to_string()))
+        .collect();
+    format!("[{}]", parts.join(","))
+}
+
+/// The static dims a value info declares (`None` for a symbolic dim), if it declares a shape.
+fn declared_dims(t: Option<&crate::proto::TypeProto>) -> Option<Vec<Option<usize>>> {
+    use crate::proto::tensor_shape_proto::dimension::Value as Dv;
+    use crate::proto::type_proto::Value;
+    let Some(Value::TensorType(tt)) = t?.value.as_ref() else {
+        return None;
+    };
+    let shape = tt.shape.as_ref()?;
+    Some(
+        shape
+            .dim
+            .iter()
+            .map(|d| match &d.value {
+                Some(Dv::DimValue(v)) => usize::try_from(*v).ok(),
+                _ => None,
+            })
+            .collect(),
+    )
+}
+
+fn node_ref(node: &NodeProto, index: usize, total: usize) -> NodeRef {
+    NodeRef {
+        op_type: op_label(node),
+        name: node.name.clone().unwrap_or_default(),
+        index,
+        total,
+    }
+}
+
+fn op_label(node: &NodeProto) -> String {
+    let op = node.op_type.as_deref().unwrap_or("");
+    match node.domain.as_deref() {
+        None | Some("") | Some("ai.onnx") => op.to_string(),
+        Some(d) => format!("{d}.{op}"),
+    }
+}
+
+/// Refuses a model with any op outside [`SUPPORTED_OPS`], naming them all.
+fn check_supported(graph: &GraphProto) -> Result<(), ImportError> {
+    let total = graph.node.len();
+    let bad: Vec<NodeRef> = graph
+        .node
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| {
+            let default_domain = matches!(n.domain.as_deref(), None | Some("") | Some("ai.onnx"));
+            !(default_domain && SUPPORTED_OPS.contains(&n.op_type.as_deref().unwrap_or("")))
+        })
+        .map(|(i, n)| node_ref(n, i, total))
+        .collect();
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(ImportError::Unsupported(bad))
+    }
+}
+
+/// Normalizes a possibly negative axis against `rank`.
+fn axis(a: i64, rank: usize) -> R<usize> {
+    let r = rank as i64;
+    let n = if a < 0 { a + r } else { a };
+    if (0..r).contains(&n) {
+        Ok(n as usize)
+    } else {
+        Err(format!("axis {a} is out of range for rank {rank}"))
+    }
+}
+
+fn axes_sorted(raw: &[i64], rank: usize) -> R<Vec<usize>> {
+    let mut v = raw.iter().map(|&a| axis(a, rank)).collect::<R<Vec<_>>>()?;
+    v.sort_unstable();
+    if v.windows(2).any(|w| w[0] == w[1]) {
+        return Err(format!("axes {raw:?} repeat a dim"));
+    }
+    Ok(v)
+}
+
+fn ints(v: &[usize]) -> Attr {
+    Attr::Ints(v.iter().map(|&x| x as i64).collect())
+}
+
+/// Element count, saturating (an overflowing shape then fails a later check).
+fn product(d: &[usize]) -> usize {
+    d.iter()
+        .try_fold(1usize, |a, &x| a.checked_mul(x))
+        .unwrap_or(usize::MAX)
+}
+
+/// Largest value of a window attribute (kernel, stride, dilation, pad).
+const MAX_WINDOW: i64 = 1 << 20;
+
+fn check_window(v: &[i64], name: &str, min: i64) -> R<()> {
+    match v.iter().find(|&&x| !(min..=MAX_WINDOW).contains(&x)) {
+        Some(x) => Err(format!(
+            "`{name}` entry {x} is out of range ({min}..={MAX_WINDOW})"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Attribute access on a node.
+struct At<'a>(&'a [AttributeProto]);
+
+impl<'a> At<'a> {
+    fn get(&self, name: &str) -> Option<&'a AttributeProto> {
+        self.0.iter().find(|a| a.name.as_deref() == Some(name))
+    }
+    fn int(&self, name: &str) -> Option<i64> {
+        self.get(name).and_then(|a| a.i)
+    }
+    fn int_or(&self, name: &str, d: i64) -> i64 {
+        self.int(name).unwrap_or(d)
+    }
+    fn float(&self, name: &str) -> Option<f32> {
+        self.get(name).and_then(|a| a.f)
+    }
+    fn ints(&self, name: &str) -> Option<&'a [i64]> {
+        self.get(name).map(|a| a.ints.as_slice())
+    }
+    fn string(&self, name: &str) -> Option<String> {
+        self.get(name)
+            .and_then(|a| a.s.as_ref())
+            .map(|s| String::from_utf8_lossy(s).into_owned())
+    }
+    fn tensor(&self, name: &str) -> Option<&'a TensorProto> {
+        self.get(name).and_then(|a| a.t.as_ref())
+    }
+}
+
+impl<'m> Importer<'m> {
+    /// Graph inputs, then initializers in file order, become parameters;
+    /// integer initializers and float scalars become known constants.
+    fn params(
+        &mut self,
+        graph: &'m GraphProto,
+        base: Option<&Path>,
+        opts: &ImportOptions,
+    ) -> Result<Vec<Weight>, ImportError> {
+        use crate::proto::tensor_shape_proto::dimension::Value as Dv;
+        use crate::proto::type_proto::Value;
+        let inits: HashSet<&str> = graph
+            .initializer
+            .iter()
+            .filter_map(|t| t.name.as_deref())
+            .collect();
+        let mut missing = Vec::new();
+        for input in &graph.input {
+            let name = input.name.as_deref().unwrap_or("");
+            if inits.contains(name) {
+                continue;
+            }
+            let invalid = |m: String| ImportError::Invalid {
+                message: format!("graph input `{name}`: {m}"),
+            };
+            let Some(Value::TensorType(tt)) = input.r#type.as_ref().and_then(|t| t.value.as_ref())
+            else {
+                return Err(invalid("is not a tensor".to_string()));
+            };
+            let dtype = tensor::dtype_of(tt.elem_type.unwrap_or(0)).map_err(invalid)?;
+            let Some(shape) = &tt.shape else {
+                return Err(invalid(
+                    "has no shape; dcir needs static shapes".to_string(),
+                ));
+            };
+            let mut dims = Vec::new();
+            for (i, d) in shape.dim.iter().enumerate() {
+                let by_index = format!("{name}:{i}");
+                let lookup = |key: &str| opts.dims.iter().find(|(k, _)| k == key).map(|x| x.1);
+                match &d.value {
+                    Some(Dv::DimValue(v)) if *v >= 0 => dims.push(*v as usize),
+                    Some(Dv::DimParam(p)) if !p.is_empty() => {
+                        match lookup(p).or_else(|| lookup(&by_index)) {
+                            Some(v) => dims.push(v),
+                            None => missing.push((name.to_string(), i, Some(p.clone()))),
+                        }
+                    }
+                    _ => match lookup(&by_index) {
+                        Some(v) => dims.push(v),
+                        None => missing.push((name.to_string(), i, None)),
+                    },
+                }
+            }
+            if missing.is_empty() {
+                let v = self
+                    .b
+                    .param(&sanitize(name), TensorType::new(dtype, dims))
+                    .map_err(|e| invalid(e.to_string()))?;
+                self.vals.insert(name, Val::Ir(v));
+            }
+        }
+        if !missing.is_empty() {
+            return Err(ImportError::DynamicDims(missing));
+        }
+
+        let roles = self.roles(graph);
+        let mut weights = Vec::new();
+        for t in &graph.initializer {
+            let name = t.name.as_deref().unwrap_or("");
+            let invalid = |m: String| ImportError::Invalid {
+                message: format!("initializer `{name}`: {m}"),
+            };
+            let ty = t.data_type.unwrap_or(0);
+            let dtype = tensor::dtype_of(ty).map_err(invalid)?;
+            let dims = tensor::dims_of(t).map_err(invalid)?;
+            let numel = product(&dims);
+            if !dtype.is_float() || numel <= 1 {
+                match tensor::decode(t, base).map_err(invalid)? {
+                    Some(c) => {
+                        self.vals.insert(name, Val::Const(c.into()));
+                        continue;
+                    }
+                    None if !dtype.is_float() => {
+                        return Err(invalid(
+                            "an integer initializer without data: its values are needed at import"
+                                .to_string(),
+                        ));
+                    }
+                    None => {}
+                }
+            }
+            if !self.used.contains(name) {
+                continue;
+            }
+            if numel > MAX_SEEDED
+                && matches!(tensor::payload(t, base), Ok(tensor::Payload::Missing))
+            {
+                return Err(invalid(format!(
+                    "has no data and {numel} elements, more than the {MAX_SEEDED} the importer fills with random values"
+                )));
+            }
+            let ty_ir = TensorType::new(dtype, dims);
+            let pname = sanitize(name);
+            let v = self
+                .b
+                .param(&pname, ty_ir.clone())
+                .map_err(|e| invalid(e.to_string()))?;
+            let pname = self.b.graph().value(v).name.clone();
+            self.vals.insert(name, Val::Ir(v));
+            let (bytes, seeded) =
+                match tensor::weight_bytes(t, dtype, numel, base).map_err(invalid)? {
+                    Some(bytes) => (bytes, false),
+                    None => {
+                        let role = roles.get(name).copied().unwrap_or(Role::Generic);
+                        (seeded_weight(&pname, &ty_ir, role, opts.seed), true)
+                    }
+                };
+            weights.push(Weight {
+                name: pname,
+                ty: ty_ir,
+                bytes,
+                seeded,
+            });
+        }
+        Ok(weights)
+    }
+
+    /// How each initializer is first used, to give data-less ones sensible random values.
+    fn roles(&self, graph: &'m GraphProto) -> HashMap<&'m str, Role> {
+        let mut alias: HashMap<&str, &str> = HashMap::new();
+        let mut roles = HashMap::new();
+        for n in &graph.node {
+            let op = n.op_type.as_deref().unwrap_or("");
+            if matches!(op, "Identity" | "Cast") {
+                if let (Some(i), Some(o)) = (n.input.first(), n.output.first()) {
+                    let root = alias.get(i.as_str()).copied().unwrap_or(i.as_str());
+                    alias.insert(o.as_str(), root);
+                }
+                continue;
+            }
+            let at = At(&n.attribute);
+            for (k, input) in n.input.iter().enumerate() {
+                let root = alias.get(input.as_str()).copied().unwrap_or(input.as_str());
+                let role = match (op, k) {
+                    ("BatchNormalization", 1) | ("LayerNormalization", 1) => Role::Scale,
+                    ("BatchNormalization", 4) => Role::Variance,
+                    ("BatchNormalization" | "LayerNormalization", _) => Role::Shift,
+                    ("Conv", 1) => Role::Fan {
+                        axis: None,
+                        gain: 6.0,
+                    },
+                    ("MatMul", 1) => Role::Fan {
+                        axis: Some(0),
+                        gain: 3.0,
+                    },
+                    ("Gemm", 1) => Role::Fan {
+                        axis: Some(if at.int_or("transB", 0) != 0 { 1 } else { 0 }),
+                        gain: 3.0,
+                    },
+                    _ => Role::Generic,
+                };
+                roles.entry(root).or_insert(role);
+            }
+        }
+        roles
+    }
+
+    // ---------------------------------------------------------------- values
+
+    fn get(&self, node: &NodeProto, i: usize) -> R<Option<Val>> {
+        match node.input.get(i).map(String::as_str) {
+            None | Some("") => Ok(None),
+            Some(name) => self
+                .vals
+                .get(name)
+                .cloned()
+                .map(Some)
+                .ok_or_else(|| format!("input `{name}` is not defined before this node")),
+        }
+    }
+
+    fn req(&self, node: &NodeProto, i: usize) -> R<Val> {
+        self.get(node, i)?
+            .ok_or_else(|| format!("input {i} is required"))
+    }
+
+    fn in_name(node: &NodeProto, i: usize) -> &str {
+        node.input.get(i).map_or("", String::as_str)
+    }
+
+    /// Input `i` as a dcir value (constants materialized).
+    fn ir_in(&mut self, node: &NodeProto, i: usize) -> R<ValueId> {
+        let v = self.req(node, i)?;
+        self.ir(Self::in_name(node, i), &v)
+    }
+
+    /// Input `i`'s value known at import time.
+    fn const_in(&self, node: &NodeProto, i: usize) -> R<Option<std::rc::Rc<Const>>> {
+        match self.get(node, i)? {
+            None => Ok(None),
+            Some(Val::Const(c)) => Ok(Some(c)),
+            Some(Val::Ir(_)) => Err(format!(
+                "input {i} (`{}`) must be known at import time (a constant or shape arithmetic), but it is computed at run time",
+                Self::in_name(node, i)
+            )),
+        }
+    }
+
+    fn dims_of(&self, v: &Val) -> Vec<usize> {
+        match v {
+            Val::Ir(id) => self.b.ty(*id).dims().to_vec(),
+            Val::Const(c) => c.dims.clone(),
+        }
+    }
+
+    fn dtype_of(&self, v: &Val) -> DType {
+        match v {
+            Val::Ir(id) => self.b.ty(*id).dtype,
+            Val::Const(c) => c.dtype,
+        }
+    }
+
+    fn ir(&mut self, name: &str, v: &Val) -> R<ValueId> {
+        match v {
+            Val::Ir(id) => Ok(*id),
+            Val::Const(c) => self.materialize(name, c, c.dtype, &c.dims.clone()),
+        }
+    }
+
+    /// A `constant` op holding `c` as `dtype`, broadcast to `dims`.
+    fn materialize(&mut self, name: &str, c: &Const, dtype: DType, dims: &[usize]) -> R<ValueId> {
+        let key = (name.to_string(), dtype, dims.to_vec());
+        if let Some(&v) = self.materialized.get(&key) {
+            return Ok(v);
+        }
+        let c = c.cast(dtype);
+        let v = if let Some(x) = c.splat() {
+            self.b
+                .constant(TensorType::new(dtype, dims.to_vec()), literal(dtype, x))
+                .map_err(b)?
+        } else if c.len() == 0 {
+            let own = self
+                .b
+                .constant(TensorType::new(dtype, c.dims.clone()), literal(dtype, 0.0));
+            let own = own.map_err(b)?;
+            self.broadcast_to(own, dims)?
+        } else {
+            let value = match &c.data {
+                Data::F(v) => Attr::Floats(v.clone()),
+                Data::I(v) => Attr::Ints(v.clone()),
+            };
+            let own = self
+                .b
+                .constant(TensorType::new(dtype, c.dims.clone()), value)
+                .map_err(b)?;
+            self.broadcast_to(own, dims)?
+        };
+        self.materialized.insert(key, v);
+        Ok(v)
+    }
+
+    /// `v` broadcast (numpy rules) to `out`: size-1 dims that grow are
+    /// dropped by a `reshape`, then one `broadcast` maps the rest in order.
+    fn broadcast_to(&mut self, v: ValueId, out: &[usize]) -> R<ValueId> {
+        let dims = self.b.ty(v).dims().to_vec();
+        if dims == out {
+            return Ok(v);
+        }
+        if dims.len() > out.len() {
+            return Err(format!("cannot broadcast {dims:?} to {out:?}"));
+        }
+        let off = out.len() - dims.len();
+        let mut kept = Vec::new();
+        let mut map = Vec::new();
+        for (i, &d) in dims.iter().enumerate() {
+            let o = out[off + i];
+            if d == o {
+                kept.push(d);
+                map.push((off + i) as i64);
+            } else if d != 1 {
+                return Err(format!("cannot broadcast {dims:?} to {out:?}"));
+            }
+        }
+        let src = if kept.len() == dims.len() {
+            v
+        } else {
+            self.b.reshape(v, &kept).map_err(b)?
+        };
+        self.b.broadcast(src, &map, out).map_err(b)
+    }
+
+    /// A value of `v` as `dtype` broadcast to `out`.
+    fn operand(&mut self, name: &str, v: &Val, dtype: DType, out: &[usize]) -> R<ValueId> {
+        match v {
+            Val::Const(c) => self.materialize(name, c, dtype, out),
+            Val::Ir(id) => {
+                if self.b.ty(*id).dtype != dtype {
+                    return Err(format!(
+                        "operand `{name}` is {}, expected {dtype}",
+                        self.b.ty(*id)
+                    ));
+                }
+                self.broadcast_to(*id, out)
+            }
+        }
+    }
+
+    fn splat(&mut self, dtype: DType, x: f64, dims: &[usize]) -> R<ValueId> {
+        self.b
+            .constant(TensorType::new(dtype, dims.to_vec()), literal(dtype, x))
+            .map_err(b)
+    }
+
+    fn set(&mut self, node: &'m NodeProto, k: usize, v: Val) -> R<()> {
+        match node.output.get(k).map(String::as_str) {
+            None | Some("") => Ok(()),
+            Some(name) => {
+                self.vals.insert(name, v);
+                Ok(())
+            }
+        }
+    }
+
+    fn out(&mut self, node: &'m NodeProto, v: ValueId) -> R<()> {
+        for extra in node.output.iter().skip(1) {
+            if !extra.is_empty() && self.used.contains(extra.as_str()) {
+                return Err(format!(
+                    "only the first output is supported, but output `{extra}` is used"
+                ));
+            }
+        }
+        self.set(node, 0, Val::Ir(v))
+    }
+
+    fn cst(&mut self, node: &'m NodeProto, c: Const) -> R<()> {
+        self.set(node, 0, Val::Const(c.into()))
+    }
+
+    // ----------------------------------------------------------------- nodes
+
+    fn node(&mut self, node: &'m NodeProto) -> R<()> {
+        let op = node.op_type.as_deref().unwrap_or("");
+        let at = At(&node.attribute);
+        let all_const = (0..node.input.len())
+            .all(|i| !matches!(self.get(node, i), Ok(Some(Val::Ir(_))) | Err(_)));
+        match op {
+            "Identity" | "Dropout" => {
+                let v = self.req(node, 0)?;
+                if op == "Dropout"
+                    && node.output.len() > 1
+                    && self.used.contains(node.output[1].as_str())
+                {
+                    return Err("the Dropout mask output is not supported".to_string());
+                }
+                self.set(node, 0, v)
+            }
+            "Constant" => {
+                let c = self.constant_attr(&at)?;
+                self.cst(node, c)
+            }
+            "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Max" | "Min" | "Mod" | "Equal" | "Less"
+            | "LessOrEqual" | "Greater" | "GreaterOrEqual" | "And" | "Or" | "Xor" => {
+                let bin = match op {
+                    "Add" => Bin::Add,
+                    "Sub" => Bin::Sub,
+                    "Mul" => Bin::Mul,
+                    "Div" => Bin::Div,
+                    "Pow" => Bin::Pow,
+                    "Max" => Bin::Max,
+                    "Min" => Bin::Min,
+                    "Mod" => Bin::Mod,
+                    "Equal" => Bin::Equal,
+                    "Less" => Bin::Less,
+                    "LessOrEqual" => Bin::LessOrEqual,
+                    "Greater" => Bin::Greater,
+                    "GreaterOrEqual" => Bin::GreaterOrEqual,
+                    "And" => Bin::And,
+                    "Or" => Bin::Or,
+                    _ => Bin::Xor,
+                };
+                if node.input.len() != 2 {
+                    return Err(format!(
+                        "{op} takes 2 inputs here, found {}",
+                        node.input.len()
+                    ));
+                }
+                if all_const {
+                    let (x, y) = (self.const_in(node, 0)?, self.const_in(node, 1)?);
+                    let (Some(x), Some(y)) = (x, y) else {
+                        return Err("missing input".to_string());
+                    };
+                    return self.cst(node, tensor::binary(bin, &x, &y)?);
+                }
+                let kind = match bin {
+                    Bin::Add => OpKind::Add,
+                    Bin::Sub => OpKind::Sub,
+                    Bin::Mul => OpKind::Mul,
+                    Bin::Div => OpKind::Div,
+                    Bin::Pow => OpKind::Pow,
+                    Bin::Max => OpKind::Max,
+                    Bin::Min => OpKind::Min,
+                    _ => return Err(const_only(op)),
+                };
+                let v = self.binary(node, kind)?;
+                self.out(node, v)
+            }
+            "Relu" | "Tanh" | "Sigmoid" | "Erf" | "Sqrt" | "Exp" | "Log" | "Neg" | "Abs" => {
+                if all_const {
+                    let x = self.const_in(node, 0)?.ok_or("missing input")?;
+                    let f: fn(f64) -> f64 = match op {
+                        "Relu" => |x| x.max(0.0),
+                        "Tanh" => f64::tanh,
+                        "Sigmoid" => |x| 1.0 / (1.0 + (-x).exp()),
+                        "Sqrt" => f64::sqrt,
+                        "Exp" => f64::exp,
+                        "Log" => f64::ln,
+                        "Neg" => |x| -x,
+                        "Abs" => f64::abs,
+                        _ => return self.unary_ir(node, OpKind::Erf),
+                    };
+                    return self.cst(node, tensor::unary(&x, f));
+                }
+                let kind = match op {
+                    "Relu" => OpKind::Relu,
+                    "Tanh" => OpKind::Tanh,
+                    "Sigmoid" => OpKind::Sigmoid,
+                    "Erf" => OpKind::Erf,
+                    "Sqrt" => OpKind::Sqrt,
+                    "Exp" => OpKind::Exp,
+                    "Log" => OpKind::Log,
+                    "Neg" => OpKind::Neg,
+                    _ => OpKind::Abs,
+                };
+                self.unary_ir(node, kind)
+            }
+            "Floor" | "Ceil" | "Not" => {
+                let x = self.const_in(node, 0)?.ok_or("missing input")?;
+                let f: fn(f64) -> f64 = match op {
+                    "Floor" => f64::floor,
+                    "Ceil" => f64::ceil,
+                    _ => |x| f64::from(u8::from(x == 0.0)),
+                };
+                self.cst(node, tensor::unary(&x, f))
+            }
+            "Reciprocal" => {
+                if all_const {
+                    let x = self.const_in(node, 0)?.ok_or("missing input")?;
+                    return self.cst(node, tensor::unary(&x, |x| 1.0 / x));
+                }
+                let x = self.ir_in(node, 0)?;
+                let ty = self.b.ty(x).clone();
+                let one = self.splat(ty.dtype, 1.0, ty.dims())?;
+                let v = self.b.op(OpKind::Div, &[one, x], Attrs::new()).map_err(b)?;
+                self.out(node, v)
+            }
+            "Gelu" => {
+                let approx = at
+                    .string("approximate")
+                    .unwrap_or_else(|| "none".to_string());
+                let x = self.ir_in(node, 0)?;
+                let v = self
+                    .b
+                    .op(
+                        OpKind::Gelu,
+                        &[x],
+                        Attrs::new().with("approximate", Attr::Str(approx)),
+                    )
+                    .map_err(b)?;
+                self.out(node, v)
+            }
+            "Clip" => self.clip(node, &at),
+            "Cast" | "CastLike" => {
+                let to = if op == "Cast" {
+                    let code = at.int("to").ok_or("Cast needs `to`")?;
+                    tensor::dtype_of(code as i32)?
+                } else {
+                    let like = self.req(node, 1)?;
+                    self.dtype_of(&like)
+                };
+                match self.req(node, 0)? {
+                    Val::Const(c) => self.cst(node, c.cast(to)),
+                    Val::Ir(x) if self.b.ty(x).dtype == to => self.out(node, x),
+                    Val::Ir(x) => {
+                        let v = self.b.cast(x, to).map_err(b)?;
+                        self.out(node, v)
+                    }
+                }
+            }
+            "Shape" => {
+                let x = self.req(node, 0)?;
+                let dims: Vec<i64> = self.dims_of(&x).iter().map(|&d| d as i64).collect();
+                let r = dims.len() as i64;
+                let clampi = |v: i64| if v < 0 { (v + r).max(0) } else { v.min(r) } as usize;
+                let start = clampi(at.int_or("start", 0));
+                let end = clampi(at.int_or("end", r));
+                let v = dims[start..end.max(start)].to_vec();
+                self.cst(node, Const::ints(v))
+            }
+            "Size" => {
+                let x = self.req(node, 0)?;
+                let n = product(&self.dims_of(&x)) as i64;
+                self.cst(
+                    node,
+                    Const {
+                        dtype: DType::I64,
+                        dims: vec![],
+                        data: Data::I(vec![n]),
+                    },
+                )
+            }
+            "ConstantOfShape" => {
+                let shape = self.const_in(node, 0)?.ok_or("missing shape")?;
+                let dims = shape
+                    .to_i64()
+                    .iter()
+                    .map(|&d| usize::try_from(d).map_err(|_| format!("negative extent {d}")))
+                    .collect::<R<Vec<_>>>()?;
+                let value = match at.tensor("value") {
+                    Some(t) => tensor::decode(t, None)?.ok_or("`value` has no data")?,
+                    None => Const {
+                        dtype: DType::F32,
+                        dims: vec![1],
+                        data: Data::F(vec![0.0]),
+                    },
+                };
+                let x = value.scalar_f64().ok_or("`value` must hold one element")?;
+                let n = tensor::count(&dims)?;
+                let data = if value.dtype.is_float() {
+                    Data::F(vec![x; n])
+                } else {
+                    Data::I(vec![x as i64; n])
+                };
+                self.cst(node, Const::new(value.dtype, dims, data)?)
+            }
+            "Range" => {
+                let get = |i| -> R<std::rc::Rc<Const>> {
+                    self.const_in(node, i)?
+                        .ok_or_else(|| "missing input".to_string())
+                };
+                let (s, l, d) = (get(0)?, get(1)?, get(2)?);
+                let (s0, l0, d0) = (
+                    s.scalar_f64().ok_or("start must be a scalar")?,
+                    l.scalar_f64().ok_or("limit must be a scalar")?,
+                    d.scalar_f64().ok_or("delta must be a scalar")?,
+                );
+                if d0 == 0.0 {
+                    return Err("Range with delta 0".to_string());
+                }
+                let n = ((l0 - s0) / d0).ceil().max(0.0);
+                if n.is_nan() || n > (1u64 << 26) as f64 {
+                    return Err(format!("Range of {n} elements is too large to fold"));
+                }
+                let n = n as usize;
+                let data: Vec<f64> = (0..n).map(|k| s0 + k as f64 * d0).collect();
+                let c = Const::new(s.dtype, vec![n], Data::F(data))?;
+                self.cst(node, c.cast(s.dtype))
+            }
+            "Where" => self.where_(node),
+            "Expand" => {
+                let shape = self.const_in(node, 1)?.ok_or("missing shape")?;
+                let x = self.req(node, 0)?;
+                let want: Vec<usize> = shape.to_i64().iter().map(|&d| d.max(0) as usize).collect();
+                let out = tensor::broadcast_shapes(&self.dims_of(&x), &want)?;
+                match x {
+                    Val::Const(c) => self.cst(node, tensor::expand(&c, &out)?),
+                    Val::Ir(v) => {
+                        let r = self.broadcast_to(v, &out)?;
+                        self.out(node, r)
+                    }
+                }
+            }
+            "Reshape" => {
+                let shape = self.const_in(node, 1)?.ok_or("missing shape")?;
+                let x = self.req(node, 0)?;
+                let dims = reshape_dims(
+                    &self.dims_of(&x),
+                    &shape.to_i64(),
+                    at.int_or("allowzero", 0) != 0,
+                )?;
+                self.reshape_to(node, x, dims)
+            }
+            "Flatten" => {
+                let x = self.req(node, 0)?;
+                let d = self.dims_of(&x);
+                let a = at.int_or("axis", 1);
+                let a = if a < 0 { a + d.len() as i64 } else { a };
+                if !(0..=d.len() as i64).contains(&a) {
+                    return Err(format!("axis {a} is out of range for rank {}", d.len()));
+                }
+                let a = a as usize;
+                self.reshape_to(node, x, vec![product(&d[..a]), product(&d[a..])])
+            }
+            "Unsqueeze" => {
+                let x = self.req(node, 0)?;
+                let raw = match at.ints("axes").filter(|a| !a.is_empty()) {
+                    Some(a) => a.to_vec(),
+                    None => self.const_in(node, 1)?.ok_or("missing axes")?.to_i64(),
+                };
+                let d = self.dims_of(&x);
+                let axes = axes_sorted(&raw, d.len() + raw.len())?;
+                let mut dims = d.clone();
+                for &a in &axes {
+                    dims.insert(a, 1);
+                }
+                self.reshape_to(node, x, dims)
+            }
+            "Squeeze" => {
+                let x = self.req(node, 0)?;
+                let d = self.dims_of(&x);
+                let raw = match at.ints("axes").filter(|a| !a.is_empty()) {
+                    Some(a) => Some(a.to_vec()),
+                    None => self.const_in(node, 1)?.map(|c| c.to_i64()),
+                };
+                let axes = match raw {
+                    Some(raw) => axes_sorted(&raw, d.len())?,
+                    None => (0..d.len()).filter(|&i| d[i] == 1).collect(),
+                };
+                if let Some(&a) = axes.iter().find(|&&a| d[a] != 1) {
+                    return Err(format!("cannot squeeze dim {a} of extent {}", d[a]));
+                }
+                let dims = (0..d.len())
+                    .filter(|i| !axes.contains(i))
+                    .map(|i| d[i])
+                    .collect();
+                self.reshape_to(node, x, dims)
+            }
+            "Transpose" => {
+                let x = self.req(node, 0)?;
+                let rank = self.dims_of(&x).len();
+                let perm: Vec<usize> = match at.ints("perm") {
+                    Some(p) => p.iter().map(|&a| axis(a, rank)).collect::<R<_>>()?,
+                    None => (0..rank).rev().collect(),
+                };
+                let mut sorted = perm.clone();
+                sorted.sort_unstable();
+                if sorted != (0..rank).collect::<Vec<_>>() {
+                    return Err(format!("perm {perm:?} is not a permutation of 0..{rank}"));
+                }
+                match x {
+                    Val::Const(c) => self.cst(node, tensor::transpose(&c, &perm)?),
+                    Val::Ir(v) if perm.iter().enumerate().all(|(i, &p)| i == p) => {
+                        self.out(node, v)
+                    }
+                    Val::Ir(v) => {
+                        let r = self
+                            .b
+                            .op(
+                                OpKind::Transpose,
+                                &[v],
+                                Attrs::new().with("perm", ints(&perm)),
+                            )
+                            .map_err(b)?;
+                        self.out(node, r)
+                    }
+                }
+            }
+            "Concat" => self.concat(node, &at, all_const),
+            "Slice" => self.slice(node, &at),
+            "Gather" => self.gather(node, &at),
+            "GatherElements" => {
+                let x = self.const_in(node, 0)?.ok_or("missing data")?;
+                let i = self.const_in(node, 1)?.ok_or("missing indices")?;
+                let a = axis(at.int_or("axis", 0), x.dims.len())?;
+                self.cst(node, tensor::gather_elements(&x, &i, a)?)
+            }
+            "ReduceMean" | "ReduceSum" | "ReduceMax" => self.reduce(node, &at),
+            "Softmax" => self.softmax(node, &at),
+            "MatMul" => self.matmul(node),
+            "Gemm" => self.gemm(node, &at),
+            "Conv" => self.conv(node, &at),
+            "MaxPool" | "AveragePool" => self.pool(node, &at),
+            "GlobalAveragePool" | "GlobalMaxPool" => {
+                let x = self.ir_in(node, 0)?;
+                if self.b.ty(x).rank() != 4 {
+                    return Err(format!("{op} supports 4-D input, found {}", self.b.ty(x)));
+                }
+                let v = if op == "GlobalAveragePool" {
+                    self.b.op(OpKind::GlobalAvgpool, &[x], Attrs::new())
+                } else {
+                    self.b.op(
+                        OpKind::ReduceMax,
+                        &[x],
+                        Attrs::new()
+                            .with("axes", Attr::Ints(vec![2, 3]))
+                            .with("keepdims", Attr::Bool(true)),
+                    )
+                }
+                .map_err(b)?;
+                self.out(node, v)
+            }
+            "BatchNormalization" => {
+                if at.int_or("training_mode", 0) != 0 {
+                    return Err("training_mode = 1 is not supported (inference only)".to_string());
+                }
+                let x = self.ir_in(node, 0)?;
+                let xt = self.b.ty(x).clone();
+                if xt.rank() < 2 {
+                    return Err(format!("input must have rank >= 2, found {xt}"));
+                }
+                let mut ops = vec![x];
+                for i in 1..5 {
+                    let v = self.req(node, i)?;
+                    ops.push(self.operand(
+                        Self::in_name(node, i),
+                        &v,
+                        xt.dtype,
+                        &[xt.dims()[1]],
+                    )?);
+                }
+                let eps = at.float("epsilon").unwrap_or(1e-5) as f64;
+                let v = self
+                    .b
+                    .op(
+                        OpKind::Batchnorm,
+                        &ops,
+                        Attrs::new().with("epsilon", Attr::Float(eps)),
+                    )
+                    .map_err(b)?;
+                self.out(node, v)
+            }
+            "LayerNormalization" => {
+                let x = self.ir_in(node, 0)?;
+                let xt = self.b.ty(x).clone();
+                let a = axis(at.int_or("axis", -1), xt.rank())?;
+                let norm = xt.dims()[a..].to_vec();
+                let scale = self.req(node, 1)?;
+                let scale = self.operand(Self::in_name(node, 1), &scale, xt.dtype, &norm)?;
+                let bias = match self.get(node, 2)? {
+                    Some(v) => self.operand(Self::in_name(node, 2), &v, xt.dtype, &norm)?,
+                    None => self.splat(xt.dtype, 0.0, &norm)?,
+                };
+                let eps = at.float("epsilon").unwrap_or(1e-5) as f64;
+                let v = self
+                    .b
+                    .op(
+                        OpKind::Layernorm,
+                        &[x, scale, bias],
+                        Attrs::new()
+                            .with("axis", Attr::Int(a as i64))
+                            .with("epsilon", Attr::Float(eps)),
+                    )
+                    .map_err(b)?;
+                self.out(node, v)
+            }
+            other => Err(format!("op `{other}` is not supported")),
+        }
+    }
+
+    fn unary_ir(&mut self, node: &'m NodeProto, kind: OpKind) -> R<()> {
+        let x = self.ir_in(node, 0)?;
+        let v = self.b.op(kind, &[x], Attrs::new()).map_err(b)?;
+        self.out(node, v)
+    }
+
+    fn constant_attr(&self, at: &At<'_>) -> R<Const> {
+        if let Some(t) = at.tensor("value") {
+            return tensor::decode(t, None)?.ok_or_else(|| "`value` has no data".to_string());
+        }
+        if let Some(f) = at.float("value_float") {
+            return Ok(Const {
+                dtype: DType::F32,
+                dims: vec![],
+                data: Data::F(vec![f as f64]),
+            });
+        }
+        if let Some(i) = at.int("value_int") {
+            return Ok(Const {
+                dtype: DType::I64,
+                dims: vec![],
+                data: Data::I(vec![i]),
+            });
+        }
+        if let Some(a) = at.get("value_floats") {
+            let v: Vec<f64> = a.floats.iter().map(|&x| x as f64).collect();
+            return Ok(Const {
+                dtype: DType::F32,
+                dims: vec![v.len()],
+                data: Data::F(v),
+            });
+        }
+        if let Some(a) = at.get("value_ints") {
+            return Ok(Const::ints(a.ints.clone()));
+        }
+        Err("Constant needs `value`, `value_float(s)` or `value_int(s)` (sparse and string values are not supported)".to_string())
+    }
+
+    fn binary(&mut self, node: &'m NodeProto, kind: OpKind) -> R<ValueId> {
+        let (x, y) = (self.req(node, 0)?, self.req(node, 1)?);
+        let dtype = match (&x, &y) {
+            (Val::Ir(a), _) => self.b.ty(*a).dtype,
+            (_, Val::Ir(a)) if kind != OpKind::Pow => self.b.ty(*a).dtype,
+            _ => self.dtype_of(&x),
+        };
+        let out = tensor::broadcast_shapes(&self.dims_of(&x), &self.dims_of(&y))?;
+        let xa = self.operand(Self::in_name(node, 0), &x, dtype, &out)?;
+        let ya = self.operand(Self::in_name(node, 1), &y, dtype, &out)?;
+        self.b.op(kind, &[xa, ya], Attrs::new()).map_err(b)
+    }
+
+    fn reshape_to(&mut self, node: &'m NodeProto, x: Val, dims: Vec<usize>) -> R<()> {
+        match x {
+            Val::Const(c) => self.cst(node, c.reshaped(dims)?),
+            Val::Ir(v) if self.b.ty(v).dims() == dims => self.out(node, v),
+            Val::Ir(v) => {
+                let r = self.b.reshape(v, &dims).map_err(b)?;
+                self.out(node, r)
+            }
+        }
+    }
+
+    fn clip(&mut self, node: &'m NodeProto, at: &At<'_>) -> R<()> {
+        let bound = |i: usize, attr: &str, d: f64| -> R<f64> {
+            match self.const_in(node, i)? {
+                Some(c) => c
+                    .scalar_f64()
+                    .ok_or_else(|| "Clip bounds must be scalars".to_string()),
+                None => Ok(at.float(attr).map_or(d, |f| f as f64)),
+            }
+        };
+        let lo = bound(1, "min", f64::NEG_INFINITY)?;
+        let hi = bound(2, "max", f64::INFINITY)?;
+        if let Val::Const(c) = self.req(node, 0)? {
+            return self.cst(node, tensor::unary(&c, |x| x.max(lo).min(hi)));
+        }
+        let x = self.ir_in(node, 0)?;
+        let v = if lo == 0.0 && hi == f64::INFINITY {
+            self.b.op(OpKind::Relu, &[x], Attrs::new())
+        } else {
+            self.b.op(
+                OpKind::Clip,
+                &[x],
+                Attrs::new()
+                    .with("min", Attr::Float(lo))
+                    .with("max", Attr::Float(hi)),
+            )
+        }
+        .map_err(b)?;
+        self.out(node, v)
+    }
+
+    fn where_(&mut self, node: &'m NodeProto) -> R<()> {
+        let cond = self.const_in(node, 0).map_err(|_| {
+            "Where is supported only with a condition known at import time (dcir has no select op)"
+                .to_string()
+        })?;
+        let cond = cond.ok_or("missing condition")?;
+        let (x, y) = (self.req(node, 1)?, self.req(node, 2)?);
+        if let (Val::Const(a), Val::Const(bb)) = (&x, &y) {
+            return self.cst(node, tensor::select(&cond, a, bb)?);
+        }
+        let out = tensor::broadcast_shapes(
+            &tensor::broadcast_shapes(&cond.dims, &self.dims_of(&x))?,
+            &self.dims_of(&y),
+        )?;
+        let pick = match cond.splat() {
+            Some(c) if c != 0.0 => 1,
+            Some(_) => 2,
+            None => {
+                return Err(
+                    "Where with a mixed condition on run-time values is not supported (dcir has no select op)"
+                        .to_string(),
+                );
+            }
+        };
+        let chosen = if pick == 1 { x } else { y };
+        let other = if pick == 1 {
+            &self.req(node, 2)?
+        } else {
+            &self.req(node, 1)?
+        };
+        let dtype = match (&chosen, other) {
+            (Val::Ir(v), _) | (_, Val::Ir(v)) => self.b.ty(*v).dtype,
+            _ => self.dtype_of(&chosen),
+        };
+        let v = self.operand(Self::in_name(node, pick), &chosen, dtype, &out)?;
+        self.out(node, v)
+    }
+
+    fn concat(&mut self, node: &'m NodeProto, at: &At<'_>, all_const: bool) -> R<()> {
+        let vals: Vec<Val> = (0..node.input.len())
+            .filter_map(|i| self.get(node, i).transpose())
+            .collect::<R<_>>()?;
+        let first = vals.first().ok_or("Concat needs at least one input")?;
+        let rank = self.dims_of(first).len();
+        let a = axis(at.int("axis").ok_or("Concat needs `axis`")?, rank)?;
+        if all_const {
+            let cs: Vec<std::rc::Rc<Const>> = vals
+                .iter()
+                .map(|v| match v {
+                    Val::Const(c) => c.clone(),
+                    Val::Ir(_) => unreachable_const(),
+                })
+                .collect();
+            let refs: Vec<&Const> = cs.iter().map(|c| c.as_ref()).collect();
+            return self.cst(node, tensor::concat(&refs, a)?);
+        }
+        let dtype = vals
+            .iter()
+            .find_map(|v| match v {
+                Val::Ir(id) => Some(self.b.ty(*id).dtype),
+                Val::Const(_) => None,
+            })
+            .unwrap_or(DType::F32);
+        let mut ops = Vec::new();
+        for (i, v) in vals.iter().enumerate() {
+            // Zero-extent pieces add nothing; dcir values may not be empty pieces of a concat.
+            let dims = self.dims_of(v);
+            if dims.get(a) == Some(&0) {
+                continue;
+            }
+            ops.push(self.operand(Self::in_name(node, i), v, dtype, &dims)?);
+        }
+        let v = if ops.len() == 1 {
+            ops[0]
+        } else {
+            self.b
+                .op(
+                    OpKind::Concat,
+                    &ops,
+                    Attrs::new().with("axis", Attr::Int(a as i64)),
+                )
+                .map_err(b)?
+        };
+        self.out(node, v)
+    }
+
+    fn slice(&mut self, node: &'m NodeProto, at: &At<'_>) -> R<()> {
+        let x = self.req(node, 0)?;
+        let dims = self.dims_of(&x);
+        let rank = dims.len();
+        let (starts, ends, axes, steps) = if let Some(s) = at.ints("starts") {
+            (
+                s.to_vec(),
+                at.ints("ends").ok_or("Slice needs `ends`")?.to_vec(),
+                at.ints("axes").map(<[i64]>::to_vec),
+                None,
+            )
+        } else {
+            let get =
+                |i| -> R<Option<Vec<i64>>> { Ok(self.const_in(node, i)?.map(|c| c.to_i64())) };
+            (
+                get(1)?.ok_or("Slice needs starts")?,
+                get(2)?.ok_or("Slice needs ends")?,
+                get(3)?,
+                get(4)?,
+            )
+        };
+        let axes = match axes {
+            Some(a) => a.iter().map(|&a| axis(a, rank)).collect::<R<Vec<_>>>()?,
+            None => (0..starts.len()).collect(),
+        };
+        let steps = steps.unwrap_or_else(|| vec![1; starts.len()]);
+        if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
+            return Err("Slice starts, ends, axes and steps differ in length".to_string());
+        }
+        // Per dim: (first index, step, count).
+        let mut ranges: Vec<(i64, i64, usize)> = dims.iter().map(|&d| (0, 1, d)).collect();
+        for k in 0..starts.len() {
+            let d = dims[axes[k]] as i64;
+            let step = steps[k];
+            if step == 0 || step == i64::MIN {
+                return Err(format!("Slice step {step}"));
+            }
+            let norm = |v: i64| if v < 0 { v.saturating_add(d) } else { v };
+            let (s, e) = (norm(starts[k]), norm(ends[k]));
+            let (s, e) = if step > 0 {
+                (s.clamp(0, d), e.clamp(0, d))
+            } else {
+                (s.clamp(-1, d - 1), e.clamp(-1, d - 1))
+            };
+            let n = if step > 0 {
+                if e > s { (e - s - 1) / step + 1 } else { 0 }
+            } else if s > e {
+                (s - e - 1) / (-step) + 1
+            } else {
+                0
+            };
+            ranges[axes[k]] = (s, step, n as usize);
+        }
+        match x {
+            Val::Const(c) => self.cst(node, tensor::slice(&c, &ranges)?),
+            Val::Ir(v) => {
+                if ranges
+                    .iter()
+                    .enumerate()
+                    .all(|(i, r)| r.0 == 0 && r.1 == 1 && r.2 == dims[i])
+                {
+                    return self.out(node, v);
+                }
+                if ranges.iter().any(|r| r.1 < 0) {
+                    return Err(
+                        "Slice with a negative step on a run-time value is not supported"
+                            .to_string(),
+                    );
+                }
+                let starts: Vec<i64> = ranges.iter().map(|r| r.0).collect();
+                let ends: Vec<i64> = ranges
+                    .iter()
+                    .map(|r| {
+                        if r.2 == 0 {
+                            r.0
+                        } else {
+                            r.0 + (r.2 as i64 - 1) * r.1 + 1
+                        }
+                    })
+                    .collect();
+                let steps: Vec<i64> = ranges.iter().map(|r| r.1).collect();
+                let mut attrs = Attrs::new()
+                    .with("starts", Attr::Ints(starts))
+                    .with("ends", Attr::Ints(ends));
+                if steps.iter().any(|&s| s != 1) {
+                    attrs.set("steps", Attr::Ints(steps));
+                }
+                let r = self.b.op(OpKind::Slice, &[v], attrs).map_err(b)?;
+                self.out(node, r)
+            }
+        }
+    }
+
+    fn gather(&mut self, node: &'m NodeProto, at: &At<'_>) -> R<()> {
+        let x = self.req(node, 0)?;
+        let idx = self.req(node, 1)?;
+        let rank = self.dims_of(&x).len();
+        let a = axis(at.int_or("axis", 0), rank)?;
+        let extent = self.dims_of(&x)[a];
+        match (&x, &idx) {
+            (Val::Const(c), Val::Const(i)) => self.cst(node, tensor::gather(c, i, a)?),
+            _ => {
+                let data = self.ir(Self::in_name(node, 0), &x)?;
+                let indices = match &idx {
+                    Val::Ir(v) => {
+                        if !self.b.ty(*v).dtype.is_int() {
+                            return Err(format!(
+                                "indices must be integers, found {}",
+                                self.b.ty(*v)
+                            ));
+                        }
+                        *v
+                    }
+                    Val::Const(c) => {
+                        let mut norm = Vec::with_capacity(c.len());
+                        for i in c.to_i64() {
+                            let j = if i < 0 { i + extent as i64 } else { i };
+                            if !(0..extent as i64).contains(&j) {
+                                return Err(format!(
+                                    "index {i} is out of range for extent {extent}"
+                                ));
+                            }
+                            norm.push(j);
+                        }
+                        let c2 = Const {
+                            dtype: DType::I64,
+                            dims: c.dims.clone(),
+                            data: Data::I(norm),
+                        };
+                        let key = format!("{}#norm", Self::in_name(node, 1));
+                        self.materialize(&key, &c2, DType::I64, &c2.dims.clone())?
+                    }
+                };
+                let v = self
+                    .b
+                    .op(
+                        OpKind::Gather,
+                        &[data, indices],
+                        Attrs::new().with("axis", Attr::Int(a as i64)),
+                    )
+                    .map_err(b)?;
+                self.out(node, v)
+            }
+        }
+    }
+
+    fn reduce(&mut self, node: &'m NodeProto, at: &At<'_>) -> R<()> {
+        let op = node.op_type.as_deref().unwrap_or("");
+        let x = self.ir_in(node, 0)?;
+        let rank = self.b.ty(x).rank();
+        let raw = match at.ints("axes") {
+            Some(a) => Some(a.to_vec()),
+            None => self.const_in(node, 1)?.map(|c| c.to_i64()),
+        };
+        let keep = at.int_or("keepdims", 1) != 0;
+        let axes = match raw {
+            Some(r) if !r.is_empty() => axes_sorted(&r, rank)?,
+            _ if at.int_or("noop_with_empty_axes", 0) != 0 => return self.out(node, x),
+            _ => (0..rank).collect(),
+        };
+        if axes.is_empty() {
+            return self.out(node, x);
+        }
+        let kind = match op {
+            "ReduceMean" => OpKind::ReduceMean,
+            "ReduceSum" => OpKind::ReduceSum,
+            _ => OpKind::ReduceMax,
+        };
+        let v = self
+            .b
+            .op(
+                kind,
+                &[x],
+                Attrs::new()
+                    .with("axes", ints(&axes))
+                    .with("keepdims", Attr::Bool(keep)),
+            )
+            .map_err(b)?;
+        self.out(node, v)
+    }
+
+    fn softmax(&mut self, node: &'m NodeProto, at: &At<'_>) -> R<()> {
+        let x = self.ir_in(node, 0)?;
+        let dims = self.b.ty(x).dims().to_vec();
+        let rank = dims.len();
+        let default = if self.opset >= 13 { -1 } else { 1 };
+        let a = axis(at.int_or("axis", default), rank)?;
+        let softmax = |s: &mut Self, v: ValueId, a: usize| {
+            s.b.op(
+                OpKind::Softmax,
+                &[v],
+                Attrs::new().with("axis", Attr::Int(a as i64)),
+            )
+            .map_err(b)
+        };
+        let v = if self.opset >= 13 || a == rank - 1 {
+            softmax(self, x, a)?
+        } else {
+            // Before opset 13, softmax normalizes the flattened trailing dims.
+            let flat = self
+                .b
+                .reshape(x, &[product(&dims[..a]), product(&dims[a..])])
+                .map_err(b)?;
+            let s = softmax(self, flat, 1)?;
+            self.b.reshape(s, &dims).map_err(b)?
+        };
+        self.out(node, v)
+    }
+
+    fn matmul(&mut self, node: &'m NodeProto) -> R<()> {
+        let (x, y) = (self.req(node, 0)?, self.req(node, 1)?);
+        let dtype = match (&x, &y) {
+            (Val::Ir(v), _) | (_, Val::Ir(v)) => self.b.ty(*v).dtype,
+            _ => self.dtype_of(&x),
+        };
+        let (ad, bd) = (self.dims_of(&x), self.dims_of(&y));
+        let a = self.operand(Self::in_name(node, 0), &x, dtype, &ad)?;
+        let bb = self.operand(Self::in_name(node, 1), &y, dtype, &bd)?;
+        if ad.is_empty() || bd.is_empty() {
+            return Err("MatMul needs operands of rank >= 1".to_string());
+        }
+        // Vectors become matrices, and the added dim is dropped at the end.
+        let (a, a_vec) = if ad.len() == 1 {
+            (self.b.reshape(a, &[1, ad[0]]).map_err(b)?, true)
+        } else {
+            (a, false)
+        };
+        let (bb, b_vec) = if bd.len() == 1 {
+            (self.b.reshape(bb, &[bd[0], 1]).map_err(b)?, true)
+        } else {
+            (bb, false)
+        };
+        let (ad, bd) = (self.b.ty(a).dims().to_vec(), self.b.ty(bb).dims().to_vec());
+        let (ra, rb) = (ad.len(), bd.len());
+        let (m, k) = (ad[ra - 2], ad[ra - 1]);
+        let n = bd[rb - 1];
+        if bd[rb - 2] != k {
+            return Err(format!("MatMul of {ad:?} and {bd:?}: inner dims differ"));
+        }
+        let batch_a = &ad[..ra - 2];
+        let batch_b = &bd[..rb - 2];
+        let (v, batch) = if rb == 2 && ra > 2 {
+            // [.., M, K] x [K, N]: fold the batch into rows, keeping the weight unbroadcast.
+            let rows = product(batch_a) * m;
+            let flat = self.b.reshape(a, &[rows, k]).map_err(b)?;
+            let mm = self
+                .b
+                .op(OpKind::Matmul, &[flat, bb], Attrs::new())
+                .map_err(b)?;
+            (mm, batch_a.to_vec())
+        } else {
+            let batch = tensor::broadcast_shapes(batch_a, batch_b)?;
+            let mut sa = batch.clone();
+            sa.extend([m, k]);
+            let mut sb = batch.clone();
+            sb.extend([k, n]);
+            let a2 = self.broadcast_to(a, &sa)?;
+            let b2 = self.broadcast_to(bb, &sb)?;
+            let mm = self
+                .b
+                .op(OpKind::Matmul, &[a2, b2], Attrs::new())
+                .map_err(b)?;
+            (mm, batch)
+        };
+        let mut out = batch;
+        if !a_vec {
+            out.push(m);
+        }
+        if !b_vec {
+            out.push(n);
+        }
+        let v = if self.b.ty(v).dims() == out {
+            v
+        } else {
+            self.b.reshape(v, &out).map_err(b)?
+        };
+        self.out(node, v)
+    }
+
+    fn gemm(&mut self, node: &'m NodeProto, at: &At<'_>) -> R<()> {
+        let a = self.ir_in(node, 0)?;
+        let dtype = self.b.ty(a).dtype;
+        let y = self.req(node, 1)?;
+        let bd = self.dims_of(&y);
+        let bb = self.operand(Self::in_name(node, 1), &y, dtype, &bd)?;
+        let (ta, tb) = (at.int_or("transA", 0) != 0, at.int_or("transB", 0) != 0);
+        let alpha = at.float("alpha").unwrap_or(1.0) as f64;
+        let beta = at.float("beta").unwrap_or(1.0) as f64;
+        let mut attrs = Attrs::new();
+        if ta {
+            attrs.set("transpose_a", Attr::Bool(true));
+        }
+        if tb {
+            attrs.set("transpose_b", Attr::Bool(true));
+        }
+        let mut v = self.b.op(OpKind::Matmul, &[a, bb], attrs).map_err(b)?;
+        let out = self.b.ty(v).dims().to_vec();
+        if alpha != 1.0 {
+            let s = self.splat(dtype, alpha, &out)?;
+            v = self.b.op(OpKind::Mul, &[v, s], Attrs::new()).map_err(b)?;
+        }
+        if let Some(c) = self.get(node, 2)?
+            && beta != 0.0
+        {
+            let mut c = self.operand(Self::in_name(node, 2), &c, dtype, &out)?;
+            if beta != 1.0 {
+                let s = self.splat(dtype, beta, &out)?;
+                c = self.b.op(OpKind::Mul, &[c, s], Attrs::new()).map_err(b)?;
+            }
+            v = self.b.op(OpKind::Add, &[v, c], Attrs::new()).map_err(b)?;
+        }
+        self.out(node, v)
+    }
+
+    /// Pads [top, left, bottom, right] from `pads`/`auto_pad`.
+    fn pads(
+        at: &At<'_>,
+        input: &[usize],
+        kernel: &[i64],
+        stride: &[i64],
+        dilation: &[i64],
+    ) -> R<[i64; 4]> {
+        let auto = at
+            .string("auto_pad")
+            .unwrap_or_else(|| "NOTSET".to_string());
+        match auto.as_str() {
+            "NOTSET" | "" => match at.ints("pads") {
+                None => Ok([0; 4]),
+                Some(p) if p.len() == 4 => Ok([p[0], p[1], p[2], p[3]]),
+                Some(p) => Err(format!(
+                    "`pads` needs 4 entries for a 2-D window, found {p:?}"
+                )),
+            },
+            "VALID" => Ok([0; 4]),
+            "SAME_UPPER" | "SAME_LOWER" => {
+                let mut p = [0; 4];
+                for d in 0..2 {
+                    let i = i64::try_from(input[d])
+                        .ok()
+                        .filter(|&i| i <= 1 << 40)
+                        .ok_or("the input is too large")?;
+                    let out = (i + stride[d] - 1) / stride[d];
+                    let span = dilation[d] * (kernel[d] - 1) + 1;
+                    let total = ((out - 1) * stride[d] + span - i).max(0);
+                    let (small, big) = (total / 2, total - total / 2);
+                    if auto == "SAME_UPPER" {
+                        p[d] = small;
+                        p[d + 2] = big;
+                    } else {
+                        p[d] = big;
+                        p[d + 2] = small;
+                    }
+                }
+                Ok(p)
+            }
+            other => Err(format!("auto_pad `{other}` is not supported")),
+        }
+    }
+
+    fn two(at: &At<'_>, name: &str, d: i64) -> R<[i64; 2]> {
+        match at.ints(name) {
+            None | Some([]) => Ok([d, d]),
+            Some([a, b]) => Ok([*a, *b]),
+            Some(v) => Err(format!(
+                "`{name}` needs 2 entries for a 2-D op, found {v:?}"
+            )),
+        }
+    }
+
+    fn conv(&mut self, node: &'m NodeProto, at: &At<'_>) -> R<()> {
+        let x = self.ir_in(node, 0)?;
+        let xt = self.b.ty(x).clone();
+        if xt.rank() != 4 {
+            return Err(format!(
+                "only 2-D convolution (4-D input) is supported, found {xt}"
+            ));
+        }
+        let wv = self.req(node, 1)?;
+        let wd = self.dims_of(&wv);
+        let w = self.operand(Self::in_name(node, 1), &wv, xt.dtype, &wd)?;
+        if wd.len() != 4 {
+            return Err(format!("weight must be 4-D, found {wd:?}"));
+        }
+        let kernel = [wd[2] as i64, wd[3] as i64];
+        let stride = Self::two(at, "strides", 1)?;
+        let dilation = Self::two(at, "dilations", 1)?;
+        check_window(&kernel, "kernel", 1)?;
+        check_window(&stride, "strides", 1)?;
+        check_window(&dilation, "dilations", 1)?;
+        let pad = Self::pads(at, &xt.dims()[2..], &kernel, &stride, &dilation)?;
+        check_window(&pad, "pads", 0)?;
+        let attrs = Attrs::new()
+            .with("stride", Attr::Ints(stride.to_vec()))
+            .with("pad", Attr::Ints(pad.to_vec()))
+            .with("dilation", Attr::Ints(dilation.to_vec()))
+            .with("groups", Attr::Int(at.int_or("group", 1)));
+        let mut v = self.b.op(OpKind::Conv2d, &[x, w], attrs).map_err(b)?;
+        if let Some(bias) = self.get(node, 2)? {
+            let out = self.b.ty(v).dims().to_vec();
+            let bias = self.operand(Self::in_name(node, 2), &bias, xt.dtype, &[out[1]])?;
+            let bb = self.b.broadcast(bias, &[1], &out).map_err(b)?;
+            v = self.b.op(OpKind::Add, &[v, bb], Attrs::new()).map_err(b)?;
+        }
+        self.out(node, v)
+    }
+
+    fn pool(&mut self, node: &'m NodeProto, at: &At<'_>) -> R<()> {
+        let op = node.op_type.as_deref().unwrap_or("");
+        let x = self.ir_in(node, 0)?;
+        let xt = self.b.ty(x).clone();
+        if xt.rank() != 4 {
+            return Err(format!(
+                "only 2-D pooling (4-D input) is supported, found {xt}"
+            ));
+        }
+        let kernel = Self::two(at, "kernel_shape", 0)?;
+        if kernel.contains(&0) {
+            return Err("`kernel_shape` is required".to_string());
+        }
+        let stride = Self::two(at, "strides", 1)?;
+        let dilation = Self::two(at, "dilations", 1)?;
+        check_window(&kernel, "kernel_shape", 1)?;
+        check_window(&stride, "strides", 1)?;
+        check_window(&dilation, "dilations", 1)?;
+        if xt.dims()[2..].iter().any(|&d| d as u64 > MAX_WINDOW as u64) {
+            return Err(format!("input {xt} is too large to pool"));
+        }
+        let mut pad = Self::pads(at, &xt.dims()[2..], &kernel, &stride, &dilation)?;
+        check_window(&pad, "pads", 0)?;
+        let ceil = at.int_or("ceil_mode", 0) != 0;
+        let include_pad = at.int_or("count_include_pad", 0) != 0;
+        if ceil {
+            for d in 0..2 {
+                let i = xt.dims()[2 + d] as i64;
+                let span = dilation[d] * (kernel[d] - 1) + 1;
+                let padded = i + pad[d] + pad[d + 2];
+                if padded < span {
+                    return Err("the window does not fit the padded input".to_string());
+                }
+                let floor_out = (padded - span) / stride[d] + 1;
+                let mut ceil_out = (padded - span + stride[d] - 1) / stride[d] + 1;
+                // The last window must start inside the input or the leading padding.
+                if (ceil_out - 1) * stride[d] >= i + pad[d] {
+                    ceil_out -= 1;
+                }
+                if ceil_out > floor_out {
+                    let extra = (ceil_out - 1) * stride[d] + span - padded;
+                    if op == "AveragePool" && include_pad {
+                        return Err("ceil_mode = 1 that adds a partial window, with count_include_pad = 1, is not supported".to_string());
+                    }
+                    pad[d + 2] += extra;
+                }
+            }
+        }
+        if pad.iter().enumerate().any(|(i, &p)| p >= kernel[i % 2]) {
+            return Err(format!(
+                "pads {pad:?} must each be smaller than the kernel {kernel:?} (after ceil_mode)"
+            ));
+        }
+        let mut attrs = Attrs::new()
+            .with("kernel", Attr::Ints(kernel.to_vec()))
+            .with("stride", Attr::Ints(stride.to_vec()))
+            .with("pad", Attr::Ints(pad.to_vec()));
+        let kind = if op == "MaxPool" {
+            if at.int_or("storage_order", 0) != 0 {
+                return Err("storage_order = 1 is not supported".to_string());
+            }
+            attrs.set("dilation", Attr::Ints(dilation.to_vec()));
+            OpKind::Maxpool2d
+        } else {
+            if dilation != [1, 1] {
+                return Err("AveragePool with dilations is not supported".to_string());
+            }
+            attrs.set("count_include_pad", Attr::Bool(include_pad));
+            OpKind::Avgpool2d
+        };
+        let v = self.b.op(kind, &[x], attrs).map_err(b)?;
+        self.out(node, v)
+    }
+}
+
+fn unreachable_const() -> std::rc::Rc<Const> {
+    std::rc::Rc::new(Const::ints(Vec::new()))
+}
+
+fn const_only(op: &str) -> String {
+    format!(
+        "{op} is supported only on values known at import time (shape arithmetic); here an input is computed at run time"
+    )
+}
+
+/// A `constant`'s `value` for a splat of `x`.
+fn literal(dtype: DType, x: f64) -> Attr {
+    if dtype.is_float() {
+        Attr::Float(x)
+    } else {
+        Attr::Int(x as i64)
+    }
+}
+
+/// Resolves a Reshape target: `0` copies the input dim (unless `allowzero`), `-1` is inferred.
+fn reshape_dims(input: &[usize], shape: &[i64], allowzero: bool) -> R<Vec<usize>> {
+    let total = product(input);
+    let mut dims = Vec::with_capacity(shape.len());
+    let mut infer = None;
+    for (i, &s) in shape.iter().enumerate() {
+        match s {
+            -1 if infer.is_none() => {
+                infer = Some(i);
+                dims.push(1);
+            }
+            0 if !allowzero => {
+                dims.push(*input.get(i).ok_or_else(|| {
+                    format!("shape {shape:?}: dim {i} copies a dim the input lacks")
+                })?)
+            }
+            s if s >= 0 => dims.push(s as usize),
+            _ => return Err(format!("bad Reshape target {shape:?}")),
+        }
+    }
+    let known = dims
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| format!("Reshape target {shape:?} overflows"))?;
+    if let Some(i) = infer {
+        if known == 0 || !total.is_multiple_of(known) {
+            return Err(format!("cannot reshape {input:?} to {shape:?}"));
+        }
+        dims[i] = total / known;
+    }
+    if product(&dims) != total {
+        return Err(format!(
+            "cannot reshape {input:?} ({total} elements) to {shape:?}"
+        ));
+    }
+    Ok(dims)
+}

@@ -1,0 +1,272 @@
+//! ONNX import: an ONNX model (as PyTorch exports it) becomes a verified
+//! dcir [`Module`] plus its weights.
+//!
+//! The protobuf types in [`proto`] are generated at build time from the
+//! official `onnx.proto` (prost + protox, no `protoc`). [`import_file`] and
+//! [`import_bytes`] decode a model and translate it node by node:
+//!
+//! - graph inputs, then the initializers in file order, become the graph's
+//!   parameters (names sanitized to `[A-Za-z0-9_.]`); integer initializers
+//!   and one-element float initializers are constants instead;
+//! - shape arithmetic (Shape, Gather of shapes, Concat, ConstantOfShape,
+//!   Range, Equal/Where/Expand on constants, ...) is evaluated at import and
+//!   only materialized as a `constant` op where a real op consumes it;
+//! - numpy broadcasting becomes explicit `reshape` + `broadcast` ops, and
+//!   negative axes are normalized;
+//! - an initializer without data (a stripped model) gets seeded random
+//!   values ([`Weight::seeded`]).
+//!
+//! Any input bytes give a value or an [`ImportError`], never a panic. The
+//! mapping of every ONNX op is documented in `docs/onnx.md`.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use dcir_ir::{DType, Module, TensorType};
+use prost::Message;
+
+mod import;
+mod random;
+mod tensor;
+
+pub use import::{SUPPORTED_OPS, sanitize};
+
+/// The ONNX protobuf messages, generated from `proto/onnx.proto`.
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod proto {
+    include!(concat!(env!("OUT_DIR"), "/onnx.rs"));
+}
+
+/// The seed of [`ImportOptions::default`].
+pub const DEFAULT_SEED: u64 = 0x5eed;
+
+/// How to import.
+#[derive(Clone, Debug)]
+pub struct ImportOptions {
+    /// Values of dynamic dims: a `dim_param` name, or `INPUT:INDEX` for an
+    /// unnamed dim, to its extent.
+    pub dims: Vec<(String, usize)>,
+    /// The graph's name; by default the ONNX graph's (sanitized) or `main`.
+    pub graph_name: Option<String>,
+    /// Seed of the random values given to initializers without data.
+    pub seed: u64,
+}
+
+impl Default for ImportOptions {
+    fn default() -> ImportOptions {
+        ImportOptions {
+            dims: Vec::new(),
+            graph_name: None,
+            seed: DEFAULT_SEED,
+        }
+    }
+}
+
+/// One parameter's value, as the weight file stores it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Weight {
+    /// The parameter's name in the dcir graph (without `%`).
+    pub name: String,
+    /// Its type.
+    pub ty: TensorType,
+    /// Little-endian element bytes of `ty.dtype`.
+    pub bytes: Vec<u8>,
+    /// True when the model had no data for it and the values are seeded random.
+    pub seeded: bool,
+}
+
+/// A translated model.
+#[derive(Clone, Debug)]
+pub struct Imported {
+    /// One verified graph.
+    pub module: Module,
+    /// Values of the parameters that come from initializers, in parameter
+    /// order (graph inputs have none).
+    pub weights: Vec<Weight>,
+}
+
+/// A node of the ONNX graph, for messages.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeRef {
+    /// The op type, prefixed by its domain when that is not the default one.
+    pub op_type: String,
+    /// The node's name (may be empty).
+    pub name: String,
+    /// Position in the graph's node list, from 0.
+    pub index: usize,
+    /// Number of nodes in the graph.
+    pub total: usize,
+}
+
+impl fmt::Display for NodeRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = if self.name.is_empty() {
+            "<unnamed>"
+        } else {
+            &self.name
+        };
+        write!(
+            f,
+            "`{}` (node `{name}`, #{} of {})",
+            self.op_type, self.index, self.total
+        )
+    }
+}
+
+/// Why a model could not be imported.
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {message}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        message: String,
+    },
+    /// The bytes are not an ONNX model (malformed or truncated protobuf).
+    #[error("not a valid ONNX model (malformed or truncated protobuf): {0}")]
+    Decode(String),
+    /// Ops the importer does not support: every such node of the model.
+    #[error("{}", unsupported_message(.0))]
+    Unsupported(Vec<NodeRef>),
+    /// Dynamic dims with no value given: (input, dim index, `dim_param`).
+    #[error("{}", dynamic_message(.0))]
+    DynamicDims(Vec<(String, usize, Option<String>)>),
+    /// A node could not be translated.
+    #[error("cannot import {node}: {message}")]
+    Node {
+        /// The node.
+        node: NodeRef,
+        /// What is wrong.
+        message: String,
+    },
+    /// The model is inconsistent (missing graph, bad initializer, ...).
+    #[error("invalid model: {message}")]
+    Invalid {
+        /// What is wrong.
+        message: String,
+    },
+}
+
+fn unsupported_message(nodes: &[NodeRef]) -> String {
+    let Some(first) = nodes.first() else {
+        return "unsupported ops".to_string();
+    };
+    let mut s = format!("unsupported ONNX op {first}");
+    if nodes.len() > 1 {
+        let rest: Vec<String> = nodes[1..].iter().map(|n| n.to_string()).collect();
+        s.push_str(&format!(
+            "; the model also uses these unsupported ops: {}",
+            rest.join(", ")
+        ));
+    }
+    let mut types: Vec<&str> = nodes.iter().map(|n| n.op_type.as_str()).collect();
+    types.sort_unstable();
+    types.dedup();
+    s.push_str(&format!(
+        " ({} unsupported node(s) of type(s) {})",
+        nodes.len(),
+        types.join(", ")
+    ));
+    s
+}
+
+fn dynamic_message(dims: &[(String, usize, Option<String>)]) -> String {
+    let parts: Vec<String> = dims
+        .iter()
+        .map(|(input, i, p)| match p {
+            Some(p) => {
+                format!("input `{input}` dim {i} is the dynamic dim `{p}`: pass --dim {p}=VALUE")
+            }
+            None => format!("input `{input}` dim {i} has no value: pass --dim {input}:{i}=VALUE"),
+        })
+        .collect();
+    format!("dcir needs static shapes; {}", parts.join("; "))
+}
+
+/// Decodes an ONNX model.
+pub fn decode_model(bytes: &[u8]) -> Result<proto::ModelProto, ImportError> {
+    proto::ModelProto::decode(bytes).map_err(|e| ImportError::Decode(e.to_string()))
+}
+
+/// Imports a model from its bytes; external data files are not available.
+pub fn import_bytes(bytes: &[u8], opts: &ImportOptions) -> Result<Imported, ImportError> {
+    let model = decode_model(bytes)?;
+    import::import(&model, None, opts)
+}
+
+/// Imports the model file at `path`; external data files are read relative
+/// to its folder.
+pub fn import_file(path: &Path, opts: &ImportOptions) -> Result<Imported, ImportError> {
+    let bytes = std::fs::read(path).map_err(|e| ImportError::Io {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    let model = decode_model(&bytes)?;
+    drop(bytes);
+    let base = path.parent().map(|p| {
+        if p.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            p
+        }
+    });
+    import::import(&model, base, opts)
+}
+
+/// Imports an already decoded model; external data files are relative to `base`.
+pub fn import_model(
+    model: &proto::ModelProto,
+    base: Option<&Path>,
+    opts: &ImportOptions,
+) -> Result<Imported, ImportError> {
+    import::import(model, base, opts)
+}
+
+fn st_dtype(d: DType) -> safetensors::Dtype {
+    match d {
+        DType::F32 => safetensors::Dtype::F32,
+        DType::F16 => safetensors::Dtype::F16,
+        DType::BF16 => safetensors::Dtype::BF16,
+        DType::I32 => safetensors::Dtype::I32,
+        DType::I64 => safetensors::Dtype::I64,
+        DType::Bool => safetensors::Dtype::BOOL,
+    }
+}
+
+fn views(
+    weights: &[Weight],
+) -> Result<Vec<(String, safetensors::tensor::TensorView<'_>)>, ImportError> {
+    weights
+        .iter()
+        .map(|w| {
+            safetensors::tensor::TensorView::new(
+                st_dtype(w.ty.dtype),
+                w.ty.dims().to_vec(),
+                &w.bytes,
+            )
+            .map(|v| (w.name.clone(), v))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| ImportError::Invalid {
+            message: format!("weights: {e}"),
+        })
+}
+
+/// The weights as a safetensors file (tensors named after the parameters).
+pub fn weights_to_safetensors(weights: &[Weight]) -> Result<Vec<u8>, ImportError> {
+    safetensors::tensor::serialize(views(weights)?, None).map_err(|e| ImportError::Invalid {
+        message: format!("weights: {e}"),
+    })
+}
+
+/// Writes the weights as a safetensors file at `path`, streaming the data.
+pub fn write_weights(weights: &[Weight], path: &Path) -> Result<(), ImportError> {
+    safetensors::tensor::serialize_to_file(views(weights)?, None, path).map_err(|e| {
+        ImportError::Io {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        }
+    })
+}

@@ -1,0 +1,123 @@
+//! Refusals: unsupported ops, dynamic dims, bad bytes. Every failure is an
+//! error with a clear message, never a panic.
+
+use std::path::{Path, PathBuf};
+
+use dcir_onnx::{ImportError, ImportOptions, import_bytes, import_file};
+use proptest::prelude::*;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+#[test]
+fn unsupported_ops_are_all_listed_with_names_and_positions() {
+    let err = import_file(&fixture("unsupported.onnx"), &ImportOptions::default()).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        matches!(err, ImportError::Unsupported(ref v) if v.len() == 3),
+        "{msg}"
+    );
+    for part in [
+        "unsupported ONNX op `TopK` (node `my_topk`, #1 of 5)",
+        "`NonZero` (node `my_nonzero`, #3 of 5)",
+        "`TopK` (node `second_topk`, #4 of 5)",
+        "NonZero, TopK",
+    ] {
+        assert!(msg.contains(part), "`{part}` missing from: {msg}");
+    }
+    assert!(!msg.contains("ok_relu"), "{msg}");
+}
+
+#[test]
+fn dynamic_dims_ask_for_values() {
+    let err = import_file(&fixture("dynamic.onnx"), &ImportOptions::default()).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("--dim batch=VALUE"), "{msg}");
+    assert!(msg.contains("--dim x:2=VALUE"), "{msg}");
+    let opts = ImportOptions {
+        dims: vec![("batch".into(), 2), ("x:2".into(), 5)],
+        ..Default::default()
+    };
+    let m = import_file(&fixture("dynamic.onnx"), &opts).unwrap();
+    let g = &m.module.graphs[0];
+    assert_eq!(g.ty(g.params()[0]).to_string(), "f32[2,3,5]");
+}
+
+#[test]
+fn stripped_initializers_get_seeded_values() {
+    let a = import_file(&fixture("stripped.onnx"), &ImportOptions::default()).unwrap();
+    let b = import_file(&fixture("stripped.onnx"), &ImportOptions::default()).unwrap();
+    let c = import_file(
+        &fixture("stripped.onnx"),
+        &ImportOptions {
+            seed: 1,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(a.weights.len(), 1);
+    assert!(a.weights[0].seeded);
+    assert_eq!(a.weights[0].name, "w");
+    assert_eq!(a.weights[0].bytes.len(), 4 * 12);
+    assert_eq!(a.weights, b.weights);
+    assert_ne!(a.weights[0].bytes, c.weights[0].bytes);
+}
+
+#[test]
+fn external_data_needs_a_file() {
+    let bytes = std::fs::read(fixture("ext_weights.onnx")).unwrap();
+    let msg = import_bytes(&bytes, &ImportOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("ext_weights.data"), "{msg}");
+}
+
+#[test]
+fn truncated_models_are_errors() {
+    let bytes = std::fs::read(fixture("conv_bias_relu.onnx")).unwrap();
+    for cut in (0..bytes.len()).step_by(7) {
+        let r = import_bytes(&bytes[..cut], &ImportOptions::default());
+        if let Err(e) = r {
+            assert!(!e.to_string().is_empty());
+        }
+    }
+    let err = import_bytes(&bytes[..bytes.len() - 3], &ImportOptions::default()).unwrap_err();
+    assert!(matches!(err, ImportError::Decode(_)), "{err}");
+    let err = import_bytes(b"\xff\xff\xff garbage", &ImportOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("not a valid ONNX model"), "{err}");
+}
+
+#[test]
+fn an_empty_file_has_no_graph() {
+    let err = import_bytes(&[], &ImportOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("no graph"), "{err}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let _ = import_bytes(&bytes, &ImportOptions::default());
+    }
+
+    #[test]
+    fn corrupted_models_never_panic(
+        which in 0usize..4,
+        edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+        cut in any::<prop::sample::Index>(),
+    ) {
+        let name = ["conv_bias_relu", "shape_arith", "pools", "concat_slice_gather"][which];
+        let mut bytes = std::fs::read(fixture(&format!("{name}.onnx"))).unwrap();
+        for (i, b) in edits {
+            let i = i.index(bytes.len());
+            bytes[i] = b;
+        }
+        let keep = cut.index(bytes.len() + 1);
+        bytes.truncate(keep.max(bytes.len() / 2));
+        let _ = import_bytes(&bytes, &ImportOptions::default());
+    }
+}
