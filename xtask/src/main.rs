@@ -103,8 +103,13 @@ fn target_dir() -> Result<PathBuf> {
 
 /// Builds the release `dcir-opt` and returns the path of the binary.
 fn build_dcir_opt() -> Result<PathBuf> {
-    run_checked(cargo().args(["build", "--release", "--bin", "dcir-opt"]))?;
+    build_release_bin("dcir-opt")
+}
+
+/// Builds the release binary `name` of the workspace and returns its path.
+fn build_release_bin(name: &str) -> Result<PathBuf> {
+    run_checked(cargo().args(["build", "--release", "--bin", name]))?;
     Ok(target_dir()?
         .join("release")
-        .join(format!("dcir-opt{}", env::consts::EXE_SUFFIX)))
+        .join(format!("{name}{}", env::consts::EXE_SUFFIX)))
 }

@@ -24,6 +24,7 @@ pub const STAGES: &[(&str, &[&str])] = &[
 ];
 
 /// Runs every stage on `file`, writing into `out` (default `target/pipeline/<stem>/`).
+/// An `.onnx` file is imported first (`00-input.dcir` is `dcir-import`'s output).
 pub fn run(file: &Path, out: Option<PathBuf>) -> Result<()> {
     if !file.is_file() {
         bail!("{} is not a file", file.display());
@@ -39,8 +40,21 @@ pub fn run(file: &Path, out: Option<PathBuf>) -> Result<()> {
     let opt = crate::build_dcir_opt()?;
 
     let input = out.join("00-input.dcir");
-    fs::copy(file, &input).with_context(|| format!("cannot copy {}", file.display()))?;
+    if file.extension().is_some_and(|e| e == "onnx") {
+        let import = crate::build_release_bin("dcir-import")?;
+        let mut cmd = Command::new(import);
+        cmd.arg(file).arg("-o").arg(&input).arg("--no-weights");
+        let status = cmd
+            .status()
+            .with_context(|| format!("cannot run {cmd:?}"))?;
+        if !status.success() {
+            bail!("import failed: {cmd:?}");
+        }
+    } else {
+        fs::copy(file, &input).with_context(|| format!("cannot copy {}", file.display()))?;
+    }
     println!("{}", input.display());
+    let file = input.as_path();
     for (name, args) in STAGES {
         let path = out.join(name);
         let _ = fs::remove_file(&path); // never leave a stale file behind a failing stage
