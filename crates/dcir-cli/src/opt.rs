@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{CommandFactory, FromArgMatches, Parser};
+use dcir_fusion::{CostModel, DeviceSpec, apply_plan, explain, plan_graph};
 use dcir_ir::{Module, print_module, verify_module};
 use dcir_passes::{Instrumentation, PassManager, PassRegistry, PipelineFailure, build_pipeline};
 use dcir_reader::{Diagnostic, read_bytes, render};
@@ -33,6 +34,18 @@ pub struct OptArgs {
     /// Passes to run, comma-separated, options in braces: 'cse,fold-constants{max-elems=64}'.
     #[arg(long, value_name = "PIPELINE")]
     pub pipeline: Option<String>,
+    /// Fuse ops into kernels after the pipeline (default pipeline: canonicalize,cse,dce).
+    #[arg(long)]
+    pub fuse: bool,
+    /// What to print: the IR, the fusion plan (a table per graph), or Graphviz of the plan.
+    #[arg(long, value_enum, default_value_t = Emit::Ir)]
+    pub emit: Emit,
+    /// Device preset the fusion cost model uses (h200, h100, a100, v100, rtx2080).
+    #[arg(long, value_name = "NAME", default_value = "h200")]
+    pub device: String,
+    /// Say, for each merge fusion rejected, which rule or estimate rejected it (to standard error).
+    #[arg(long)]
+    pub explain_fusion: bool,
     /// List the registered passes with their options, and exit.
     #[arg(long)]
     pub list_passes: bool,
@@ -66,6 +79,17 @@ pub struct OptArgs {
     /// Print the time of each phase (parse, verify, passes, print, total) to standard error.
     #[arg(long)]
     pub timing: bool,
+}
+
+/// What `dcir-opt` prints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Emit {
+    /// The IR after the pipeline (and fusion, with `--fuse`).
+    Ir,
+    /// The fusion plan: one row per kernel with its estimate, and totals.
+    Plan,
+    /// The fusion plan as Graphviz, groups as clusters.
+    Dot,
 }
 
 /// A failure already described to the user.
@@ -131,7 +155,17 @@ pub fn list_passes(registry: &PassRegistry) -> String {
 fn run(name: &str, registry: &PassRegistry, args: &OptArgs) -> Result<(), Reported> {
     let started = Instant::now();
     let mut timings: Vec<(&str, Duration)> = Vec::new();
-    let mut manager = match &args.pipeline {
+    let fusing = args.fuse || args.emit != Emit::Ir || args.explain_fusion;
+    let model = match fusing {
+        true => Some(cost_model(name, &args.device)?),
+        false => None,
+    };
+    let pipeline = match (&args.pipeline, fusing) {
+        (Some(text), _) => Some(text.as_str()),
+        (None, true) => Some(FUSION_CLEANUP),
+        (None, false) => None,
+    };
+    let mut manager = match pipeline {
         Some(text) => Some(PassManager::new(
             build_pipeline(registry, text).map_err(|e| {
                 eprint!("{name}: {}", e.render(text));
@@ -161,6 +195,16 @@ fn run(name: &str, registry: &PassRegistry, args: &OptArgs) -> Result<(), Report
         timings.push(("passes", t.elapsed()));
     }
 
+    if let Some(model) = &model {
+        let t = Instant::now();
+        let emitted = fuse(name, args, model, &mut module)?;
+        timings.push(("fuse", t.elapsed()));
+        if let Some(text) = emitted {
+            write_output(name, args.output.as_ref(), &text)?;
+            return Ok(());
+        }
+    }
+
     let t = Instant::now();
     let text = print_module(&module);
     timings.push(("print", t.elapsed()));
@@ -179,6 +223,63 @@ fn run(name: &str, registry: &PassRegistry, args: &OptArgs) -> Result<(), Report
         }
     }
     Ok(())
+}
+
+/// What `--fuse` runs before fusing when no `--pipeline` is given.
+const FUSION_CLEANUP: &str = "canonicalize,cse,dce";
+
+fn cost_model(name: &str, device: &str) -> Result<CostModel, Reported> {
+    match DeviceSpec::preset(device) {
+        Some(device) => Ok(CostModel { device, top_k: 8 }),
+        None => {
+            eprintln!(
+                "{name}: error: unknown device `{device}` (presets: {})",
+                DeviceSpec::PRESETS.join(", ")
+            );
+            Err(Reported)
+        }
+    }
+}
+
+/// Plans every graph; explains rejections if asked; returns the plan text
+/// for `--emit plan|dot`, or rewrites the module into fused ops for `--emit ir`.
+fn fuse(
+    name: &str,
+    args: &OptArgs,
+    model: &CostModel,
+    module: &mut Module,
+) -> Result<Option<String>, Reported> {
+    let mut emitted = String::new();
+    for graph in &mut module.graphs {
+        let plan = plan_graph(graph, model).map_err(|e| {
+            eprintln!("{name}: error: cannot fuse @{}: {e}", graph.name());
+            Reported
+        })?;
+        if args.explain_fusion {
+            eprint!("{}", explain::explain(graph, &plan));
+        }
+        match args.emit {
+            Emit::Plan => emitted.push_str(&explain::plan_table(graph, &plan)),
+            Emit::Dot => emitted.push_str(&explain::plan_dot(graph, &plan)),
+            Emit::Ir => {
+                *graph = apply_plan(graph, &plan).map_err(|e| {
+                    eprintln!("{name}: error: cannot fuse @{}: {e}", graph.name());
+                    Reported
+                })?;
+            }
+        }
+    }
+    if args.emit == Emit::Ir {
+        verify_module(module).map_err(|errors| {
+            eprintln!("{name}: error: the fused IR does not verify (a fusion bug):");
+            for e in errors {
+                eprintln!("  {e}");
+            }
+            Reported
+        })?;
+        return Ok(None);
+    }
+    Ok(Some(emitted))
 }
 
 fn instrumentation(args: &OptArgs) -> Instrumentation {

@@ -207,3 +207,41 @@ fn instrumentation_flags() {
     let out = dcir_opt(&["--list-passes"], None);
     assert!(text(&out.stdout).contains("cse"));
 }
+
+#[test]
+fn fusion_flags() {
+    let example = "ir-examples/resnet50_bottleneck.dcir";
+    let out = dcir_opt(&["--fuse", "--verify-roundtrip", example], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let ir = text(&out.stdout);
+    assert_eq!(ir.matches(" = fused @g").count(), 3, "{ir}");
+    assert!(ir.contains("kind = \"conv\""), "{ir}");
+
+    let out = dcir_opt(&["--emit", "plan", example], None);
+    assert!(out.status.success());
+    let plan = text(&out.stdout);
+    assert!(plan.contains("| total | 10 ops in 3 kernels"), "{plan}");
+
+    let out = dcir_opt(&["--emit", "dot", example], None);
+    let dot = text(&out.stdout);
+    assert!(
+        dot.starts_with("digraph") && dot.contains("subgraph cluster_g0"),
+        "{dot}"
+    );
+
+    let out = dcir_opt(
+        &["--fuse", "--explain-fusion", example, "-o", "/dev/null"],
+        None,
+    );
+    assert!(text(&out.stderr).contains("fusion decisions for @resnet50_bottleneck"));
+
+    let out = dcir_opt(&["--fuse", "--device", "tpu", example], None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("unknown device `tpu`"));
+
+    let out = dcir_opt(
+        &["--pipeline", "canonicalize,fuse{device=v100}", example],
+        None,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}

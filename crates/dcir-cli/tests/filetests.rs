@@ -8,6 +8,9 @@
 //! // test roundtrip   print, read back, and check the module and text agree
 //! // test pass P      run pipeline P (verifying after each pass); snapshot the
 //! //                  unified diff of the printed IR, before → after
+//! // test fuse        plan every graph with the H200 cost model; snapshot the
+//! //                  plan table, the rejected merges and the fused IR, and
+//! //                  check the fused graph computes what the original did
 //! // test run [seed=N] run every graph on the interpreter (random inputs from
 //! //                  seed N, default 0, or `// input: %p = [..]`); snapshot a
 //! //                  summary of each output; check `// expect: %v = [..]`; with
@@ -23,6 +26,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 
+use dcir_fusion::{CostModel, DeviceSpec, apply_plan, explain, plan_graph};
 use dcir_interp::{Tensor, Tolerance, compare, random_inputs, run_graph};
 use dcir_ir::{Module, print_module, verify_module};
 use dcir_passes::{Instrumentation, PassManager, PassRegistry, PipelineFailure, build_pipeline};
@@ -42,6 +46,7 @@ struct Commands {
     roundtrip: bool,
     pipeline: Option<String>,
     run_seed: Option<u64>,
+    fuse: bool,
 }
 
 fn parse_header(source: &str) -> Result<Commands, String> {
@@ -54,6 +59,7 @@ fn parse_header(source: &str) -> Result<Commands, String> {
             "verify" => commands.verify = true,
             "roundtrip" => commands.roundtrip = true,
             "run" => commands.run_seed = Some(0),
+            "fuse" => commands.fuse = true,
             other => {
                 if let Some(pipeline) = other.strip_prefix("pass ") {
                     commands.pipeline = Some(pipeline.trim().to_string());
@@ -71,6 +77,7 @@ fn parse_header(source: &str) -> Result<Commands, String> {
     }
     if !commands.verify
         && !commands.roundtrip
+        && !commands.fuse
         && commands.pipeline.is_none()
         && commands.run_seed.is_none()
     {
@@ -270,6 +277,32 @@ fn check_same_outputs(
     Ok(())
 }
 
+/// Plans and fuses every graph with the H200 model: the plan table, the
+/// rejected merges and the fused IR; the fused graph must verify and give
+/// exactly the original outputs on the interpreter.
+fn fuse_module(module: &Module) -> Result<String, String> {
+    let model = CostModel::new(DeviceSpec::h200());
+    let mut out = String::new();
+    let mut fused = module.clone();
+    for graph in &mut fused.graphs {
+        let plan = plan_graph(graph, &model)?;
+        out.push_str(&explain::plan_table(graph, &plan));
+        out.push_str(&explain::explain(graph, &plan));
+        let after = apply_plan(graph, &plan)?;
+        let inputs = random_inputs(graph, 0);
+        let want = run_graph(graph, &inputs).map_err(|e| e.to_string())?;
+        let got = run_graph(&after, &inputs).map_err(|e| e.to_string())?;
+        for (w, g) in want.iter().zip(&got) {
+            compare(w, g, &Tolerance::EXACT)
+                .map_err(|m| format!("@{}: fusion changed an output: {m}", graph.name()))?;
+        }
+        *graph = after;
+    }
+    verify_module(&fused).map_err(|e| format!("the fused IR does not verify: {e:?}"))?;
+    out.push_str(&print_module(&fused));
+    Ok(out)
+}
+
 /// Runs `pipeline` on `module`, verifying after each pass; the unified diff
 /// of the printed IR, and the module after.
 fn run_pipeline(pipeline: &str, mut module: Module) -> Result<(String, Module), String> {
@@ -330,6 +363,9 @@ fn run_file(path: &Path, source: &str) -> Result<String, String> {
                 }
                 if commands.verify {
                     output.push_str(&print_module(&module));
+                }
+                if commands.fuse {
+                    output.push_str(&fuse_module(&module)?);
                 }
                 let before = match commands.run_seed {
                     Some(seed) => Some(run_module(&module, case, seed, &mut output)?),
@@ -419,6 +455,57 @@ fn errors_stage() {
 #[test]
 fn passes_stage() {
     run_stage("passes");
+}
+
+#[test]
+fn fusion_stage() {
+    run_stage("fusion");
+}
+
+/// The fusion plan of every ir-example and of the imported ResNet-50,
+/// MobileNetV2 and BERT-base, on the H200 preset.
+#[test]
+fn fusion_plans_of_examples_and_models() {
+    let model = CostModel::new(DeviceSpec::h200());
+    let mut modules: Vec<(String, Module)> = Vec::new();
+    for path in dcir_files(&repo_root().join("ir-examples")) {
+        let source = std::fs::read_to_string(&path).expect("readable example");
+        let name = path
+            .file_stem()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .to_string();
+        modules.push((
+            name,
+            read_and_verify(&source).expect("the example verifies"),
+        ));
+    }
+    for model_name in ["resnet50", "mobilenet_v2", "bert_base"] {
+        let path = repo_root().join(format!("crates/dcir-onnx/models/{model_name}.onnx"));
+        let options = dcir_onnx::ImportOptions::default();
+        let imported =
+            dcir_onnx::import_file(&path, &options).unwrap_or_else(|e| panic!("{model_name}: {e}"));
+        modules.push((format!("onnx_{model_name}"), imported.module));
+    }
+    let mut failures = Vec::new();
+    for (name, module) in modules {
+        let mut text = String::new();
+        for graph in &module.graphs {
+            match plan_graph(graph, &model) {
+                Ok(plan) => text.push_str(&explain::plan_table(graph, &plan)),
+                Err(e) => failures.push(format!("{name}: {e}")),
+            }
+        }
+        insta::with_settings!({
+            snapshot_path => repo_root().join("tests/filetests/fusion/snapshots"),
+            prepend_module_to_snapshot => false,
+            description => format!("fusion plan of {name}; re-bless with `cargo xtask bless`"),
+            omit_expression => true,
+        }, {
+            insta::assert_snapshot!(format!("plan_{name}"), text);
+        });
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
 }
 
 #[test]

@@ -53,7 +53,9 @@ pub struct EdgeRule {
 /// |---|---|---|---|---|
 /// | E1 | any | injective | register | one-to-one after anything: the thread that holds the value applies the op (epilogue) |
 /// | E2 | injective | reduction, pool | register | prologue: the consumer computes its inputs as it loads them |
-/// | E3 | injective | contraction | register | prologue on the operand loads; arithmetic is recomputed per load, which the cost model charges |
+/// | E3 | view (broadcast, reshape, transpose, slice) | contraction | register | the operand load goes through index arithmetic |
+/// | E3s | injective after a contraction or reduction of the group | contraction | shared | a chain's epilogue, stored to the shared tile the next contraction reads |
+/// | X3 | other injective | contraction | — | arithmetic before a contraction would be recomputed for every reuse of its result; it stays an epilogue of its producer |
 /// | E4 | contraction | reduction | shared | the row spans threads: the GEMM tile goes to shared memory, then the block reduces it (GEMM + softmax) |
 /// | E5 | reduction | contraction | shared | attention's softmax feeding the second GEMM through shared memory |
 /// | E6 | contraction | contraction | shared | GEMM→GEMM / conv→conv chains when the intermediate tile fits the block |
@@ -78,10 +80,15 @@ pub fn edge_rule(producer: OpKind, consumer: OpKind) -> EdgeRule {
         (Injective, Reduction | Pool) => {
             rule("E2", Some(Level::Register), "prologue computed on load")
         }
-        (Injective, Contraction) => rule(
+        (Injective, Contraction) if crate::class::is_view(producer) => rule(
             "E3",
             Some(Level::Register),
-            "prologue on operand loads (recomputed per load)",
+            "operand loads through index arithmetic",
+        ),
+        (Injective, Contraction) => rule(
+            "X3",
+            None,
+            "arithmetic before a contraction would be recomputed for every reuse",
         ),
         (Contraction, Reduction) => rule(
             "E4",
@@ -130,7 +137,8 @@ pub enum GroupKind {
     DepthwisePointwise,
     /// A GEMM feeding a GEMM, or a 1x1 conv feeding a 1x1 conv.
     ContractionChain,
-    /// GEMM → (scale, mask) → softmax → GEMM, with online softmax.
+    /// GEMM → (scale, mask) → softmax → GEMM, with online softmax; also
+    /// either half (GEMM → softmax, softmax → GEMM).
     Attention,
 }
 
@@ -165,8 +173,70 @@ fn is_pointwise(graph: &Graph, op: OpId) -> bool {
         && d.attrs.ints("stride").is_some_and(|s| s == [1, 1])
 }
 
+/// True when every contraction after the first reads its row operand (A, or
+/// the conv input) from inside the group and its other operand (B, or the
+/// weights) from outside: a block then owns whole rows of the intermediate,
+/// which is what keeps a chain's intermediate tile in the block.
+fn chained_through_rows(graph: &Graph, ops: &[OpId], anchors: &[OpId]) -> bool {
+    let inside = |v: dcir_ir::ValueId| match graph.value(v).def {
+        dcir_ir::ValueDef::OpResult { op, .. } => ops.contains(&op),
+        dcir_ir::ValueDef::BlockArg { .. } => false,
+    };
+    anchors[1..]
+        .iter()
+        .filter(|&&a| role(graph.op(a).kind) == Role::Contraction)
+        .all(|&a| {
+            let d = graph.op(a);
+            inside(d.operands[0]) && !inside(d.operands[1])
+        })
+}
+
+/// Checks a whole candidate group (`ops` in topological order): every edge
+/// inside it passes [`edge_rule`] — except that injective ops between two
+/// anchors of a chain (the first contraction's or reduction's epilogue) may
+/// feed the next contraction at shared-memory level (rule E3s) — and the ops
+/// form a kernel shape ([`group_kind`]). Returns the shape and the deepest
+/// level any edge or the shape itself needs.
+pub fn check_group(graph: &Graph, ops: &[OpId]) -> Result<(GroupKind, Level), String> {
+    let inside = |op: OpId| ops.contains(&op);
+    // Ops of the group that depend, inside it, on a contraction or reduction.
+    let mut anchored: Vec<OpId> = Vec::new();
+    let mut level = Level::Register;
+    for &op in ops {
+        let consumer = graph.op(op).kind;
+        for &v in &graph.op(op).operands {
+            let dcir_ir::ValueDef::OpResult { op: def, .. } = graph.value(v).def else {
+                continue;
+            };
+            if !inside(def) {
+                continue;
+            }
+            let producer = graph.op(def).kind;
+            let from_anchor = matches!(role(producer), Role::Contraction | Role::Reduction)
+                || anchored.contains(&def);
+            if from_anchor && !anchored.contains(&op) {
+                anchored.push(op);
+            }
+            let rule = edge_rule(producer, consumer);
+            match rule.level {
+                Some(l) => level = level.max(l),
+                None if rule.id == "X3" && anchored.contains(&def) => level = Level::Shared,
+                None => return Err(format!("{}: {}", rule.id, rule.reason)),
+            }
+        }
+    }
+    let kind = group_kind(graph, ops)?;
+    if matches!(
+        kind,
+        GroupKind::DepthwisePointwise | GroupKind::ContractionChain | GroupKind::Attention
+    ) {
+        level = Level::Shared;
+    }
+    Ok((kind, level))
+}
+
 /// The kind of kernel `ops` (in topological order) would form, or why they
-/// cannot form one. Edge rules are checked separately by the planner.
+/// cannot form one. [`check_group`] adds the edge rules.
 pub fn group_kind(graph: &Graph, ops: &[OpId]) -> Result<GroupKind, String> {
     let anchors: Vec<OpId> = ops
         .iter()
@@ -175,6 +245,9 @@ pub fn group_kind(graph: &Graph, ops: &[OpId]) -> Result<GroupKind, String> {
         .collect();
     let roles: Vec<Role> = anchors.iter().map(|&o| role(graph.op(o).kind)).collect();
     let kinds: Vec<OpKind> = anchors.iter().map(|&o| graph.op(o).kind).collect();
+    if anchors.len() > 1 && !chained_through_rows(graph, ops, &anchors) {
+        return Err("a chained contraction must take its rows from the group and its other operand from outside".to_string());
+    }
     match (roles.as_slice(), kinds.as_slice()) {
         ([], _) => Ok(GroupKind::Elementwise),
         ([Role::Reduction], _) => Ok(GroupKind::Reduction),
@@ -192,7 +265,11 @@ pub fn group_kind(graph: &Graph, ops: &[OpId]) -> Result<GroupKind, String> {
             Ok(GroupKind::ContractionChain)
         }
         (_, [OpKind::Matmul, OpKind::Matmul]) => Ok(GroupKind::ContractionChain),
-        (_, [OpKind::Matmul, OpKind::Softmax, OpKind::Matmul]) => Ok(GroupKind::Attention),
+        // The whole of attention, or either half of it on the way there: a
+        // GEMM whose rows are softmaxed in the block, or a softmax feeding a GEMM.
+        (_, [OpKind::Matmul, OpKind::Softmax, OpKind::Matmul])
+        | (_, [OpKind::Matmul, OpKind::Softmax])
+        | (_, [OpKind::Softmax, OpKind::Matmul]) => Ok(GroupKind::Attention),
         _ => Err(format!(
             "no kernel shape holds {}",
             kinds

@@ -2,11 +2,27 @@
 //!
 //! - [`class`]: each op's role and mapping type;
 //! - [`legality`]: the edge rule table and the kernel shapes a group may take;
-//! - [`device`]: the GPU as the cost model sees it.
+//! - [`device`]: the GPU as the cost model sees it;
+//! - [`group`]: a candidate group of ops;
+//! - [`cost`]: the DeepCuts performance model (PUL) and roofline estimates.
 
 pub mod class;
+pub mod cost;
 pub mod device;
+pub mod group;
 pub mod legality;
 
+pub use cost::{Bound, CostModel, Estimate, Estimator, KernelParams};
 pub use device::DeviceSpec;
-pub use legality::{EdgeRule, GroupKind, Level, edge_rule, group_kind};
+pub use group::Group;
+pub use legality::{EdgeRule, GroupKind, Level, check_group, edge_rule, group_kind};
+pub mod planner;
+
+pub use planner::{Plan, PlannedGroup, Rejection, plan_graph};
+pub mod apply;
+
+pub use apply::apply_plan;
+pub mod explain;
+mod pass;
+
+pub use pass::FUSE;

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let mut registry = dcir_passes::PassRegistry::with_builtins();
+    let mut registry = dcir_cli::default_registry();
     registry
         .register(my_opt::POW_TO_MUL)
         .expect("`pow-to-mul` is a new name");

@@ -8,6 +8,6 @@ use std::process::ExitCode;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    let registry = dcir_passes::PassRegistry::with_builtins();
+    let registry = dcir_cli::default_registry();
     dcir_cli::opt::main_with("dcir-opt", &registry, std::env::args_os())
 }

@@ -1,19 +1,17 @@
 //! `docs/passes.md` is generated from the registry; this test fails when it
 //! is stale and rewrites it under `DCIR_BLESS=1` (`cargo xtask bless`).
 
-use dcir_passes::PassRegistry;
-
 fn render() -> String {
     let mut out = String::from(
         "# Passes\n\n\
-         <!-- Generated from `PassRegistry::with_builtins()` by crates/dcir-passes/tests/pass_docs.rs; \
+         <!-- Generated from `dcir_cli::default_registry()` by crates/dcir-cli/tests/pass_docs.rs; \
          edit the pass definitions, then run `cargo xtask bless`. -->\n\n\
          Run them with `dcir-opt --pipeline 'a,b{option=value},c'`; `dcir-opt --list-passes` \
          prints this list. Options go in braces after the pass name, separated by spaces; list \
          values are comma-separated. See [writing-a-pass.md](writing-a-pass.md) to add your own.\n\n\
          | pass | what it does | options |\n|---|---|---|\n",
     );
-    for def in PassRegistry::with_builtins().sorted() {
+    for def in dcir_cli::default_registry().sorted() {
         let options: Vec<String> = def
             .options
             .iter()

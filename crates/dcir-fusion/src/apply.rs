@@ -1,0 +1,273 @@
+//! Rewrites a graph into the `fused` ops of a plan.
+//!
+//! The graph is rebuilt in plan order. Each group becomes
+//! `fused @gN(...) {kind, level, <kernel parameters>}` whose region holds
+//! copies of the group's ops; values the group defines and others use become
+//! the fused op's results, under their original names (inside the region the
+//! copy is renamed `name.r`). Small constants a group uses are copied into
+//! its region; a group that is only a `reshape` stays a plain op (a view, no
+//! kernel); a group whose results nobody uses is dropped.
+
+use dcir_ir::{Attr, Attrs, BlockId, Graph, OpId, OpKind, ValueDef, ValueId};
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use crate::planner::{Plan, PlannedGroup};
+
+/// Constants up to this many elements are copied into the regions that use them.
+const INLINE_CONSTANT_ELEMS: usize = 64;
+
+struct Rebuild<'g> {
+    old: &'g Graph,
+    new: Graph,
+    map: FxHashMap<ValueId, ValueId>,
+    reserved: FxHashSet<&'g str>,
+}
+
+impl Rebuild<'_> {
+    /// A name free in both graphs, from `hint`.
+    fn fresh(&mut self, hint: &str) -> String {
+        let mut n = 0;
+        let mut candidate = hint.to_string();
+        while self.reserved.contains(candidate.as_str()) || self.new.has_name(&candidate) {
+            candidate = format!("{hint}.{n}");
+            n += 1;
+        }
+        candidate
+    }
+
+    /// Copies `op` into `block`, reading operands through `local` then the
+    /// outer map, naming each result with `name_of`.
+    fn copy_op(
+        &mut self,
+        op: OpId,
+        block: BlockId,
+        local: &mut FxHashMap<ValueId, ValueId>,
+        name_of: &dyn Fn(&mut Self, ValueId) -> String,
+    ) -> Result<(), String> {
+        let d = self.old.op(op);
+        let operands = d
+            .operands
+            .iter()
+            .map(|v| {
+                local
+                    .get(v)
+                    .or_else(|| self.map.get(v))
+                    .copied()
+                    .ok_or_else(|| format!("%{} is not available", self.old.value(*v).name))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let results = d
+            .results
+            .iter()
+            .map(|&r| (name_of(self, r), self.old.ty(r).clone()))
+            .collect();
+        let new_op = self
+            .new
+            .create_op(d.kind, operands, d.attrs.clone(), results)
+            .map_err(|e| e.to_string())?;
+        self.new.op_mut(new_op).loc = d.loc;
+        self.new.append_op(block, new_op);
+        for (&r, &n) in d.results.iter().zip(&self.new.op(new_op).results.clone()) {
+            local.insert(r, n);
+        }
+        Ok(())
+    }
+}
+
+fn small_constant(graph: &Graph, v: ValueId) -> Option<OpId> {
+    match graph.value(v).def {
+        ValueDef::OpResult { op, .. }
+            if graph.op(op).kind == OpKind::Constant
+                && graph
+                    .ty(v)
+                    .num_elements()
+                    .is_some_and(|n| n <= INLINE_CONSTANT_ELEMS) =>
+        {
+            Some(op)
+        }
+        _ => None,
+    }
+}
+
+/// A group that is only a `reshape`: a view, emitted as a plain op.
+fn is_lone_reshape(graph: &Graph, planned: &PlannedGroup) -> bool {
+    matches!(planned.group.ops.as_slice(), [op] if graph.op(*op).kind == OpKind::Reshape)
+}
+
+/// The fused op's attributes: kind, level, then the kernel parameters.
+fn group_attrs(planned: &PlannedGroup) -> Attrs {
+    let mut attrs = Attrs::new()
+        .with("kind", Attr::Str(planned.group.kind.name().to_string()))
+        .with("level", Attr::Str(planned.group.level.name().to_string()));
+    for (name, value) in &planned.estimate.params.0 {
+        attrs.set(*name, value.clone());
+    }
+    OpKind::Fused
+        .normalize_attrs(attrs)
+        .expect("fused takes any attribute")
+}
+
+/// The graph with every group of `plan` as one `fused` op.
+pub fn apply_plan(graph: &Graph, plan: &Plan) -> Result<Graph, String> {
+    let mut rb = Rebuild {
+        old: graph,
+        new: Graph::new(graph.name()),
+        map: FxHashMap::default(),
+        reserved: graph
+            .value_ids()
+            .map(|v| graph.value(v).name.as_str())
+            .collect(),
+    };
+    rb.new.loc = graph.loc;
+    rb.new.set_result_types(graph.result_types().to_vec());
+    for &p in graph.params() {
+        let v = rb
+            .new
+            .add_param(graph.value(p).name.clone(), graph.ty(p).clone())
+            .map_err(|e| e.to_string())?;
+        rb.map.insert(p, v);
+    }
+    let body = rb.new.body();
+    let users: FxHashMap<ValueId, Vec<OpId>> = {
+        let mut u: FxHashMap<ValueId, Vec<OpId>> = FxHashMap::default();
+        for &op in &graph.block(graph.body()).ops {
+            for &v in &graph.op(op).operands {
+                u.entry(v).or_default().push(op);
+            }
+        }
+        u
+    };
+    // Constants stay in the body where something outside a region reads them.
+    let grouped: FxHashSet<OpId> = plan
+        .groups
+        .iter()
+        .filter(|g| !is_lone_reshape(graph, g))
+        .flat_map(|g| g.group.ops.iter().copied())
+        .collect();
+    for &op in &graph.block(graph.body()).ops {
+        let d = graph.op(op);
+        if d.kind != OpKind::Constant {
+            continue;
+        }
+        let needed_outside = d.results.iter().any(|r| {
+            users.get(r).is_some_and(|us| {
+                us.iter()
+                    .any(|u| !grouped.contains(u) || small_constant(graph, *r).is_none())
+            })
+        });
+        if needed_outside {
+            let mut local = FxHashMap::default();
+            rb.copy_op(op, body, &mut local, &|rb, r| rb.old.value(r).name.clone())?;
+            rb.map.extend(local);
+        }
+    }
+    for (index, planned) in plan.groups.iter().enumerate() {
+        if is_lone_reshape(graph, planned) {
+            let mut local = FxHashMap::default();
+            let op = planned.group.ops[0];
+            rb.copy_op(op, body, &mut local, &|rb, r| rb.old.value(r).name.clone())?;
+            rb.map.extend(local);
+            continue;
+        }
+        emit_group(&mut rb, planned, index, &users)?;
+    }
+    let ret = graph
+        .outputs()
+        .ok_or("the graph body does not end in `return`")?;
+    let operands = ret
+        .iter()
+        .map(|v| rb.map.get(v).copied().ok_or("a returned value was lost"))
+        .collect::<Result<Vec<_>, _>>()?;
+    let ret_op = rb
+        .new
+        .create_op(OpKind::Return, operands, Attrs::new(), Vec::new())
+        .map_err(|e| e.to_string())?;
+    rb.new.append_op(body, ret_op);
+    Ok(rb.new)
+}
+
+fn emit_group(
+    rb: &mut Rebuild<'_>,
+    planned: &PlannedGroup,
+    index: usize,
+    users: &FxHashMap<ValueId, Vec<OpId>>,
+) -> Result<(), String> {
+    let graph = rb.old;
+    let ops = &planned.group.ops;
+    let inside: FxHashSet<OpId> = ops.iter().copied().collect();
+    let region = rb.new.create_block();
+    let mut local: FxHashMap<ValueId, ValueId> = FxHashMap::default();
+    let mut operands = Vec::new();
+    let mut inlined = Vec::new();
+    for v in planned.group.inputs(graph) {
+        if let Some(c) = small_constant(graph, v) {
+            inlined.push(c);
+            continue;
+        }
+        let outer = *rb.map.get(&v).ok_or_else(|| {
+            format!(
+                "%{} is used before the group that defines it",
+                graph.value(v).name
+            )
+        })?;
+        let name = rb.fresh(&format!("{}.in", graph.value(v).name));
+        let arg = rb
+            .new
+            .add_block_arg(region, name, graph.ty(v).clone())
+            .map_err(|e| e.to_string())?;
+        local.insert(v, arg);
+        operands.push(outer);
+    }
+    for c in inlined {
+        rb.copy_op(c, region, &mut local, &|rb, r| {
+            let hint = format!("{}.c", rb.old.value(r).name);
+            rb.fresh(&hint)
+        })?;
+    }
+    let escapes = |r: ValueId| {
+        users
+            .get(&r)
+            .is_some_and(|us| us.iter().any(|u| !inside.contains(u)))
+    };
+    let outputs: Vec<ValueId> = ops
+        .iter()
+        .flat_map(|&o| graph.op(o).results.clone())
+        .filter(|&r| escapes(r))
+        .collect();
+    if outputs.is_empty() {
+        // Nothing outside reads the group: it is dead code and no kernel.
+        return Ok(());
+    }
+    for &op in ops {
+        rb.copy_op(op, region, &mut local, &|rb, r| {
+            let name = &rb.old.value(r).name;
+            if outputs.contains(&r) {
+                rb.fresh(&format!("{name}.r"))
+            } else {
+                name.clone()
+            }
+        })?;
+    }
+    let yielded = outputs.iter().map(|r| local[r]).collect();
+    let y = rb
+        .new
+        .create_op(OpKind::Yield, yielded, Attrs::new(), Vec::new())
+        .map_err(|e| e.to_string())?;
+    rb.new.append_op(region, y);
+    let results = outputs
+        .iter()
+        .map(|&r| (graph.value(r).name.clone(), graph.ty(r).clone()))
+        .collect();
+    let fused = rb
+        .new
+        .create_op(OpKind::Fused, operands, group_attrs(planned), results)
+        .map_err(|e| e.to_string())?;
+    rb.new.op_mut(fused).loc = graph.op(ops[0]).loc;
+    rb.new.set_region(fused, region, format!("g{index}"));
+    let body = rb.new.body();
+    rb.new.append_op(body, fused);
+    for (&r, &n) in outputs.iter().zip(&rb.new.op(fused).results.clone()) {
+        rb.map.insert(r, n);
+    }
+    Ok(())
+}

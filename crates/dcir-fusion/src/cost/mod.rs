@@ -1,0 +1,267 @@
+//! The performance model: for a group and a choice of kernel parameters, the
+//! DeepCuts upper-limit factors and a roofline time estimate.
+//!
+//! - `shape`: what a group reads, writes and computes (compulsory traffic,
+//!   flops, the problem shape of its anchor ops);
+//! - `space`: the kernel parameters each [`crate::GroupKind`] may take, and
+//!   per candidate the per-block quantities the factors need;
+//! - `pul`: occupancy, the four factors (GMRatio, SMRatio, WBRatio, COEF_r)
+//!   and the time estimate.
+//!
+//! Every formula, its units and its derivation are in `docs/cost-model.md`.
+//! The model is deterministic: candidates are enumerated in a fixed order and
+//! ties are broken by that order.
+
+mod pul;
+mod shape;
+mod space;
+
+use dcir_ir::{Attr, Graph, OpId, OpKind};
+
+use crate::device::DeviceSpec;
+use crate::group::Group;
+use crate::legality::{Level, group_kind};
+
+pub use pul::{Factors, SATURATING_WARPS, blocks_per_sm, wave_efficiency};
+
+/// Implementation parameters of one kernel, as the attributes the emitter
+/// reads (`tile = [128, 64, 32]`, `threads = 256`, ...), in a fixed order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelParams(pub Vec<(&'static str, Attr)>);
+
+impl KernelParams {
+    /// The parameter `name`, if present.
+    pub fn get(&self, name: &str) -> Option<&Attr> {
+        self.0.iter().find(|(n, _)| *n == name).map(|(_, a)| a)
+    }
+
+    /// `name = value, ...` in order, for explanations and snapshots.
+    pub fn describe(&self) -> String {
+        self.0
+            .iter()
+            .map(|(n, a)| {
+                let v = match a {
+                    Attr::Int(i) => i.to_string(),
+                    Attr::Float(f) => f.to_string(),
+                    Attr::Bool(b) => b.to_string(),
+                    Attr::Str(s) => format!("{s:?}"),
+                    Attr::Ints(v) => format!("{v:?}"),
+                    Attr::Floats(v) => format!("{v:?}"),
+                };
+                format!("{n} = {v}")
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// What limits a kernel, by the roofline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bound {
+    /// Moving bytes through device memory.
+    Memory,
+    /// Arithmetic.
+    Compute,
+    /// Launch overhead (tiny kernels).
+    Launch,
+}
+
+/// The model's answer for one group with its best parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Estimate {
+    /// Chosen parameters (best by PUL, then by time).
+    pub params: KernelParams,
+    /// Estimated time, seconds.
+    pub time: f64,
+    /// Performance upper limit of the chosen parameters, in (0, 1].
+    pub pul: f64,
+    /// Arithmetic of the group, flop.
+    pub flops: u64,
+    /// Bytes the group must move through device memory (inputs once, outputs once).
+    pub bytes: u64,
+    /// What limits it.
+    pub bound: Bound,
+    /// The parameter sets ranked best by PUL (ties by estimated time), for
+    /// measurement: at most `top_k`, the chosen one among them.
+    pub candidates: Vec<KernelParams>,
+}
+
+/// Estimates the time of a group. The planner asks it for every group it
+/// considers; the tuner replaces it with measured times.
+pub trait Estimator {
+    /// The estimate for `group` of `graph`, or why it cannot run as one kernel
+    /// (no parameters fit the device).
+    fn estimate(&self, graph: &Graph, group: &Group) -> Result<Estimate, String>;
+}
+
+/// The analytic model over a device.
+#[derive(Clone, Debug)]
+pub struct CostModel {
+    /// The device modelled.
+    pub device: DeviceSpec,
+    /// How many parameter sets to keep for measurement.
+    pub top_k: usize,
+}
+
+/// The launch shape of one candidate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Launch {
+    /// Thread blocks in the grid.
+    pub blocks: u64,
+    /// Threads per block.
+    pub threads: u32,
+    /// Shared memory per block, bytes.
+    pub shared_bytes: u32,
+    /// Registers per thread (estimated).
+    pub registers: u32,
+    /// Blocks resident on one SM at once (0: the block does not fit).
+    pub blocks_per_sm: u32,
+}
+
+/// One parameter set of a group, fully scored.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Candidate {
+    /// The parameters.
+    pub params: KernelParams,
+    /// Grid, block and resource use.
+    pub launch: Launch,
+    /// The DeepCuts factors; `factors.pul()` ranks candidates.
+    pub factors: Factors,
+    /// Estimated time, seconds (infinite when `coef_r` is 0).
+    pub time: f64,
+    /// What limits it.
+    pub bound: Bound,
+    /// Bytes moved through device memory with these parameters (compulsory
+    /// traffic plus modelled re-reads).
+    pub dram_bytes: f64,
+}
+
+impl CostModel {
+    /// The model of `device`, keeping 4 candidates for measurement.
+    pub fn new(device: DeviceSpec) -> CostModel {
+        CostModel { device, top_k: 4 }
+    }
+
+    /// Every parameter set of `group`'s kind, scored, in enumeration order
+    /// (those that do not fit the device included, with `coef_r = 0`).
+    pub fn candidates(&self, graph: &Graph, group: &Group) -> Result<Vec<Candidate>, String> {
+        let info = shape::analyze(graph, group)?;
+        let cands = space::enumerate(&self.device, &info);
+        Ok(cands
+            .iter()
+            .map(|c| {
+                let s = pul::score(&self.device, &info, c);
+                Candidate {
+                    params: c.params.to_params(),
+                    launch: s.launch,
+                    factors: s.factors,
+                    time: s.time,
+                    bound: s.bound,
+                    dram_bytes: s.dram_bytes,
+                }
+            })
+            .collect())
+    }
+
+    /// The estimate for `op` run alone as its own kernel (group kind from
+    /// [`group_kind`]). A `constant` alone costs nothing: it is materialized
+    /// where it is used.
+    pub fn unfused(&self, graph: &Graph, op: OpId) -> Result<Estimate, String> {
+        let kind = group_kind(graph, &[op])?;
+        let group = Group {
+            ops: vec![op],
+            kind,
+            level: Level::Register,
+        };
+        self.estimate(graph, &group)
+    }
+
+    /// The estimated time of `op` alone, seconds (see [`CostModel::unfused`]).
+    pub fn unfused_time(&self, graph: &Graph, op: OpId) -> Result<f64, String> {
+        self.unfused(graph, op).map(|e| e.time)
+    }
+
+    /// The estimated time of running each op of `ops` as its own kernel,
+    /// summed: the "separate" side of a merge decision.
+    pub fn separate_time(&self, graph: &Graph, ops: &[OpId]) -> Result<f64, String> {
+        ops.iter().map(|&o| self.unfused_time(graph, o)).sum()
+    }
+}
+
+/// A ranked candidate: enumeration index, score, parameters, block intensity.
+type Ranked = (usize, pul::Scored, space::P, f64);
+
+impl Estimator for CostModel {
+    fn estimate(&self, graph: &Graph, group: &Group) -> Result<Estimate, String> {
+        if !group.ops.is_empty()
+            && group
+                .ops
+                .iter()
+                .all(|&o| graph.op(o).kind == OpKind::Constant)
+        {
+            return Ok(Estimate {
+                params: KernelParams(Vec::new()),
+                time: 0.0,
+                pul: 1.0,
+                flops: 0,
+                bytes: 0,
+                bound: Bound::Launch,
+                candidates: Vec::new(),
+            });
+        }
+        let info = shape::analyze(graph, group)?;
+        // The top k: best PUL first; equal PUL by time, then by the block's
+        // operational intensity (less traffic through L2), then enumeration
+        // order. Kept by insertion while enumerating (k is small).
+        let k = self.top_k.max(1);
+        let before = |a: &Ranked, b: &Ranked| {
+            b.1.factors
+                .pul()
+                .total_cmp(&a.1.factors.pul())
+                .then(a.1.time.total_cmp(&b.1.time))
+                .then(b.3.total_cmp(&a.3))
+                .then(a.0.cmp(&b.0))
+                .is_lt()
+        };
+        let mut scored: Vec<Ranked> = Vec::with_capacity(k + 1);
+        let mut index = 0;
+        space::for_each(&self.device, &info, &mut |c| {
+            let i = index;
+            index += 1;
+            let s = pul::score(&self.device, &info, &c);
+            if s.factors.coef_r == 0.0 {
+                return;
+            }
+            let item = (i, s, c.params, c.oi);
+            if scored.len() == k && !before(&item, &scored[k - 1]) {
+                return;
+            }
+            let pos = scored.partition_point(|x| before(x, &item));
+            scored.insert(pos, item);
+            scored.truncate(k);
+        });
+        if scored.is_empty() {
+            return Err(format!(
+                "no {} kernel parameters fit {}",
+                group.kind.name(),
+                self.device.name
+            ));
+        }
+        let best = scored
+            .iter()
+            .enumerate()
+            .min_by(|(ra, a), (rb, b)| a.1.time.total_cmp(&b.1.time).then(ra.cmp(rb)))
+            .map(|(r, _)| r)
+            .unwrap_or(0);
+        let (_, bs, bp, _) = &scored[best];
+        Ok(Estimate {
+            params: bp.to_params(),
+            time: bs.time,
+            pul: bs.factors.pul(),
+            flops: info.flops,
+            bytes: info.bytes,
+            bound: bs.bound,
+            candidates: scored.iter().map(|(_, _, p, _)| p.to_params()).collect(),
+        })
+    }
+}

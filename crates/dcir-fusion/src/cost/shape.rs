@@ -1,0 +1,465 @@
+//! What a group reads, writes and computes: compulsory traffic, flops, and
+//! the problem shape of its anchor ops, computed once per estimate.
+
+use dcir_ir::{DType, Graph, OpId, OpKind, TensorType, ValueDef, ValueId};
+use dcir_passes::analysis::op_cost;
+use rustc_hash::FxHashSet;
+
+use crate::class::{Role, role};
+use crate::group::Group;
+use crate::legality::GroupKind;
+
+/// Largest tensor the model accepts, elements (keeps every product of two
+/// counts inside `u64`/`f64` exact enough and free of overflow).
+const MAX_ELEMENTS: usize = 1 << 40;
+
+/// A GEMM view of a contraction: `batch` independent `m × n × k` products.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GemmShape {
+    pub batch: f64,
+    pub m: f64,
+    pub n: f64,
+    pub k: f64,
+    /// Bytes of the A operand (the activation; for a conv, the input image).
+    pub a_bytes: f64,
+    /// Bytes of the B operand (the weights).
+    pub b_bytes: f64,
+    /// For a conv: input channels per group times stride area, the distinct
+    /// input elements one output row of the implicit GEMM touches; for a
+    /// matmul: `k`.
+    pub a_row_elems: f64,
+    /// Flops of prologue ops feeding operand A / B, recomputed per reuse.
+    pub prologue: [f64; 2],
+}
+
+/// Geometry of a depthwise convolution.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Depthwise {
+    pub n: f64,
+    pub channels: f64,
+    pub oh: f64,
+    pub ow: f64,
+    pub kh: f64,
+    pub kw: f64,
+    pub stride: [f64; 2],
+    pub dilation: [f64; 2],
+}
+
+/// The problem of a group, by kind.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Body {
+    /// `n` elements in the iteration space; `inner` its innermost extent.
+    Elementwise { n: f64, inner: usize },
+    /// `rows` rows of `len` elements; the row is read `passes` times unless
+    /// cached on chip; `input_bytes` is the reduced tensor's size.
+    Reduction {
+        rows: f64,
+        len: f64,
+        passes: f64,
+        input_bytes: f64,
+    },
+    /// `outputs` output elements, each reading a `window` of inputs.
+    Pool { outputs: f64 },
+    /// Matmul or implicit-GEMM conv (`conv` true).
+    Gemm { g: GemmShape, conv: bool },
+    /// Depthwise conv, direct kernel.
+    Depthwise(Depthwise),
+    /// Depthwise conv feeding a pointwise conv with `out` output channels.
+    DwPw { dw: Depthwise, out: f64 },
+    /// `rows × k1` times `k1 × n1`, then times `n1 × n2`.
+    Chain {
+        batch: f64,
+        rows: f64,
+        k1: f64,
+        n1: f64,
+        n2: f64,
+        weight_bytes: f64,
+    },
+    /// Scores `m × nk` over head dim `d`, output head dim `dv`, `batch` heads.
+    Attention {
+        batch: f64,
+        m: f64,
+        nk: f64,
+        d: f64,
+        dv: f64,
+        kv_bytes: f64,
+    },
+}
+
+/// Everything the model needs about one group.
+#[derive(Clone, Debug)]
+pub(crate) struct GroupInfo {
+    /// The dtype the main arithmetic runs in (the anchor's operand dtype).
+    pub dtype: DType,
+    /// Bytes per element of `dtype`.
+    pub elem: f64,
+    /// Flops of all ops (op_cost), unpadded.
+    pub flops: u64,
+    /// Flops of the contraction ops (run at the matrix rate).
+    pub matrix_flops: f64,
+    /// Flops of every other op (CUDA cores).
+    pub scalar_flops: f64,
+    /// Compulsory traffic: inputs read once, outputs written once, bytes.
+    pub bytes: u64,
+    /// The problem.
+    pub body: Body,
+}
+
+fn check(t: &TensorType) -> Result<f64, String> {
+    match t.num_elements() {
+        Some(n) if n <= MAX_ELEMENTS => Ok(n as f64),
+        _ => Err(format!("tensor {t} is too large for the cost model")),
+    }
+}
+
+fn size(graph: &Graph, v: ValueId) -> f64 {
+    // Checked by `analyze` before any call.
+    graph.ty(v).num_elements().unwrap_or(0) as f64 * graph.ty(v).dtype.size_bytes() as f64
+}
+
+fn dims(graph: &Graph, v: ValueId) -> Vec<f64> {
+    graph.ty(v).dims().iter().map(|&d| d as f64).collect()
+}
+
+fn ints(graph: &Graph, op: OpId, name: &str, default: &[i64]) -> Vec<f64> {
+    let v = graph
+        .op(op)
+        .attrs
+        .ints(name)
+        .filter(|v| v.len() == default.len())
+        .unwrap_or(default);
+    v.iter().map(|&x| x.max(1) as f64).collect()
+}
+
+/// Flops of a contraction, computed in f64 (no overflow).
+fn contraction_flops(graph: &Graph, op: OpId) -> f64 {
+    let d = graph.op(op);
+    let out = graph.ty(d.results[0]).num_elements().unwrap_or(0) as f64;
+    match d.kind {
+        OpKind::Matmul => {
+            let a = graph.ty(d.operands[0]).dims();
+            let r = a.len();
+            let k = if d.attrs.bool("transpose_a").unwrap_or(false) {
+                a[r - 2]
+            } else {
+                a[r - 1]
+            };
+            2.0 * out * k as f64
+        }
+        _ => {
+            let w = graph.ty(d.operands[1]).dims();
+            2.0 * out * (w[1] * w[2] * w[3]) as f64
+        }
+    }
+}
+
+/// Flops of the ops inside the group that (transitively) produce `v`.
+fn prologue_flops(graph: &Graph, inside: &FxHashSet<OpId>, v: ValueId) -> f64 {
+    let mut stack = vec![v];
+    let mut seen = FxHashSet::default();
+    let mut total = 0.0;
+    while let Some(v) = stack.pop() {
+        if let ValueDef::OpResult { op, .. } = graph.value(v).def
+            && inside.contains(&op)
+            && seen.insert(op)
+        {
+            total += op_cost(graph, op, None).flops as f64;
+            stack.extend(graph.op(op).operands.iter().copied());
+        }
+    }
+    total
+}
+
+fn gemm_of_matmul(graph: &Graph, op: OpId, inside: &FxHashSet<OpId>) -> GemmShape {
+    let d = graph.op(op);
+    let (a, b, r) = (d.operands[0], d.operands[1], d.results[0]);
+    let rd = dims(graph, r);
+    let ad = dims(graph, a);
+    let rank = rd.len();
+    let k = if d.attrs.bool("transpose_a").unwrap_or(false) {
+        ad[rank - 2]
+    } else {
+        ad[rank - 1]
+    };
+    GemmShape {
+        batch: rd[..rank - 2].iter().product(),
+        m: rd[rank - 2],
+        n: rd[rank - 1],
+        k,
+        a_bytes: size(graph, a),
+        b_bytes: size(graph, b),
+        a_row_elems: k,
+        prologue: [
+            prologue_flops(graph, inside, a),
+            prologue_flops(graph, inside, b),
+        ],
+    }
+}
+
+fn gemm_of_conv(graph: &Graph, op: OpId, inside: &FxHashSet<OpId>) -> GemmShape {
+    let d = graph.op(op);
+    let (x, w, r) = (d.operands[0], d.operands[1], d.results[0]);
+    let (wd, rd) = (dims(graph, w), dims(graph, r));
+    let g = graph.op(op).attrs.int("groups").unwrap_or(1).max(1) as f64;
+    let s = ints(graph, op, "stride", &[1, 1]);
+    GemmShape {
+        batch: g,
+        m: rd[0] * rd[2] * rd[3],
+        n: rd[1] / g,
+        k: wd[1] * wd[2] * wd[3],
+        a_bytes: size(graph, x),
+        b_bytes: size(graph, w),
+        a_row_elems: (wd[1] * s[0] * s[1]).min(wd[1] * wd[2] * wd[3]),
+        prologue: [
+            prologue_flops(graph, inside, x),
+            prologue_flops(graph, inside, w),
+        ],
+    }
+}
+
+fn depthwise(graph: &Graph, op: OpId) -> Depthwise {
+    let d = graph.op(op);
+    let (wd, rd) = (dims(graph, d.operands[1]), dims(graph, d.results[0]));
+    let s = ints(graph, op, "stride", &[1, 1]);
+    let dl = ints(graph, op, "dilation", &[1, 1]);
+    Depthwise {
+        n: rd[0],
+        channels: rd[1],
+        oh: rd[2],
+        ow: rd[3],
+        kh: wd[2],
+        kw: wd[3],
+        stride: [s[0], s[1]],
+        dilation: [dl[0], dl[1]],
+    }
+}
+
+/// True for a grouped conv with one input channel per group.
+pub(crate) fn is_depthwise(graph: &Graph, op: OpId) -> bool {
+    let d = graph.op(op);
+    d.kind == OpKind::Conv2d
+        && d.attrs.int("groups").unwrap_or(1) > 1
+        && graph.ty(d.operands[1]).dims().get(1) == Some(&1)
+}
+
+/// Analyzes `group`: checks its ops match its kind and every tensor is
+/// sized, then computes traffic, flops and the problem shape.
+pub(crate) fn analyze(graph: &Graph, group: &Group) -> Result<GroupInfo, String> {
+    if group.ops.is_empty() {
+        return Err("empty group".into());
+    }
+    let inside: FxHashSet<OpId> = group.ops.iter().copied().collect();
+    let mut anchors = Vec::new();
+    for &op in &group.ops {
+        let d = graph.op(op);
+        if role(d.kind) == Role::Structural {
+            return Err(format!("{} cannot be part of a kernel", d.kind.name()));
+        }
+        for &v in d.operands.iter().chain(&d.results) {
+            check(graph.ty(v))?;
+        }
+        if !matches!(role(d.kind), Role::Injective | Role::Constant) {
+            anchors.push(op);
+        }
+    }
+
+    // Compulsory traffic: inputs once (at their own size: a broadcast inside
+    // the group reads its small operand), outputs (values used outside) once.
+    let mut bytes = 0.0;
+    for v in group.inputs(graph) {
+        bytes += size(graph, v);
+    }
+    let mut outputs: Vec<ValueId> = Vec::new();
+    for &op in &graph.block(graph.body()).ops {
+        if inside.contains(&op) {
+            continue;
+        }
+        for &v in &graph.op(op).operands {
+            if let ValueDef::OpResult { op: def, .. } = graph.value(v).def
+                && inside.contains(&def)
+                && !outputs.contains(&v)
+            {
+                outputs.push(v);
+            }
+        }
+    }
+    for &v in &outputs {
+        bytes += size(graph, v);
+    }
+
+    // Flops.
+    let mut matrix_flops = 0.0;
+    let mut scalar_flops = 0.0;
+    for &op in &group.ops {
+        let kind = graph.op(op).kind;
+        if role(kind) == Role::Contraction {
+            matrix_flops += contraction_flops(graph, op);
+        } else {
+            scalar_flops += op_cost(graph, op, None).flops as f64;
+        }
+    }
+
+    let kinds: Vec<OpKind> = anchors.iter().map(|&o| graph.op(o).kind).collect();
+    let mismatch = || {
+        format!(
+            "group kind {} does not match its ops ({})",
+            group.kind.name(),
+            kinds
+                .iter()
+                .map(|k| k.name())
+                .collect::<Vec<_>>()
+                .join(" + ")
+        )
+    };
+    let anchor_dtype = anchors
+        .first()
+        .map(|&a| graph.ty(graph.op(a).operands[0]).dtype);
+    let body = match (group.kind, anchors.as_slice()) {
+        (GroupKind::Elementwise, []) => {
+            let mut n = 0.0;
+            let mut inner = 1;
+            for &op in &group.ops {
+                for &r in &graph.op(op).results {
+                    let t = graph.ty(r);
+                    let e = t.num_elements().unwrap_or(0) as f64;
+                    if e > n {
+                        n = e;
+                        inner = t.dims().last().copied().unwrap_or(1);
+                    }
+                }
+            }
+            Body::Elementwise { n, inner }
+        }
+        (GroupKind::Reduction, &[a]) if role(kinds[0]) == Role::Reduction => {
+            let d = graph.op(a);
+            let x = graph.ty(d.operands[0]);
+            let xd = x.dims();
+            let total = x.num_elements().unwrap_or(0) as f64;
+            let prod = |range: &[usize]| range.iter().map(|&i| xd[i] as f64).product::<f64>();
+            let (len, passes): (f64, f64) = match d.kind {
+                OpKind::Softmax => {
+                    let ax = d.attrs.int("axis").unwrap_or(0) as usize;
+                    (prod(&[ax.min(xd.len().saturating_sub(1))]), 2.0)
+                }
+                OpKind::Layernorm => {
+                    let ax = (d.attrs.int("axis").unwrap_or(0) as usize).min(xd.len());
+                    (xd[ax..].iter().map(|&e| e as f64).product(), 2.0)
+                }
+                OpKind::GlobalAvgpool => (prod(&[2, 3]), 1.0),
+                _ => {
+                    let axes: Vec<usize> = d
+                        .attrs
+                        .ints("axes")
+                        .unwrap_or(&[])
+                        .iter()
+                        .map(|&a| a as usize)
+                        .filter(|&a| a < xd.len())
+                        .collect();
+                    (prod(&axes), 1.0)
+                }
+            };
+            let len = len.max(1.0);
+            // A row reduction feeding an elementwise op that rereads the
+            // reduced tensor (decomposed softmax) needs a second pass too.
+            let rereads = group.ops.iter().any(|&o| {
+                o != a
+                    && role(graph.op(o).kind) == Role::Injective
+                    && graph.op(o).operands.contains(&d.operands[0])
+            });
+            Body::Reduction {
+                rows: (total / len).max(1.0),
+                len,
+                passes: if rereads { passes.max(2.0) } else { passes },
+                input_bytes: size(graph, d.operands[0]),
+            }
+        }
+        (GroupKind::Pool, &[a]) if role(kinds[0]) == Role::Pool => Body::Pool {
+            outputs: check(graph.ty(graph.op(a).results[0]))?,
+        },
+        (GroupKind::Gemm, &[a]) if kinds == [OpKind::Matmul] => Body::Gemm {
+            g: gemm_of_matmul(graph, a, &inside),
+            conv: false,
+        },
+        (GroupKind::Conv, &[a]) if kinds == [OpKind::Conv2d] => {
+            if is_depthwise(graph, a) {
+                Body::Depthwise(depthwise(graph, a))
+            } else {
+                Body::Gemm {
+                    g: gemm_of_conv(graph, a, &inside),
+                    conv: true,
+                }
+            }
+        }
+        (GroupKind::DepthwisePointwise, &[dw, pw])
+            if kinds == [OpKind::Conv2d, OpKind::Conv2d] && is_depthwise(graph, dw) =>
+        {
+            Body::DwPw {
+                dw: depthwise(graph, dw),
+                out: dims(graph, graph.op(pw).results[0])[1],
+            }
+        }
+        (GroupKind::ContractionChain, &[a1, a2]) if kinds[0] == kinds[1] => {
+            let r1 = dims(graph, graph.op(a1).results[0]);
+            let r2 = dims(graph, graph.op(a2).results[0]);
+            let w1 = size(graph, graph.op(a1).operands[1]);
+            let w2 = size(graph, graph.op(a2).operands[1]);
+            if kinds[0] == OpKind::Matmul {
+                let g = gemm_of_matmul(graph, a1, &inside);
+                Body::Chain {
+                    batch: g.batch,
+                    rows: g.m,
+                    k1: g.k,
+                    n1: g.n,
+                    n2: r2[r2.len() - 1],
+                    weight_bytes: w1 + w2,
+                }
+            } else {
+                let x = dims(graph, graph.op(a1).operands[0]);
+                Body::Chain {
+                    batch: 1.0,
+                    rows: r1[0] * r1[2] * r1[3],
+                    k1: x[1],
+                    n1: r1[1],
+                    n2: r2[1],
+                    weight_bytes: w1 + w2,
+                }
+            }
+        }
+        (GroupKind::Attention, &[a1, _, a2])
+            if kinds == [OpKind::Matmul, OpKind::Softmax, OpKind::Matmul] =>
+        {
+            let g1 = gemm_of_matmul(graph, a1, &inside);
+            let g2 = gemm_of_matmul(graph, a2, &inside);
+            let d2 = graph.op(a2);
+            Body::Attention {
+                batch: g1.batch,
+                m: g1.m,
+                nk: g1.n,
+                d: g1.k,
+                dv: g2.n,
+                kv_bytes: g1.b_bytes + size(graph, d2.operands[1]),
+            }
+        }
+        _ => return Err(mismatch()),
+    };
+
+    let dtype = anchor_dtype
+        .or_else(|| outputs.first().map(|&v| graph.ty(v).dtype))
+        .or_else(|| {
+            group
+                .ops
+                .iter()
+                .find_map(|&o| graph.op(o).results.first().map(|&r| graph.ty(r).dtype))
+        })
+        .unwrap_or(DType::F32);
+    let flops = (matrix_flops + scalar_flops).min(u64::MAX as f64) as u64;
+    Ok(GroupInfo {
+        dtype,
+        elem: dtype.size_bytes() as f64,
+        flops,
+        matrix_flops,
+        scalar_flops,
+        bytes: bytes.min(u64::MAX as f64) as u64,
+        body,
+    })
+}

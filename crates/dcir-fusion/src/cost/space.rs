@@ -1,0 +1,781 @@
+//! The kernel parameters each group kind may take, and for each candidate
+//! the per-block quantities the factors of `super::pul` need.
+//!
+//! Enumeration order is fixed (outer loop first in each table of
+//! `docs/cost-model.md`); ties in the ranking keep it.
+
+use dcir_ir::{Attr, DType};
+
+use super::KernelParams;
+use super::shape::{Body, Depthwise, GemmShape, GroupInfo};
+use crate::device::DeviceSpec;
+
+/// Elementwise and pool block sizes.
+const THREADS_FLAT: [u32; 3] = [128, 256, 512];
+/// Vector widths (elements per load).
+const VECTORS: [u32; 3] = [4, 2, 1];
+/// Elements (or vectors) per thread.
+const ITEMS: [u32; 3] = [1, 2, 4];
+/// GEMM tile extents in M and N.
+const TILES_MN: [u32; 4] = [32, 64, 128, 256];
+/// GEMM tile extents in K.
+const TILES_K: [u32; 4] = [8, 16, 32, 64];
+/// Threads of a contraction block.
+const THREADS_GEMM: [u32; 3] = [64, 128, 256];
+/// Shared-memory pipeline depths.
+const STAGES: [u32; 4] = [1, 2, 3, 4];
+/// Values a reduction thread may keep in registers across passes.
+const ROW_REGISTER_CACHE: f64 = 64.0;
+/// Registers every thread needs besides its data (indices, addresses, loop state).
+const BASE_REGISTERS: f64 = 24.0;
+
+/// The row of a reduction that is re-read between passes lives in...
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RowCache {
+    /// ...each thread's registers;
+    Registers,
+    /// ...shared memory;
+    Shared,
+    /// ...nowhere: it is read again from memory.
+    None,
+}
+
+/// A parameter set, compact (converted to [`KernelParams`] only for output).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum P {
+    Elementwise {
+        threads: u32,
+        vector: u32,
+        items: u32,
+    },
+    Reduction {
+        threads_per_row: u32,
+        rows_per_block: u32,
+        vector: u32,
+        cache: RowCache,
+    },
+    Pool {
+        threads: u32,
+        items: u32,
+    },
+    /// Matmul, or a conv as implicit GEMM.
+    Gemm {
+        conv: bool,
+        tile: [u32; 3],
+        threads: u32,
+        stages: u32,
+        tensor_core: bool,
+    },
+    /// Depthwise conv, direct.
+    Direct {
+        tile: [u32; 2],
+        channels: u32,
+        threads: u32,
+    },
+    DwPw {
+        tile: [u32; 2],
+        tile_n: u32,
+        threads: u32,
+        tensor_core: bool,
+    },
+    Chain {
+        tile: [u32; 3],
+        threads: u32,
+        split: u32,
+        stages: u32,
+        tensor_core: bool,
+    },
+    Attention {
+        block: [u32; 2],
+        threads: u32,
+        stages: u32,
+        tensor_core: bool,
+    },
+}
+
+fn math(tc: bool) -> Attr {
+    Attr::Str(if tc { "tensor_core" } else { "fma" }.into())
+}
+
+fn list<const N: usize>(v: [u32; N]) -> Attr {
+    Attr::Ints(v.iter().map(|&x| x as i64).collect())
+}
+
+impl P {
+    /// The attributes the emitter reads.
+    pub(crate) fn to_params(self) -> KernelParams {
+        let int = |x: u32| Attr::Int(x as i64);
+        KernelParams(match self {
+            P::Elementwise {
+                threads,
+                vector,
+                items,
+            } => vec![
+                ("threads", int(threads)),
+                ("vector", int(vector)),
+                ("items", int(items)),
+            ],
+            P::Reduction {
+                threads_per_row,
+                rows_per_block,
+                vector,
+                cache,
+            } => vec![
+                ("threads", int(threads_per_row * rows_per_block)),
+                ("threads_per_row", int(threads_per_row)),
+                ("rows_per_block", int(rows_per_block)),
+                ("vector", int(vector)),
+                (
+                    "row_cache",
+                    Attr::Str(
+                        match cache {
+                            RowCache::Registers => "registers",
+                            RowCache::Shared => "shared",
+                            RowCache::None => "none",
+                        }
+                        .into(),
+                    ),
+                ),
+            ],
+            P::Pool { threads, items } => vec![("threads", int(threads)), ("items", int(items))],
+            P::Gemm {
+                conv,
+                tile,
+                threads,
+                stages,
+                tensor_core,
+            } => {
+                let mut v = Vec::new();
+                if conv {
+                    v.push(("algorithm", Attr::Str("implicit_gemm".into())));
+                }
+                v.extend([
+                    ("tile", list(tile)),
+                    ("threads", int(threads)),
+                    ("stages", int(stages)),
+                    ("math", math(tensor_core)),
+                ]);
+                v
+            }
+            P::Direct {
+                tile,
+                channels,
+                threads,
+            } => vec![
+                ("algorithm", Attr::Str("direct".into())),
+                ("tile", list(tile)),
+                ("channels", int(channels)),
+                ("threads", int(threads)),
+            ],
+            P::DwPw {
+                tile,
+                tile_n,
+                threads,
+                tensor_core,
+            } => vec![
+                ("tile", list(tile)),
+                ("tile_n", int(tile_n)),
+                ("threads", int(threads)),
+                ("math", math(tensor_core)),
+            ],
+            P::Chain {
+                tile,
+                threads,
+                split,
+                stages,
+                tensor_core,
+            } => vec![
+                ("tile", list(tile)),
+                ("threads", int(threads)),
+                ("split_n", int(split)),
+                ("stages", int(stages)),
+                ("math", math(tensor_core)),
+            ],
+            P::Attention {
+                block,
+                threads,
+                stages,
+                tensor_core,
+            } => vec![
+                ("block", list(block)),
+                ("threads", int(threads)),
+                ("stages", int(stages)),
+                ("math", math(tensor_core)),
+            ],
+        })
+    }
+}
+
+/// The output tiles of a GEMM grid, for the model of operand re-reads
+/// beyond L2 (see `docs/cost-model.md`, "DRAM traffic of contractions").
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Panels {
+    pub grid_m: f64,
+    pub grid_n: f64,
+    /// Bytes of the A panel one block reads (`tile_m` rows).
+    pub a_tile: f64,
+    /// Bytes of the B panel one block reads (`tile_n` columns).
+    pub b_tile: f64,
+    /// Bytes of A and B.
+    pub operands: f64,
+}
+
+/// One candidate before scoring.
+#[derive(Clone, Debug)]
+pub(crate) struct Cand {
+    pub params: P,
+    pub blocks: f64,
+    pub threads: u32,
+    /// Shared memory per block, bytes.
+    pub smem: f64,
+    /// Registers per thread.
+    pub regs: f64,
+    /// Operational intensity of one block: its flops over the bytes it loads
+    /// from global memory (flop/byte).
+    pub oi: f64,
+    /// The arithmetic rate the block's main work runs at (flop/s).
+    pub rate: f64,
+    /// Compute cycles per thread per round of shared-memory loads, or `None`
+    /// when the kernel does not feed its arithmetic from shared memory.
+    pub comp_per_load: Option<f64>,
+    /// Fraction of launched lanes that hold real work (edge tiles, idle
+    /// threads), in (0, 1].
+    pub lane_util: f64,
+    /// Flops at the matrix rate (padded to whole tiles).
+    pub matrix_flops: f64,
+    /// Flops at the scalar rate (prologue recomputation included).
+    pub scalar_flops: f64,
+    /// DRAM bytes beyond the compulsory traffic, independent of occupancy.
+    pub extra_dram: f64,
+    /// GEMM panels, when operand re-reads depend on the concurrent blocks.
+    pub panels: Option<Panels>,
+    /// True when loads and arithmetic of a block do not overlap (one stage):
+    /// they serialize unless another block shares the SM.
+    pub serialize: bool,
+}
+
+fn ceil_div(a: f64, b: f64) -> f64 {
+    (a / b).ceil().max(1.0)
+}
+
+/// Registers of a thread holding an `acc`-element accumulator tile with
+/// double-buffered operand fragments.
+fn tile_registers(acc: f64) -> f64 {
+    let (rm, rn) = split(acc);
+    acc + 2.0 * (rm + rn) + BASE_REGISTERS
+}
+
+/// A near-square `rm × rn = x` split, both powers of two when `x` is.
+fn split(x: f64) -> (f64, f64) {
+    let x = x.max(1.0);
+    let rm = if x <= (1u64 << 52) as f64 && x.fract() == 0.0 && (x as u64).is_power_of_two() {
+        let log = (x as u64).trailing_zeros();
+        (1u64 << log.div_ceil(2)) as f64
+    } else {
+        2f64.powf((x.log2() / 2.0).ceil())
+    };
+    (rm, (x / rm).max(1.0))
+}
+
+/// Compute cycles per thread per round of shared loads for a block of
+/// `threads` computing a `tm × tn` tile per k step (`k_step` = 1 for FMA,
+/// 16 for tensor cores).
+fn tile_comp_per_load(
+    dev: &DeviceSpec,
+    tm: f64,
+    tn: f64,
+    threads: u32,
+    tc: bool,
+    rate: f64,
+) -> f64 {
+    if tc {
+        // A warp computes an area of `tm·tn/warps` per k16 step with mma;
+        // it loads its A and B fragments with one ldmatrix.x4 per 16×16.
+        let warps = (threads as f64 / 32.0).max(1.0);
+        let area = tm * tn / warps;
+        let (wm, wn) = split(area);
+        let per_sched = rate / (dev.sm_count as f64 * 4.0 * dev.clock_hz);
+        let cycles = area * 16.0 * 2.0 / per_sched;
+        cycles / ((wm / 16.0).max(1.0) + (wn / 16.0).max(1.0))
+    } else {
+        // An `rm × rn` micro-tile: rm·rn FMAs per k, fragments loaded as
+        // 16-byte vectors.
+        let acc = tm * tn / threads as f64;
+        let (rm, rn) = split(acc);
+        acc / ((rm / 4.0).ceil() + (rn / 4.0).ceil())
+    }
+}
+
+fn tensor_core(dtype: DType) -> bool {
+    matches!(dtype, DType::F16 | DType::BF16)
+}
+
+/// Every candidate of `info`'s kind, in enumeration order.
+pub(crate) fn enumerate(dev: &DeviceSpec, info: &GroupInfo) -> Vec<Cand> {
+    let mut all = Vec::new();
+    for_each(dev, info, &mut |c| all.push(c));
+    all
+}
+
+/// Calls `out` on every candidate of `info`'s kind, in enumeration order.
+pub(crate) fn for_each(dev: &DeviceSpec, info: &GroupInfo, out: &mut dyn FnMut(Cand)) {
+    let scalar = dev.scalar_rate();
+    let oi_group = if info.bytes > 0 {
+        info.flops as f64 / info.bytes as f64
+    } else {
+        f64::INFINITY
+    };
+    match info.body {
+        Body::Elementwise { n, inner } => {
+            for threads in THREADS_FLAT {
+                for vector in VECTORS {
+                    if inner % vector as usize != 0 {
+                        continue;
+                    }
+                    for items in ITEMS {
+                        let per_block = (threads * vector * items) as f64;
+                        let blocks = ceil_div(n, per_block);
+                        out(Cand {
+                            params: P::Elementwise {
+                                threads,
+                                vector,
+                                items,
+                            },
+                            blocks,
+                            threads,
+                            smem: 0.0,
+                            regs: BASE_REGISTERS + 4.0 * (vector * items) as f64,
+                            oi: oi_group,
+                            rate: scalar,
+                            comp_per_load: None,
+                            lane_util: (n / (blocks * per_block)).min(1.0),
+                            matrix_flops: 0.0,
+                            scalar_flops: info.scalar_flops,
+                            extra_dram: 0.0,
+                            panels: None,
+                            serialize: false,
+                        });
+                    }
+                }
+            }
+        }
+        Body::Reduction {
+            rows,
+            len,
+            passes,
+            input_bytes,
+        } => {
+            let flops_per_elem = info.scalar_flops / (rows * len);
+            for tpr in [32u32, 64, 128, 256, 512, 1024] {
+                for rpb in [1u32, 2, 4, 8] {
+                    if tpr * rpb > dev.max_threads_per_block {
+                        continue;
+                    }
+                    for vector in VECTORS {
+                        if len % vector as f64 != 0.0 {
+                            continue;
+                        }
+                        let lanes = (tpr * vector) as f64;
+                        let items = ceil_div(len, lanes);
+                        let blocks = ceil_div(rows, rpb as f64);
+                        let held = items * vector as f64;
+                        let row_bytes = rpb as f64 * len * info.elem;
+                        let cache = if passes <= 1.0 || held <= ROW_REGISTER_CACHE {
+                            RowCache::Registers
+                        } else if row_bytes + 1024.0 <= dev.shared_per_block as f64 {
+                            RowCache::Shared
+                        } else {
+                            RowCache::None
+                        };
+                        let partials = (rpb * (tpr / 32)) as f64 * 8.0;
+                        let (smem, regs) = match cache {
+                            RowCache::Registers if passes > 1.0 => {
+                                (partials, BASE_REGISTERS + 8.0 + held)
+                            }
+                            RowCache::Shared => (partials + row_bytes, BASE_REGISTERS + 8.0),
+                            _ => (partials, BASE_REGISTERS + 8.0 + vector as f64),
+                        };
+                        let extra =
+                            if cache == RowCache::None && input_bytes > dev.l2_bytes as f64 / 2.0 {
+                                (passes - 1.0) * input_bytes
+                            } else {
+                                0.0
+                            };
+                        out(Cand {
+                            params: P::Reduction {
+                                threads_per_row: tpr,
+                                rows_per_block: rpb,
+                                vector,
+                                cache,
+                            },
+                            blocks,
+                            threads: tpr * rpb,
+                            smem,
+                            regs,
+                            oi: oi_group,
+                            rate: scalar,
+                            // One exchange through shared memory per pass
+                            // when a row spans several warps.
+                            comp_per_load: (tpr > 32).then_some(held * flops_per_elem),
+                            lane_util: (len / (items * lanes)) * (rows / (blocks * rpb as f64)),
+                            matrix_flops: 0.0,
+                            scalar_flops: info.scalar_flops,
+                            extra_dram: extra,
+                            panels: None,
+                            serialize: false,
+                        });
+                    }
+                }
+            }
+        }
+        Body::Pool { outputs } => {
+            for threads in THREADS_FLAT {
+                for items in ITEMS {
+                    let per_block = (threads * items) as f64;
+                    let blocks = ceil_div(outputs, per_block);
+                    out(Cand {
+                        params: P::Pool { threads, items },
+                        blocks,
+                        threads,
+                        smem: 0.0,
+                        regs: BASE_REGISTERS + 4.0 * items as f64,
+                        oi: oi_group,
+                        rate: scalar,
+                        comp_per_load: None,
+                        lane_util: (outputs / (blocks * per_block)).min(1.0),
+                        matrix_flops: 0.0,
+                        scalar_flops: info.scalar_flops,
+                        extra_dram: 0.0,
+                        panels: None,
+                        serialize: false,
+                    });
+                }
+            }
+        }
+        Body::Gemm { g, conv } => gemm(dev, info, &g, conv, out),
+        Body::Depthwise(dw) => direct(dev, info, &dw, out),
+        Body::DwPw { dw, out: o } => dwpw(dev, info, &dw, o, out),
+        Body::Chain {
+            batch,
+            rows,
+            k1,
+            n1,
+            n2,
+            weight_bytes,
+        } => {
+            let tc = tensor_core(info.dtype);
+            let rate = dev.matrix_rate(info.dtype);
+            for tm in [32u32, 64, 128] {
+                for tn in [32u32, 64, 128] {
+                    for tk in [16u32, 32] {
+                        for threads in [128u32, 256] {
+                            for split in [1u32, 2, 4, 8] {
+                                for stages in [1u32, 2] {
+                                    let c = chain(
+                                        dev,
+                                        info,
+                                        rate,
+                                        tc,
+                                        [tm, tn, tk],
+                                        threads,
+                                        split,
+                                        stages,
+                                        [batch, rows, k1, n1, n2, weight_bytes],
+                                    );
+                                    if let Some(c) = c {
+                                        out(c);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Body::Attention {
+            batch,
+            m,
+            nk,
+            d,
+            dv,
+            kv_bytes,
+        } => {
+            let tc = tensor_core(info.dtype);
+            let rate = dev.matrix_rate(info.dtype);
+            for bm in [64u32, 128] {
+                for bn in [64u32, 128] {
+                    for threads in [128u32, 256] {
+                        for stages in [1u32, 2] {
+                            let (bmf, bnf) = (bm as f64, bn as f64);
+                            let grid = ceil_div(m, bmf);
+                            let blocks = batch * grid;
+                            let smem = (bmf * d + stages as f64 * bnf * (d + dv)) * info.elem;
+                            let t = threads as f64;
+                            let acc = bmf * dv / t + bmf * bnf / t;
+                            let block_flops = 2.0 * bmf * nk * (d + dv);
+                            let block_bytes = (bmf * d + nk * (d + dv) + bmf * dv) * info.elem;
+                            let padded = blocks * bmf * ceil_div(nk, bnf) * bnf * 2.0 * (d + dv);
+                            let extra = if kv_bytes > dev.l2_bytes as f64 / 2.0 {
+                                (grid - 1.0) * kv_bytes
+                            } else {
+                                0.0
+                            };
+                            out(Cand {
+                                params: P::Attention {
+                                    block: [bm, bn],
+                                    threads,
+                                    stages,
+                                    tensor_core: tc,
+                                },
+                                blocks,
+                                threads,
+                                smem,
+                                regs: acc + BASE_REGISTERS + 8.0,
+                                oi: block_flops / block_bytes,
+                                rate,
+                                comp_per_load: Some(tile_comp_per_load(
+                                    dev, bmf, bnf, threads, tc, rate,
+                                )),
+                                lane_util: (m / (grid * bmf)) * (nk / (ceil_div(nk, bnf) * bnf)),
+                                matrix_flops: padded,
+                                scalar_flops: info.scalar_flops,
+                                extra_dram: extra,
+                                panels: None,
+                                serialize: stages == 1,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn gemm(dev: &DeviceSpec, info: &GroupInfo, g: &GemmShape, conv: bool, out: &mut dyn FnMut(Cand)) {
+    let tc = tensor_core(info.dtype);
+    let rate = dev.matrix_rate(info.dtype);
+    let e = info.elem;
+    // Prologue flops are in `scalar_flops` once; each further reuse of an
+    // operand element recomputes them. A conv's input element is reused
+    // K / a_row_elems times more by the im2col view.
+    let dup = g.k / g.a_row_elems;
+    for tm in TILES_MN {
+        for tn in TILES_MN {
+            for tk in TILES_K {
+                if tc && tk % 16 != 0 {
+                    continue;
+                }
+                for threads in THREADS_GEMM {
+                    let (tmf, tnf, tkf) = (tm as f64, tn as f64, tk as f64);
+                    let acc = tmf * tnf / threads as f64;
+                    if acc < 1.0 || (tc && tmf * tnf / (threads as f64 / 32.0) < 256.0) {
+                        continue;
+                    }
+                    let (gm, gn, gk) = (ceil_div(g.m, tmf), ceil_div(g.n, tnf), ceil_div(g.k, tkf));
+                    let blocks = g.batch * gm * gn;
+                    let padded = 2.0 * blocks * tmf * tnf * gk * tkf;
+                    let scalar = info.scalar_flops
+                        + g.prologue[0] * (gn * dup - 1.0).max(0.0)
+                        + g.prologue[1] * (gm - 1.0);
+                    let block_flops = 2.0 * tmf * tnf * g.k;
+                    let block_bytes = (tmf * g.a_row_elems + tnf * g.k) * e;
+                    let comp = tile_comp_per_load(dev, tmf, tnf, threads, tc, rate);
+                    for stages in STAGES {
+                        out(Cand {
+                            params: P::Gemm {
+                                conv,
+                                tile: [tm, tn, tk],
+                                threads,
+                                stages,
+                                tensor_core: tc,
+                            },
+                            blocks,
+                            threads,
+                            smem: stages as f64 * (tmf + tnf) * tkf * e,
+                            regs: tile_registers(acc),
+                            oi: block_flops / block_bytes,
+                            rate,
+                            comp_per_load: Some(comp),
+                            lane_util: (g.m / (gm * tmf)) * (g.n / (gn * tnf)),
+                            matrix_flops: padded,
+                            scalar_flops: scalar,
+                            extra_dram: 0.0,
+                            panels: Some(Panels {
+                                grid_m: gm,
+                                grid_n: gn * g.batch,
+                                a_tile: tmf * g.a_row_elems * e,
+                                b_tile: tnf * g.k * e,
+                                operands: g.a_bytes + g.b_bytes,
+                            }),
+                            serialize: stages == 1,
+                        });
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Rows × columns of the input patch one block reads for a `th × tw`
+/// output tile.
+fn halo(dw: &Depthwise, th: f64, tw: f64) -> f64 {
+    ((th - 1.0) * dw.stride[0] + (dw.kh - 1.0) * dw.dilation[0] + 1.0)
+        * ((tw - 1.0) * dw.stride[1] + (dw.kw - 1.0) * dw.dilation[1] + 1.0)
+}
+
+fn spatial_util(dw: &Depthwise, th: f64, tw: f64) -> f64 {
+    (dw.oh * dw.ow) / (ceil_div(dw.oh, th) * th * ceil_div(dw.ow, tw) * tw)
+}
+
+fn direct(dev: &DeviceSpec, info: &GroupInfo, dw: &Depthwise, out: &mut dyn FnMut(Cand)) {
+    let e = info.elem;
+    let taps = dw.kh * dw.kw;
+    for tile in [[8u32, 8], [8, 16], [16, 16], [16, 32]] {
+        for channels in [1u32, 2, 4, 8] {
+            for threads in THREADS_GEMM {
+                let (th, tw, c) = (tile[0] as f64, tile[1] as f64, channels as f64);
+                let outputs = th * tw * c;
+                let items = ceil_div(outputs, threads as f64);
+                let blocks =
+                    dw.n * ceil_div(dw.channels, c) * ceil_div(dw.oh, th) * ceil_div(dw.ow, tw);
+                let patch = halo(dw, th, tw);
+                let block_flops = 2.0 * outputs * taps;
+                let block_bytes = (c * patch + c * taps + outputs) * e;
+                // `items` outputs of a row share their input loads.
+                let per_row = items.min(tw);
+                let comp = taps * per_row / ((per_row + dw.kw - 1.0) * dw.kh);
+                out(Cand {
+                    params: P::Direct {
+                        tile,
+                        channels,
+                        threads,
+                    },
+                    blocks,
+                    threads,
+                    smem: c * patch * e,
+                    regs: BASE_REGISTERS + 2.0 * items + taps,
+                    oi: block_flops / block_bytes,
+                    rate: dev.scalar_rate(),
+                    comp_per_load: Some(comp),
+                    lane_util: (outputs / (items * threads as f64)) * spatial_util(dw, th, tw),
+                    matrix_flops: 0.0,
+                    scalar_flops: info.scalar_flops + info.matrix_flops,
+                    extra_dram: 0.0,
+                    panels: None,
+                    serialize: false,
+                });
+            }
+        }
+    }
+}
+
+fn dwpw(dev: &DeviceSpec, info: &GroupInfo, dw: &Depthwise, o: f64, out: &mut dyn FnMut(Cand)) {
+    let e = info.elem;
+    let tc = tensor_core(info.dtype);
+    let rate = dev.matrix_rate(info.dtype);
+    let taps = dw.kh * dw.kw;
+    let c = dw.channels;
+    let dw_flops = 2.0 * dw.n * c * dw.oh * dw.ow * taps;
+    for tile in [[4u32, 4], [4, 8], [8, 8], [8, 16]] {
+        for tile_n in [32u32, 64, 128] {
+            for threads in [128u32, 256] {
+                let (th, tw, tn) = (tile[0] as f64, tile[1] as f64, tile_n as f64);
+                let pixels = th * tw;
+                let acc = pixels * tn / threads as f64;
+                if acc < 1.0 || (tc && pixels * tn / (threads as f64 / 32.0) < 256.0) {
+                    continue;
+                }
+                let blocks = dw.n * ceil_div(dw.oh, th) * ceil_div(dw.ow, tw);
+                let patch = halo(dw, th, tw);
+                let smem = (pixels * c + 8.0 * patch + 2.0 * tn * 16.0) * e;
+                let block_flops = 2.0 * pixels * c * (taps + o);
+                let block_bytes = (patch * c + c * taps + c * o + pixels * o) * e;
+                let padded = 2.0 * blocks * pixels * c * ceil_div(o, tn) * tn;
+                out(Cand {
+                    params: P::DwPw {
+                        tile,
+                        tile_n,
+                        threads,
+                        tensor_core: tc,
+                    },
+                    blocks,
+                    threads,
+                    smem,
+                    regs: tile_registers(acc),
+                    oi: block_flops / block_bytes,
+                    rate,
+                    comp_per_load: Some(tile_comp_per_load(dev, pixels, tn, threads, tc, rate)),
+                    lane_util: spatial_util(dw, th, tw) * o / (ceil_div(o, tn) * tn),
+                    matrix_flops: padded,
+                    scalar_flops: info.scalar_flops + dw_flops,
+                    extra_dram: 0.0,
+                    panels: None,
+                    serialize: false,
+                });
+            }
+        }
+    }
+}
+
+/// One GEMM→GEMM chain candidate: a block holds `tile_m` rows of the
+/// intermediate (all `n1` columns) in shared memory and computes `n2 / split`
+/// output columns; with `split > 1` the first GEMM is recomputed per split.
+#[allow(clippy::too_many_arguments)]
+fn chain(
+    dev: &DeviceSpec,
+    info: &GroupInfo,
+    rate: f64,
+    tc: bool,
+    tile: [u32; 3],
+    threads: u32,
+    split: u32,
+    stages: u32,
+    [batch, rows, k1, n1, n2, weight_bytes]: [f64; 6],
+) -> Option<Cand> {
+    let (tmf, tnf, tkf) = (tile[0] as f64, tile[1] as f64, tile[2] as f64);
+    let sp = split as f64;
+    let acc = tmf * tnf / threads as f64;
+    if (tc && tmf * tnf / (threads as f64 / 32.0) < 256.0) || n2 / sp < tnf {
+        return None;
+    }
+    let grid = ceil_div(rows, tmf);
+    let blocks = batch * grid * sp;
+    let cols = n2 / sp;
+    let smem = tmf * n1 * info.elem + stages as f64 * (tmf + tnf) * tkf * info.elem;
+    let block_flops = 2.0 * tmf * (k1 * n1 + n1 * cols);
+    let block_bytes = (tmf * k1 + k1 * n1 + n1 * cols + tmf * cols) * info.elem;
+    let n1p = ceil_div(n1, tnf) * tnf;
+    let n2p = ceil_div(cols, tnf) * tnf * sp;
+    let padded = batch
+        * grid
+        * tmf
+        * 2.0
+        * (sp * ceil_div(k1, tkf) * tkf * n1p + ceil_div(n1, tkf) * tkf * n2p);
+    let extra = if weight_bytes > dev.l2_bytes as f64 / 2.0 {
+        (grid - 1.0) * weight_bytes
+    } else {
+        0.0
+    };
+    Some(Cand {
+        params: P::Chain {
+            tile,
+            threads,
+            split,
+            stages,
+            tensor_core: tc,
+        },
+        blocks,
+        threads,
+        smem,
+        regs: tile_registers(acc),
+        oi: block_flops / block_bytes,
+        rate,
+        comp_per_load: Some(tile_comp_per_load(dev, tmf, tnf, threads, tc, rate)),
+        lane_util: (rows / (grid * tmf)) * (n1 / n1p),
+        matrix_flops: padded,
+        scalar_flops: info.scalar_flops,
+        extra_dram: extra,
+        panels: None,
+        serialize: stages == 1,
+    })
+}

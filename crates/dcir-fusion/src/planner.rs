@@ -1,0 +1,289 @@
+//! The partition planner: DeepCuts' Algorithm 1 as a greedy best-merge search.
+//!
+//! Every op that does work starts as its own group (constants are data, not
+//! kernels). Each round considers every pair of groups joined by a
+//! producer → consumer edge, asks whether their union is legal (each edge
+//! passes [`edge_rule`], the union forms a kernel shape ([`group_kind`]), and
+//! merging creates no cycle through a third group), and asks the estimator
+//! for the union's time. The merge that saves the most time is applied; the
+//! search stops when no legal merge saves time. Estimates are cached per op
+//! set, so a round re-estimates only pairs that touch the last merge.
+//! Rejections are kept for `--explain-fusion`.
+
+use dcir_ir::{Graph, OpId, OpKind};
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use crate::cost::{Estimate, Estimator};
+use crate::group::Group;
+use crate::legality::check_group;
+
+/// One group of the plan with its estimate.
+#[derive(Clone, Debug)]
+pub struct PlannedGroup {
+    /// The ops and their kernel shape.
+    pub group: Group,
+    /// The estimator's answer for it.
+    pub estimate: Estimate,
+    /// Sum of the estimates of its ops run one kernel each, seconds.
+    pub unfused_time: f64,
+}
+
+/// A merge the planner considered and did not make.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rejection {
+    /// The producer group's first op.
+    pub producer: OpId,
+    /// The consumer group's first op.
+    pub consumer: OpId,
+    /// The rule or estimate that decided (`E4: ...`, `cycle: ...`, `slower: ...`).
+    pub reason: String,
+}
+
+/// The partition of one graph body into kernels.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// Groups in an order where producers come before consumers.
+    pub groups: Vec<PlannedGroup>,
+    /// Merges considered in the last round and rejected, with the reason.
+    pub rejections: Vec<Rejection>,
+}
+
+impl Plan {
+    /// Estimated time of the whole plan, seconds.
+    pub fn total_time(&self) -> f64 {
+        self.groups.iter().map(|g| g.estimate.time).sum()
+    }
+
+    /// Estimated time with every op its own kernel, seconds.
+    pub fn unfused_time(&self) -> f64 {
+        self.groups.iter().map(|g| g.unfused_time).sum()
+    }
+}
+
+/// True for ops that are not kernels: constants (data) and terminators.
+fn is_free(kind: OpKind) -> bool {
+    matches!(kind, OpKind::Constant | OpKind::Return | OpKind::Yield)
+}
+
+struct State<'g> {
+    graph: &'g Graph,
+    /// Group index of each op that is in a group.
+    group_of: FxHashMap<OpId, usize>,
+    /// Groups by index; merged-away groups are empty.
+    members: Vec<Vec<OpId>>,
+    /// Position of each body op (for ordering).
+    position: FxHashMap<OpId, usize>,
+    /// The body ops using each value.
+    users: FxHashMap<dcir_ir::ValueId, Vec<OpId>>,
+    cache: FxHashMap<Vec<OpId>, Result<Estimate, String>>,
+}
+
+impl State<'_> {
+    /// The groups that consume a value produced by group `g`.
+    fn consumers(&self, g: usize) -> Vec<usize> {
+        let mut out: Vec<usize> = Vec::new();
+        for &op in &self.members[g] {
+            for r in &self.graph.op(op).results {
+                for user in self.users.get(r).map_or(&[][..], Vec::as_slice) {
+                    if let Some(&ug) = self.group_of.get(user)
+                        && ug != g
+                        && !out.contains(&ug)
+                    {
+                        out.push(ug);
+                    }
+                }
+            }
+        }
+        out.sort_unstable();
+        out
+    }
+
+    /// True when `to` is reachable from `from` through some third group.
+    fn reachable_through_other(&self, from: usize, to: usize) -> bool {
+        let mut stack: Vec<usize> = self
+            .consumers(from)
+            .into_iter()
+            .filter(|&c| c != to)
+            .collect();
+        let mut seen: FxHashSet<usize> = stack.iter().copied().collect();
+        while let Some(g) = stack.pop() {
+            for c in self.consumers(g) {
+                if c == to {
+                    return true;
+                }
+                if seen.insert(c) {
+                    stack.push(c);
+                }
+            }
+        }
+        false
+    }
+
+    fn sorted(&self, mut ops: Vec<OpId>) -> Vec<OpId> {
+        ops.sort_by_key(|o| self.position[o]);
+        ops
+    }
+
+    /// The group formed by `ops` (sorted), or why it is illegal.
+    fn form(&self, ops: &[OpId]) -> Result<Group, String> {
+        let (kind, level) = check_group(self.graph, ops)?;
+        Ok(Group {
+            ops: ops.to_vec(),
+            kind,
+            level,
+        })
+    }
+
+    fn estimate(&mut self, model: &dyn Estimator, ops: &[OpId]) -> Result<Estimate, String> {
+        if let Some(hit) = self.cache.get(ops) {
+            return hit.clone();
+        }
+        let result = self
+            .form(ops)
+            .and_then(|group| model.estimate(self.graph, &group));
+        self.cache.insert(ops.to_vec(), result.clone());
+        result
+    }
+}
+
+/// Partitions the body of `graph` into kernels with `model`'s estimates.
+/// A graph that already holds `fused` ops is refused.
+pub fn plan_graph(graph: &Graph, model: &dyn Estimator) -> Result<Plan, String> {
+    let body = &graph.block(graph.body()).ops;
+    if body.iter().any(|&o| graph.op(o).kind == OpKind::Fused) {
+        return Err("the graph is already fused".to_string());
+    }
+    let mut state = State {
+        graph,
+        group_of: FxHashMap::default(),
+        members: Vec::new(),
+        position: body.iter().enumerate().map(|(i, &o)| (o, i)).collect(),
+        users: FxHashMap::default(),
+        cache: FxHashMap::default(),
+    };
+    for &op in body {
+        for &v in &graph.op(op).operands {
+            let list = state.users.entry(v).or_default();
+            if !list.contains(&op) {
+                list.push(op);
+            }
+        }
+    }
+    for &op in body {
+        if !is_free(graph.op(op).kind) {
+            state.group_of.insert(op, state.members.len());
+            state.members.push(vec![op]);
+        }
+    }
+    let mut rejections;
+    loop {
+        rejections = Vec::new();
+        let mut best: Option<(f64, usize, usize, Vec<OpId>)> = None;
+        for p in 0..state.members.len() {
+            if state.members[p].is_empty() {
+                continue;
+            }
+            for c in state.consumers(p) {
+                let merged =
+                    state.sorted([state.members[p].clone(), state.members[c].clone()].concat());
+                let (producer, consumer) = (state.members[p][0], state.members[c][0]);
+                let reject = |reason: String| Rejection {
+                    producer,
+                    consumer,
+                    reason,
+                };
+                if state.reachable_through_other(p, c) {
+                    rejections.push(reject(
+                        "cycle: the consumer also depends on the producer through another group"
+                            .into(),
+                    ));
+                    continue;
+                }
+                let (pp, cc) = (state.members[p].clone(), state.members[c].clone());
+                let separate = state
+                    .estimate(model, &pp)
+                    .map(|e| e.time)
+                    .unwrap_or(f64::INFINITY)
+                    + state
+                        .estimate(model, &cc)
+                        .map(|e| e.time)
+                        .unwrap_or(f64::INFINITY);
+                match state.estimate(model, &merged) {
+                    Err(reason) => rejections.push(reject(reason)),
+                    Ok(e) if e.time >= separate => rejections.push(reject(format!(
+                        "slower: {:.2} us merged vs {:.2} us apart",
+                        e.time * 1e6,
+                        separate * 1e6
+                    ))),
+                    Ok(e) => {
+                        let saving = separate - e.time;
+                        if best.as_ref().is_none_or(|b| saving > b.0) {
+                            best = Some((saving, p, c, merged));
+                        }
+                    }
+                }
+            }
+        }
+        let Some((_, p, c, merged)) = best else { break };
+        for &op in &merged {
+            state.group_of.insert(op, p);
+        }
+        state.members[p] = merged;
+        state.members[c].clear();
+    }
+    finish(state, model, rejections)
+}
+
+/// Orders the groups producers-first and attaches their estimates.
+fn finish(
+    mut state: State<'_>,
+    model: &dyn Estimator,
+    rejections: Vec<Rejection>,
+) -> Result<Plan, String> {
+    let live: Vec<usize> = (0..state.members.len())
+        .filter(|&g| !state.members[g].is_empty())
+        .collect();
+    // Kahn's algorithm over groups, ties by first op position.
+    let mut indegree: FxHashMap<usize, usize> = live.iter().map(|&g| (g, 0)).collect();
+    let consumers: FxHashMap<usize, Vec<usize>> =
+        live.iter().map(|&g| (g, state.consumers(g))).collect();
+    for cs in consumers.values() {
+        for c in cs {
+            *indegree.get_mut(c).expect("consumer is live") += 1;
+        }
+    }
+    let first = |g: usize, s: &State<'_>| s.position[&s.members[g][0]];
+    let mut ready: Vec<usize> = live.iter().copied().filter(|g| indegree[g] == 0).collect();
+    let mut order = Vec::new();
+    while !ready.is_empty() {
+        ready.sort_by_key(|&g| std::cmp::Reverse(first(g, &state)));
+        let g = ready.pop().expect("not empty");
+        order.push(g);
+        for &c in &consumers[&g] {
+            let d = indegree.get_mut(&c).expect("live");
+            *d -= 1;
+            if *d == 0 {
+                ready.push(c);
+            }
+        }
+    }
+    if order.len() != live.len() {
+        return Err("the groups form a cycle (a planner bug)".to_string());
+    }
+    let mut groups = Vec::with_capacity(order.len());
+    for g in order {
+        let ops = state.members[g].clone();
+        let estimate = state.estimate(model, &ops)?;
+        let group = state.form(&ops)?;
+        let mut unfused_time = 0.0;
+        for &op in &ops {
+            unfused_time += state.estimate(model, &[op]).map(|e| e.time)?;
+        }
+        groups.push(PlannedGroup {
+            group,
+            estimate,
+            unfused_time,
+        });
+    }
+    Ok(Plan { groups, rejections })
+}

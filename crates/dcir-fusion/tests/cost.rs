@@ -1,0 +1,474 @@
+//! The cost model on hand-built groups: sanity and monotonicity of the
+//! estimates, the factors at their edges, and a snapshot of the chosen
+//! parameters for one group of every kind on the H200 preset.
+
+use std::fmt::Write;
+
+use dcir_fusion::cost::{Candidate, wave_efficiency};
+use dcir_fusion::{Bound, CostModel, DeviceSpec, Estimator, Group, GroupKind, Level, group_kind};
+use dcir_ir::{Attr, Graph, OpId, OpKind, verify_module};
+
+fn graph(text: &str) -> Graph {
+    let module = dcir_reader::parse_module(text).expect("reads");
+    verify_module(&module).expect("verifies");
+    module.graphs.into_iter().next().expect("one graph")
+}
+
+fn example(name: &str) -> Graph {
+    let path = format!(
+        "{}/../../ir-examples/{name}.dcir",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    graph(&std::fs::read_to_string(path).expect("example exists"))
+}
+
+/// The body ops defining the named values, in body order.
+fn ops(g: &Graph, names: &[&str]) -> Vec<OpId> {
+    g.block(g.body())
+        .ops
+        .iter()
+        .copied()
+        .filter(|&o| {
+            g.op(o)
+                .results
+                .first()
+                .is_some_and(|&r| names.contains(&g.value(r).name.as_str()))
+        })
+        .collect()
+}
+
+fn group(g: &Graph, names: &[&str], kind: GroupKind, level: Level) -> Group {
+    let ops = ops(g, names);
+    assert_eq!(ops.len(), names.len(), "every name is an op result");
+    assert_eq!(group_kind(g, &ops), Ok(kind), "{names:?}");
+    Group { ops, kind, level }
+}
+
+fn h200() -> CostModel {
+    CostModel::new(DeviceSpec::h200())
+}
+
+fn gemm_graph(m: usize, n: usize, k: usize, dtype: &str) -> Graph {
+    graph(&format!(
+        "graph @g(%a: {dtype}[{m},{k}], %b: {dtype}[{k},{n}]) -> ({dtype}[{m},{n}]) {{\n  %c = matmul %a, %b : {dtype}[{m},{n}]\n  return %c\n}}"
+    ))
+}
+
+fn elementwise_graph(rows: usize, cols: usize) -> Graph {
+    graph(&format!(
+        "graph @e(%x: f32[{rows},{cols}], %r: f32[{rows},{cols}]) -> (f32[{rows},{cols}]) {{\n  %s = add %x, %r : f32[{rows},{cols}]\n  %y = relu %s : f32[{rows},{cols}]\n  return %y\n}}"
+    ))
+}
+
+fn attr_str(a: Option<&Attr>) -> Option<&str> {
+    a.and_then(|a| a.as_str())
+}
+
+#[test]
+fn elementwise_time_is_bytes_over_bandwidth() {
+    let model = h200();
+    let g = elementwise_graph(32 * 128, 4096);
+    let e = model
+        .estimate(
+            &g,
+            &group(&g, &["s", "y"], GroupKind::Elementwise, Level::Register),
+        )
+        .unwrap();
+    // Two inputs read, one output written.
+    assert_eq!(e.bytes, 3 * 32 * 128 * 4096 * 4);
+    assert_eq!(e.bound, Bound::Memory);
+    let ideal = e.bytes as f64 / model.device.bandwidth;
+    assert!(e.time >= ideal, "{} < {ideal}", e.time);
+    assert!(
+        e.time - ideal <= model.device.launch_overhead + 0.02 * ideal,
+        "{} vs {ideal}",
+        e.time
+    );
+}
+
+#[test]
+fn broadcast_input_is_read_at_its_own_size() {
+    let g = graph(
+        "graph @b(%x: f32[1024,1024], %b: f32[1024]) -> (f32[1024,1024]) {\n  %bb = broadcast %b {dims = [1]} : f32[1024,1024]\n  %y = add %x, %bb : f32[1024,1024]\n  return %y\n}",
+    );
+    let e = h200()
+        .estimate(
+            &g,
+            &group(&g, &["bb", "y"], GroupKind::Elementwise, Level::Register),
+        )
+        .unwrap();
+    assert_eq!(e.bytes, (2 * 1024 * 1024 + 1024) * 4);
+    assert_eq!(e.flops, 1024 * 1024);
+}
+
+#[test]
+fn bigger_problems_take_longer() {
+    let model = h200();
+    let mut last = 0.0;
+    for rows in [1, 16, 256, 4096, 65536] {
+        let g = elementwise_graph(rows, 1024);
+        let t = model
+            .estimate(
+                &g,
+                &group(&g, &["s", "y"], GroupKind::Elementwise, Level::Register),
+            )
+            .unwrap()
+            .time;
+        assert!(t >= last, "{rows} rows: {t} < {last}");
+        last = t;
+    }
+    let mut last = 0.0;
+    for m in [64, 256, 1024, 4096, 16384] {
+        let g = gemm_graph(m, 1024, 1024, "f32");
+        let t = model
+            .estimate(&g, &group(&g, &["c"], GroupKind::Gemm, Level::Register))
+            .unwrap()
+            .time;
+        assert!(t >= last, "m = {m}: {t} < {last}");
+        last = t;
+    }
+}
+
+#[test]
+fn big_f32_gemm_is_compute_bound_near_the_measured_rate() {
+    let g = gemm_graph(4096, 4096, 4096, "f32");
+    let e = h200()
+        .estimate(&g, &group(&g, &["c"], GroupKind::Gemm, Level::Register))
+        .unwrap();
+    assert_eq!(e.bound, Bound::Compute);
+    let ideal = e.flops as f64 / 51.1e12;
+    assert!(
+        e.time >= ideal && e.time <= 2.0 * ideal,
+        "{} vs {ideal}",
+        e.time
+    );
+    assert_eq!(attr_str(e.params.get("math")), Some("fma"));
+}
+
+#[test]
+fn f16_gemm_runs_on_tensor_cores() {
+    let model = h200();
+    let g = gemm_graph(4096, 4096, 4096, "f16");
+    let e = model
+        .estimate(&g, &group(&g, &["c"], GroupKind::Gemm, Level::Register))
+        .unwrap();
+    assert_eq!(attr_str(e.params.get("math")), Some("tensor_core"));
+    let flops = e.flops as f64;
+    assert!(e.time < flops / model.device.fp32_rate / 4.0);
+    assert!(
+        e.time <= 2.0 * flops / model.device.f16_tensor_rate,
+        "{}",
+        e.time
+    );
+    // Every tile of a tensor-core candidate is a multiple of 16.
+    for c in model
+        .candidates(&g, &group(&g, &["c"], GroupKind::Gemm, Level::Register))
+        .unwrap()
+    {
+        let tile = c
+            .params
+            .get("tile")
+            .and_then(|a| a.as_ints())
+            .unwrap()
+            .to_vec();
+        assert!(tile.iter().all(|t| t % 16 == 0), "{tile:?}");
+    }
+}
+
+#[test]
+fn oversized_shared_memory_is_never_chosen() {
+    let model = h200();
+    let g = gemm_graph(4096, 4096, 4096, "f32");
+    let grp = group(&g, &["c"], GroupKind::Gemm, Level::Register);
+    let all = model.candidates(&g, &grp).unwrap();
+    let too_big: Vec<&Candidate> = all
+        .iter()
+        .filter(|c| c.launch.shared_bytes > model.device.shared_per_block)
+        .collect();
+    assert!(!too_big.is_empty());
+    for c in &too_big {
+        assert_eq!(c.factors.coef_r, 0.0);
+        assert_eq!(c.factors.pul(), 0.0);
+        assert_eq!(c.launch.blocks_per_sm, 0);
+        assert!(c.time.is_infinite());
+    }
+    let e = model.estimate(&g, &grp).unwrap();
+    for p in std::iter::once(&e.params).chain(&e.candidates) {
+        assert!(too_big.iter().all(|c| &c.params != p), "{}", p.describe());
+    }
+    // So are register tiles over the per-thread budget.
+    for c in all
+        .iter()
+        .filter(|c| c.launch.registers > model.device.max_registers_per_thread)
+    {
+        assert_eq!(c.factors.coef_r, 0.0);
+    }
+}
+
+#[test]
+fn wave_efficiency_penalizes_partial_waves() {
+    assert_eq!(wave_efficiency(132, 1, 132), 1.0);
+    assert_eq!(wave_efficiency(2 * 264, 2, 132), 1.0);
+    let partial = wave_efficiency(265, 2, 132);
+    assert!(partial < 1.0);
+    assert!((partial - 265.0 / 528.0).abs() < 1e-12);
+    assert!(wave_efficiency(66, 1, 132) < 1.0);
+    assert_eq!(wave_efficiency(10, 0, 132), 0.0);
+}
+
+#[test]
+fn unfused_time_of_every_example_op() {
+    let model = h200();
+    for name in [
+        "bert_encoder_layer",
+        "conv_bias_relu",
+        "convblock_c64_56",
+        "ln_gelu",
+        "mlp_chain",
+        "mobilenet_v2_inverted_residual",
+        "resnet50_bottleneck",
+    ] {
+        let g = example(name);
+        for &op in &g.block(g.body()).ops {
+            let kind = g.op(op).kind;
+            if kind == OpKind::Return {
+                continue;
+            }
+            let t = model.unfused_time(&g, op).unwrap();
+            if kind == OpKind::Constant {
+                assert_eq!(t, 0.0);
+            } else {
+                assert!(
+                    t >= model.device.launch_overhead && t.is_finite(),
+                    "{name}: {t}"
+                );
+            }
+        }
+        // Deterministic.
+        let op = g.block(g.body()).ops[0];
+        assert_eq!(model.unfused(&g, op), model.unfused(&g, op));
+    }
+}
+
+#[test]
+fn fusing_an_epilogue_saves_time() {
+    let model = h200();
+    let g = example("conv_bias_relu");
+    let grp = group(&g, &["c", "bb", "s", "y"], GroupKind::Conv, Level::Register);
+    let fused = model.estimate(&g, &grp).unwrap().time;
+    let separate = model.separate_time(&g, &grp.ops).unwrap();
+    assert!(fused < separate, "{fused} vs {separate}");
+}
+
+#[test]
+fn mismatched_kind_is_an_error() {
+    let g = gemm_graph(64, 64, 64, "f32");
+    let grp = Group {
+        ops: ops(&g, &["c"]),
+        kind: GroupKind::Reduction,
+        level: Level::Register,
+    };
+    assert!(h200().estimate(&g, &grp).is_err());
+    let empty = Group {
+        ops: vec![],
+        kind: GroupKind::Elementwise,
+        level: Level::Register,
+    };
+    assert!(h200().estimate(&g, &empty).is_err());
+}
+
+fn report(out: &mut String, model: &CostModel, title: &str, g: &Graph, grp: &Group) {
+    match model.estimate(g, grp) {
+        Ok(e) => {
+            let chosen = model
+                .candidates(g, grp)
+                .unwrap()
+                .into_iter()
+                .find(|c| c.params == e.params)
+                .expect("chosen is a candidate");
+            let f = chosen.factors;
+            let l = chosen.launch;
+            writeln!(
+                out,
+                "{title} [{}]\n  params: {}\n  time: {:.2} us  bound: {:?}  pul: {:.3} (gm {:.3} sm {:.3} wb {:.3} coef_r {})\n  flops: {}  bytes: {}  dram: {:.0}\n  launch: {} blocks x {} threads, {} B shared, {} regs, {} blocks/SM\n  top {}: {}",
+                grp.kind.name(),
+                e.params.describe(),
+                e.time * 1e6,
+                e.bound,
+                e.pul,
+                f.gm,
+                f.sm,
+                f.wb,
+                f.coef_r,
+                e.flops,
+                e.bytes,
+                chosen.dram_bytes,
+                l.blocks,
+                l.threads,
+                l.shared_bytes,
+                l.registers,
+                l.blocks_per_sm,
+                e.candidates.len(),
+                e.candidates
+                    .iter()
+                    .map(|p| format!("{{{}}}", p.describe()))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            )
+            .unwrap();
+        }
+        Err(err) => writeln!(out, "{title} [{}]\n  error: {err}", grp.kind.name()).unwrap(),
+    }
+}
+
+#[test]
+fn snapshot_of_one_group_per_kind() {
+    let model = h200();
+    let mut out = String::new();
+
+    let g = elementwise_graph(128, 4096);
+    report(
+        &mut out,
+        &model,
+        "add+relu 128x4096 f32",
+        &g,
+        &group(&g, &["s", "y"], GroupKind::Elementwise, Level::Register),
+    );
+
+    let g = example("ln_gelu");
+    let grp = group(
+        &g,
+        &["s", "n", "g", "c", "cb", "y"],
+        GroupKind::Reduction,
+        Level::Register,
+    );
+    report(&mut out, &model, "ln_gelu 128x4096 f32", &g, &grp);
+
+    let g = graph(
+        "graph @p(%x: f32[1,64,112,112]) -> (f32[1,64,56,56]) {\n  %r = relu %x : f32[1,64,112,112]\n  %y = maxpool2d %r {kernel = [3, 3], stride = [2, 2], pad = [1, 1, 1, 1]} : f32[1,64,56,56]\n  return %y\n}",
+    );
+    report(
+        &mut out,
+        &model,
+        "relu+maxpool3x3s2 64x112x112",
+        &g,
+        &group(&g, &["r", "y"], GroupKind::Pool, Level::Register),
+    );
+
+    let g = example("bert_encoder_layer");
+    report(
+        &mut out,
+        &model,
+        "BERT FFN1 128x3072x768 + bias + gelu f32",
+        &g,
+        &group(
+            &g,
+            &["f0", "b1b", "f1", "f2"],
+            GroupKind::Gemm,
+            Level::Register,
+        ),
+    );
+    report(
+        &mut out,
+        &model,
+        "BERT FFN1 matmul alone f32",
+        &g,
+        &group(&g, &["f0"], GroupKind::Gemm, Level::Register),
+    );
+    report(
+        &mut out,
+        &model,
+        "BERT attention 12x128x128x64 f32",
+        &g,
+        &group(
+            &g,
+            &["scores", "scaleb", "scaled", "probs", "ctx"],
+            GroupKind::Attention,
+            Level::Shared,
+        ),
+    );
+
+    let g = gemm_graph(4096, 4096, 4096, "f32");
+    report(
+        &mut out,
+        &model,
+        "gemm 4096^3 f32",
+        &g,
+        &group(&g, &["c"], GroupKind::Gemm, Level::Register),
+    );
+    let g = gemm_graph(4096, 4096, 4096, "f16");
+    report(
+        &mut out,
+        &model,
+        "gemm 4096^3 f16",
+        &g,
+        &group(&g, &["c"], GroupKind::Gemm, Level::Register),
+    );
+
+    let g = example("convblock_c64_56");
+    report(
+        &mut out,
+        &model,
+        "conv3x3 64->64 56x56 + bias + relu",
+        &g,
+        &group(
+            &g,
+            &["c1", "b1b", "a1", "r1"],
+            GroupKind::Conv,
+            Level::Register,
+        ),
+    );
+
+    let g = example("mobilenet_v2_inverted_residual");
+    report(
+        &mut out,
+        &model,
+        "depthwise 3x3 144x56x56 + bn + relu6",
+        &g,
+        &group(&g, &["d", "dn", "dr"], GroupKind::Conv, Level::Register),
+    );
+    report(
+        &mut out,
+        &model,
+        "depthwise 3x3 -> pointwise 144->24 56x56",
+        &g,
+        &group(
+            &g,
+            &["d", "dn", "dr", "p", "pn"],
+            GroupKind::DepthwisePointwise,
+            Level::Shared,
+        ),
+    );
+
+    let g = graph(
+        "graph @chain(%x: f32[256,512], %w1: f32[512,512], %w2: f32[512,256]) -> (f32[256,256]) {\n  %h = matmul %x, %w1 : f32[256,512]\n  %r = relu %h : f32[256,512]\n  %y = matmul %r, %w2 : f32[256,256]\n  return %y\n}",
+    );
+    report(
+        &mut out,
+        &model,
+        "gemm chain 256x512x512 -> 256",
+        &g,
+        &group(
+            &g,
+            &["h", "r", "y"],
+            GroupKind::ContractionChain,
+            Level::Shared,
+        ),
+    );
+
+    let g = example("mlp_chain");
+    report(
+        &mut out,
+        &model,
+        "mlp chain 256x4096x4096 (intermediate too big)",
+        &g,
+        &group(
+            &g,
+            &["h2", "b2b", "a2", "g2", "h3"],
+            GroupKind::ContractionChain,
+            Level::Shared,
+        ),
+    );
+
+    insta::assert_snapshot!(out);
+}
