@@ -440,6 +440,31 @@ pub(crate) fn analyze(graph: &Graph, group: &Group) -> Result<GroupInfo, String>
                 kv_bytes: g1.b_bytes + size(graph, d2.operands[1]),
             }
         }
+        // The halves of attention the planner passes through on the way to
+        // the whole: the scores GEMM with its softmax (no second GEMM), and a
+        // softmax feeding the value GEMM (no scores GEMM).
+        (GroupKind::Attention, &[a1, _]) if kinds == [OpKind::Matmul, OpKind::Softmax] => {
+            let g1 = gemm_of_matmul(graph, a1, &inside);
+            Body::Attention {
+                batch: g1.batch,
+                m: g1.m,
+                nk: g1.n,
+                d: g1.k,
+                dv: 0.0,
+                kv_bytes: g1.b_bytes,
+            }
+        }
+        (GroupKind::Attention, &[_, a2]) if kinds == [OpKind::Softmax, OpKind::Matmul] => {
+            let g2 = gemm_of_matmul(graph, a2, &inside);
+            Body::Attention {
+                batch: g2.batch,
+                m: g2.m,
+                nk: g2.k,
+                d: 0.0,
+                dv: g2.n,
+                kv_bytes: g2.b_bytes,
+            }
+        }
         _ => return Err(mismatch()),
     };
 
