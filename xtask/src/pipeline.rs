@@ -21,6 +21,9 @@ pub const STAGES: &[(&str, &[&str])] = &[
             "canonicalize,fold-constants,cse,fold-batchnorm,dce,hoist-weights",
         ],
     ),
+    // Fusion: the plan table (H200 preset), then the fused IR.
+    ("03-plan.md", &["--fuse", "--emit", "plan"]),
+    ("04-fused.dcir", &["--fuse"]),
 ];
 
 /// Runs every stage on `file`, writing into `out` (default `target/pipeline/<stem>/`).

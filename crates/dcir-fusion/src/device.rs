@@ -3,15 +3,45 @@
 //! Presets hold datasheet figures except where a measurement on our machines
 //! exists (the H200's bandwidth and matrix rates, from
 //! `shared/reference/peers-h200.md`); the runtime fills a spec from the live
-//! device. Snapshots pin a preset so they do not depend on the machine.
+//! device ([`DeviceSpec::from_live`]). Snapshots pin a preset so they do not
+//! depend on the machine.
 
 use dcir_ir::DType;
+
+/// What the runtime reads off a live device (driver attributes).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LiveDevice {
+    /// The device's name.
+    pub name: String,
+    /// Compute capability, major * 10 + minor.
+    pub compute_capability: u32,
+    /// Streaming multiprocessors.
+    pub sm_count: u32,
+    /// Most threads in one block.
+    pub max_threads_per_block: u32,
+    /// Most resident threads on one SM.
+    pub max_threads_per_sm: u32,
+    /// Most resident blocks on one SM.
+    pub max_blocks_per_sm: u32,
+    /// Opt-in shared memory per block, bytes.
+    pub shared_per_block: u32,
+    /// Shared memory per SM, bytes.
+    pub shared_per_sm: u32,
+    /// Registers per SM.
+    pub registers_per_sm: u32,
+    /// L2 cache, bytes.
+    pub l2_bytes: u64,
+    /// SM clock, Hz.
+    pub clock_hz: f64,
+    /// Memory clock × bus width × 2 (DDR), bytes per second.
+    pub theoretical_bandwidth: f64,
+}
 
 /// A GPU as the cost model sees it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DeviceSpec {
-    /// Marketing name.
-    pub name: &'static str,
+    /// The device's name.
+    pub name: String,
     /// Compute capability, major * 10 + minor (90 for Hopper).
     pub compute_capability: u32,
     /// Streaming multiprocessors.
@@ -75,7 +105,7 @@ impl DeviceSpec {
     /// (4.24 TB/s copy; 51.1 TFLOP/s fp32, 759.5 f16, 735.2 bf16 at 8192³).
     pub fn h200() -> DeviceSpec {
         DeviceSpec {
-            name: "NVIDIA H200",
+            name: "NVIDIA H200".to_string(),
             compute_capability: 90,
             sm_count: 132,
             warp_size: 32,
@@ -100,7 +130,7 @@ impl DeviceSpec {
     /// NVIDIA H100 SXM (datasheet; bandwidth derated to 90 %).
     pub fn h100() -> DeviceSpec {
         DeviceSpec {
-            name: "NVIDIA H100",
+            name: "NVIDIA H100".to_string(),
             l2_bytes: 50 * 1024 * 1024,
             bandwidth: 0.9 * 3.35e12,
             fp32_rate: 67e12,
@@ -113,7 +143,7 @@ impl DeviceSpec {
     /// NVIDIA A100 SXM 80 GB (datasheet; bandwidth derated to 90 %).
     pub fn a100() -> DeviceSpec {
         DeviceSpec {
-            name: "NVIDIA A100",
+            name: "NVIDIA A100".to_string(),
             compute_capability: 80,
             sm_count: 108,
             shared_per_block: 163 * 1024,
@@ -132,7 +162,7 @@ impl DeviceSpec {
     /// NVIDIA V100 SXM2 (datasheet; bandwidth derated to 90 %), DeepCuts' first GPU.
     pub fn v100() -> DeviceSpec {
         DeviceSpec {
-            name: "Tesla V100",
+            name: "Tesla V100".to_string(),
             compute_capability: 70,
             sm_count: 80,
             shared_per_block: 96 * 1024,
@@ -152,7 +182,7 @@ impl DeviceSpec {
     /// NVIDIA GeForce RTX 2080 (datasheet; bandwidth derated to 90 %), DeepCuts' second GPU.
     pub fn rtx2080() -> DeviceSpec {
         DeviceSpec {
-            name: "GeForce RTX 2080",
+            name: "GeForce RTX 2080".to_string(),
             compute_capability: 75,
             sm_count: 46,
             max_threads_per_sm: 1024,
@@ -183,6 +213,79 @@ impl DeviceSpec {
         }
     }
 
+    /// A spec for the device the runtime found: limits as queried, rates
+    /// scaled from the preset of the same architecture (per SM and per
+    /// clock), bandwidth the theoretical figure derated to 90 %. Returns
+    /// `None` for an architecture with no preset.
+    pub fn from_live(live: &LiveDevice) -> Option<DeviceSpec> {
+        let base = [
+            DeviceSpec::h200(),
+            DeviceSpec::a100(),
+            DeviceSpec::rtx2080(),
+            DeviceSpec::v100(),
+        ]
+        .into_iter()
+        .find(|d| d.compute_capability == live.compute_capability)?;
+        let scale = (live.sm_count as f64 * live.clock_hz) / (base.sm_count as f64 * base.clock_hz);
+        Some(DeviceSpec {
+            name: live.name.clone(),
+            sm_count: live.sm_count,
+            max_threads_per_block: live.max_threads_per_block,
+            max_threads_per_sm: live.max_threads_per_sm,
+            max_blocks_per_sm: live.max_blocks_per_sm,
+            shared_per_block: live.shared_per_block,
+            shared_per_sm: live.shared_per_sm,
+            registers_per_sm: live.registers_per_sm,
+            l2_bytes: live.l2_bytes,
+            bandwidth: 0.9 * live.theoretical_bandwidth,
+            fp32_rate: base.fp32_rate * scale,
+            f16_tensor_rate: base.f16_tensor_rate * scale,
+            bf16_tensor_rate: base.bf16_tensor_rate * scale,
+            clock_hz: live.clock_hz,
+            ..base
+        })
+    }
+
     /// Names accepted by [`DeviceSpec::preset`].
     pub const PRESETS: &'static [&'static str] = &["h200", "h100", "a100", "v100", "rtx2080"];
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_live_h200_matches_its_preset() {
+        let h200 = DeviceSpec::h200();
+        let live = LiveDevice {
+            name: "NVIDIA H200".to_string(),
+            compute_capability: 90,
+            sm_count: 132,
+            max_threads_per_block: 1024,
+            max_threads_per_sm: 2048,
+            max_blocks_per_sm: 32,
+            shared_per_block: 227 * 1024,
+            shared_per_sm: 228 * 1024,
+            registers_per_sm: 65536,
+            l2_bytes: 60 * 1024 * 1024,
+            clock_hz: h200.clock_hz,
+            theoretical_bandwidth: 4.8e12,
+        };
+        let spec = DeviceSpec::from_live(&live).expect("Hopper has a preset");
+        assert_eq!(spec.fp32_rate, h200.fp32_rate);
+        assert!((spec.bandwidth - 4.32e12).abs() < 1e9);
+        let half = DeviceSpec::from_live(&LiveDevice {
+            sm_count: 66,
+            ..live.clone()
+        })
+        .expect("preset");
+        assert!((half.fp32_rate - h200.fp32_rate / 2.0).abs() < 1.0);
+        assert!(
+            DeviceSpec::from_live(&LiveDevice {
+                compute_capability: 100,
+                ..live
+            })
+            .is_none()
+        );
+    }
 }

@@ -225,6 +225,30 @@ pub fn check_group(graph: &Graph, ops: &[OpId]) -> Result<(GroupKind, Level), St
             }
         }
     }
+    // X3 also holds when the arithmetic reaches the contraction through views.
+    for &op in ops {
+        if role(graph.op(op).kind) != Role::Contraction {
+            continue;
+        }
+        for &v in &graph.op(op).operands {
+            let mut value = v;
+            while let dcir_ir::ValueDef::OpResult { op: def, .. } = graph.value(value).def {
+                let kind = graph.op(def).kind;
+                if !inside(def) || anchored.contains(&def) {
+                    break;
+                }
+                if crate::class::is_view(kind) {
+                    value = graph.op(def).operands[0];
+                    continue;
+                }
+                if role(kind) == Role::Injective {
+                    let rule = edge_rule(kind, graph.op(op).kind);
+                    return Err(format!("{}: {} (through views)", rule.id, rule.reason));
+                }
+                break;
+            }
+        }
+    }
     let kind = group_kind(graph, ops)?;
     if matches!(
         kind,

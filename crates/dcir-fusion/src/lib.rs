@@ -13,7 +13,7 @@ pub mod group;
 pub mod legality;
 
 pub use cost::{Bound, CostModel, Estimate, Estimator, KernelParams};
-pub use device::DeviceSpec;
+pub use device::{DeviceSpec, LiveDevice};
 pub use group::Group;
 pub use legality::{EdgeRule, GroupKind, Level, check_group, edge_rule, group_kind};
 pub mod planner;
