@@ -290,7 +290,8 @@ impl<'g> Rewriter<'g> {
         self.insert(kind, operands, attrs, ty, hint)
     }
 
-    /// A scalar `constant` of `dtype` broadcast to `dims`.
+    /// A scalar `constant` of `dtype` named from `hint`, broadcast to `dims`
+    /// and named `hint_b` (just the scalar when `dims` is empty).
     pub fn splat(
         &mut self,
         dtype: DType,
@@ -313,7 +314,7 @@ impl<'g> Rewriter<'g> {
             &[scalar],
             Attrs::new().with("dims", Attr::Ints(Vec::new())),
             TensorType::new(dtype, dims.to_vec()),
-            hint,
+            &format!("{hint}_b"),
         )
     }
 

@@ -1,9 +1,8 @@
 //! Small helpers shared by the transforms.
 
-use dcir_ir::{
-    Attr, Attrs, BlockId, BuildError, DType, Graph, OpId, OpKind, Rewriter, TensorType, ValueDef,
-    ValueId,
-};
+use dcir_ir::{Attr, BlockId, Graph, Module, OpId, OpKind, ValueDef, ValueId};
+
+use crate::pass::PassError;
 
 /// The op defining `v`, if `v` is an op result (not a block argument).
 pub(crate) fn def_op(graph: &Graph, v: ValueId) -> Option<OpId> {
@@ -14,6 +13,27 @@ pub(crate) fn def_op(graph: &Graph, v: ValueId) -> Option<OpId> {
 }
 
 /// The body and every `fused` region of the graph, in pre-order.
+/// Calls `rewrite` on every op of `kind` in every graph and region of
+/// `module`; true when there was one.
+pub(crate) fn rewrite_each(
+    module: &mut Module,
+    kind: OpKind,
+    rewrite: fn(&mut Graph, OpId) -> Result<(), PassError>,
+) -> Result<bool, PassError> {
+    let mut changed = false;
+    for graph in &mut module.graphs {
+        for block in all_blocks(graph) {
+            for op in graph.block(block).ops.clone() {
+                if graph.op(op).kind == kind {
+                    rewrite(graph, op)?;
+                    changed = true;
+                }
+            }
+        }
+    }
+    Ok(changed)
+}
+
 pub(crate) fn all_blocks(graph: &Graph) -> Vec<BlockId> {
     let mut blocks = vec![graph.body()];
     blocks.extend(
@@ -61,32 +81,4 @@ pub(crate) fn replace_op(graph: &mut Graph, op: OpId, value: ValueId) {
     let result = graph.op(op).results[0];
     graph.replace_all_uses(result, value);
     graph.remove_op(op);
-}
-
-/// A scalar `constant` of `dtype` named `hint`, broadcast to `dims` as
-/// `hint_b` (just the scalar when `dims` is empty).
-pub(crate) fn splat(
-    rw: &mut Rewriter,
-    dtype: DType,
-    value: f64,
-    dims: &[usize],
-    hint: &str,
-) -> Result<ValueId, BuildError> {
-    let scalar = rw.op_declared(
-        OpKind::Constant,
-        &[],
-        Attrs::new().with("value", Attr::Float(value)),
-        TensorType::new(dtype, Vec::new()),
-        hint,
-    )?;
-    if dims.is_empty() {
-        return Ok(scalar);
-    }
-    rw.op_declared(
-        OpKind::Broadcast,
-        &[scalar],
-        Attrs::new().with("dims", Attr::Ints(Vec::new())),
-        TensorType::new(dtype, dims.to_vec()),
-        &format!("{hint}_b"),
-    )
 }

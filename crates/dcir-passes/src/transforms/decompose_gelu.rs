@@ -13,7 +13,7 @@ use std::f64::consts::{FRAC_1_SQRT_2, FRAC_2_PI};
 
 use dcir_ir::{Attrs, Graph, Module, OpId, OpKind, Rewriter};
 
-use super::common::{all_blocks, replace_op, splat};
+use super::common::{replace_op, rewrite_each};
 use crate::analysis::AnalysisManager;
 use crate::pass::{Pass, PassError, PassResult};
 use crate::registry::{PassDef, PassOptions};
@@ -39,17 +39,7 @@ impl Pass for DecomposeGelu {
         module: &mut Module,
         _: &mut AnalysisManager,
     ) -> Result<PassResult, PassError> {
-        let mut changed = false;
-        for graph in &mut module.graphs {
-            for block in all_blocks(graph) {
-                for op in graph.block(block).ops.clone() {
-                    if graph.op(op).kind == OpKind::Gelu {
-                        decompose(graph, op)?;
-                        changed = true;
-                    }
-                }
-            }
-        }
+        let changed = rewrite_each(module, OpKind::Gelu, decompose)?;
         Ok(PassResult::from_changed(changed))
     }
 }
@@ -76,7 +66,7 @@ fn decompose(graph: &mut Graph, op: OpId) -> Result<(), PassError> {
 
     let mut rw = Rewriter::before(graph, op);
     let constant =
-        |rw: &mut Rewriter, value: f64, name: &str| splat(rw, ty.dtype, value, ty.dims(), &h(name));
+        |rw: &mut Rewriter, value: f64, name: &str| rw.splat(ty.dtype, value, ty.dims(), &h(name));
     let inner = if tanh_form {
         // sqrt(2 / pi) * (x + 0.044715 * x^3)
         let c = constant(&mut rw, 0.044715, "c")?;

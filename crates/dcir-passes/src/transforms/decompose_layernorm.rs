@@ -16,7 +16,7 @@
 
 use dcir_ir::{Attr, Attrs, Graph, Module, OpId, OpKind, Rewriter};
 
-use super::common::{all_blocks, replace_op, splat};
+use super::common::{replace_op, rewrite_each};
 use crate::analysis::AnalysisManager;
 use crate::pass::{Pass, PassError, PassResult};
 use crate::registry::{PassDef, PassOptions};
@@ -41,17 +41,7 @@ impl Pass for DecomposeLayernorm {
         module: &mut Module,
         _: &mut AnalysisManager,
     ) -> Result<PassResult, PassError> {
-        let mut changed = false;
-        for graph in &mut module.graphs {
-            for block in all_blocks(graph) {
-                for op in graph.block(block).ops.clone() {
-                    if graph.op(op).kind == OpKind::Layernorm {
-                        decompose(graph, op)?;
-                        changed = true;
-                    }
-                }
-            }
-        }
+        let changed = rewrite_each(module, OpKind::Layernorm, decompose)?;
         Ok(PassResult::from_changed(changed))
     }
 }
@@ -94,7 +84,7 @@ fn decompose(graph: &mut Graph, op: OpId) -> Result<(), PassError> {
     let centered = rw.op(OpKind::Sub, &[x, mean_b], none(), &h("centered"))?;
     let square = rw.op(OpKind::Mul, &[centered, centered], none(), &h("square"))?;
     let var = rw.op(OpKind::ReduceMean, &[square], reduce, &h("var"))?;
-    let eps = splat(&mut rw, ty.dtype, epsilon, kept.dims(), &h("eps"))?;
+    let eps = rw.splat(ty.dtype, epsilon, kept.dims(), &h("eps"))?;
     let var_eps = rw.op(OpKind::Add, &[var, eps], none(), &h("var_eps"))?;
     let inv_std = rw.op(OpKind::Rsqrt, &[var_eps], none(), &h("inv_std"))?;
     let inv_std_b = rw.op_declared(

@@ -13,7 +13,7 @@
 
 use dcir_ir::{Attr, Attrs, Graph, Module, OpId, OpKind, Rewriter};
 
-use super::common::{all_blocks, replace_op};
+use super::common::{replace_op, rewrite_each};
 use crate::analysis::AnalysisManager;
 use crate::pass::{Pass, PassError, PassResult};
 use crate::registry::{PassDef, PassOptions};
@@ -38,17 +38,7 @@ impl Pass for DecomposeSoftmax {
         module: &mut Module,
         _: &mut AnalysisManager,
     ) -> Result<PassResult, PassError> {
-        let mut changed = false;
-        for graph in &mut module.graphs {
-            for block in all_blocks(graph) {
-                for op in graph.block(block).ops.clone() {
-                    if graph.op(op).kind == OpKind::Softmax {
-                        decompose(graph, op)?;
-                        changed = true;
-                    }
-                }
-            }
-        }
+        let changed = rewrite_each(module, OpKind::Softmax, decompose)?;
         Ok(PassResult::from_changed(changed))
     }
 }

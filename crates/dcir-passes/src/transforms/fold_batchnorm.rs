@@ -22,7 +22,7 @@
 
 use dcir_ir::{Attr, Attrs, BlockId, Graph, Module, OpId, OpKind, Rewriter, ValueDef, ValueId};
 
-use super::common::{def_op, replace_op, splat, use_counts};
+use super::common::{def_op, replace_op, use_counts};
 use crate::analysis::AnalysisManager;
 use crate::pass::{Pass, PassError, PassResult};
 use crate::registry::{PassDef, PassOptions};
@@ -123,7 +123,7 @@ fn fold(graph: &mut Graph, block: BlockId, conv: OpId, bn: OpId) -> Result<(), P
     let h = |s: &str| format!("{hint}.{s}");
     let none = Attrs::new;
     let mut rw = Rewriter::before(graph, conv);
-    let eps = splat(&mut rw, dtype, epsilon, &[channels], &h("eps"))?;
+    let eps = rw.splat(dtype, epsilon, &[channels], &h("eps"))?;
     let var_eps = rw.op(OpKind::Add, &[var, eps], none(), &h("var_eps"))?;
     let inv_std = rw.op(OpKind::Rsqrt, &[var_eps], none(), &h("inv_std"))?;
     let k = rw.op(OpKind::Mul, &[scale, inv_std], none(), &h("k"))?;
