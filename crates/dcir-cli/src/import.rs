@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use clap::{CommandFactory, FromArgMatches, Parser};
+use clap::Parser;
 use dcir_ir::print_module;
 use dcir_onnx::{ImportOptions, import_file, write_weights};
 
@@ -63,22 +63,9 @@ fn parse_dim(s: &str) -> Result<(String, usize), String> {
 /// Runs `dcir-import` named `name` over `args` (program name first) and
 /// returns the exit code. Messages go to standard error.
 pub fn main_with(name: &str, args: impl IntoIterator<Item = OsString>) -> ExitCode {
-    let command = ImportArgs::command()
-        .name(name.to_string())
-        .bin_name(name.to_string());
-    let parsed = command
-        .try_get_matches_from(args)
-        .and_then(|m| ImportArgs::from_arg_matches(&m));
-    let args = match parsed {
+    let args: ImportArgs = match crate::parse_args(name, args) {
         Ok(args) => args,
-        Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() {
-                ExitCode::FAILURE
-            } else {
-                ExitCode::SUCCESS
-            };
-        }
+        Err(code) => return code,
     };
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,

@@ -13,6 +13,29 @@ pub fn default_registry() -> dcir_passes::PassRegistry {
     registry
 }
 
+/// Parses a driver's command line with the tool's own `name` in usage and
+/// help; on `--help`, `--version` or a usage error, prints the message and
+/// gives the exit code to return (0 for help, 1 for an error).
+pub fn parse_args<T: clap::Parser>(
+    name: &str,
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> Result<T, std::process::ExitCode> {
+    let command = T::command()
+        .name(name.to_string())
+        .bin_name(name.to_string());
+    command
+        .try_get_matches_from(args)
+        .and_then(|m| T::from_arg_matches(&m))
+        .map_err(|e| {
+            let _ = e.print();
+            if e.use_stderr() {
+                std::process::ExitCode::FAILURE
+            } else {
+                std::process::ExitCode::SUCCESS
+            }
+        })
+}
+
 pub mod import;
 pub mod opt;
 pub mod run;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use clap::{CommandFactory, FromArgMatches, Parser};
+use clap::Parser;
 use dcir_fusion::{CostModel, DeviceSpec, apply_plan, explain, plan_graph};
 use dcir_ir::{Module, print_module, verify_module};
 use dcir_passes::{Instrumentation, PassManager, PassRegistry, PipelineFailure, build_pipeline};
@@ -103,22 +103,9 @@ pub fn main_with(
     registry: &PassRegistry,
     args: impl IntoIterator<Item = OsString>,
 ) -> ExitCode {
-    let command = OptArgs::command()
-        .name(name.to_string())
-        .bin_name(name.to_string());
-    let parsed = command
-        .try_get_matches_from(args)
-        .and_then(|m| OptArgs::from_arg_matches(&m));
-    let args = match parsed {
+    let args: OptArgs = match crate::parse_args(name, args) {
         Ok(args) => args,
-        Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() {
-                ExitCode::FAILURE
-            } else {
-                ExitCode::SUCCESS
-            };
-        }
+        Err(code) => return code,
     };
     if args.list_passes {
         print!("{}", list_passes(registry));

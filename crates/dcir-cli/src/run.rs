@@ -64,16 +64,9 @@ struct Reported;
 /// the process exit code. Results go to standard output, diagnostics to
 /// standard error.
 pub fn main_with(name: &str, args: impl IntoIterator<Item = OsString>) -> ExitCode {
-    let args = match RunArgs::try_parse_from(args) {
+    let args: RunArgs = match crate::parse_args(name, args) {
         Ok(args) => args,
-        Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() {
-                ExitCode::FAILURE
-            } else {
-                ExitCode::SUCCESS
-            };
-        }
+        Err(code) => return code,
     };
     match run(name, &args) {
         Ok(()) => ExitCode::SUCCESS,

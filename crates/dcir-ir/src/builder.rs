@@ -30,6 +30,50 @@ pub enum BuildError {
     Verify(Vec<VerifyError>),
 }
 
+/// Normalized attributes and the inferred result type of a new op.
+fn inferred(
+    graph: &Graph,
+    kind: OpKind,
+    operands: &[ValueId],
+    attrs: Attrs,
+) -> Result<(Attrs, TensorType), BuildError> {
+    let attrs = kind.normalize_attrs(attrs)?;
+    let types: Vec<&TensorType> = operands.iter().map(|&v| graph.ty(v)).collect();
+    let type_error = |message| BuildError::Type {
+        op: kind.name(),
+        message,
+    };
+    let ty = infer_types(kind, &attrs, &types)
+        .map_err(type_error)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| type_error("produces no value".to_string()))?;
+    Ok((attrs, ty))
+}
+
+/// Normalized attributes of a new op whose result type `ty` is declared,
+/// checked against the op's rule (a `constant`'s value made canonical for `ty`).
+fn declared(
+    graph: &Graph,
+    kind: OpKind,
+    operands: &[ValueId],
+    attrs: Attrs,
+    ty: &TensorType,
+) -> Result<Attrs, BuildError> {
+    let mut attrs = kind.normalize_attrs(attrs)?;
+    if kind == OpKind::Constant
+        && let Some(value) = attrs.remove("value")
+    {
+        attrs.set("value", value.literal_for(ty.dtype));
+    }
+    let types: Vec<&TensorType> = operands.iter().map(|&v| graph.ty(v)).collect();
+    check_types(kind, &attrs, &types, &[ty]).map_err(|message| BuildError::Type {
+        op: kind.name(),
+        message,
+    })?;
+    Ok(attrs)
+}
+
 /// Builds one graph op by op, appending at an insertion block.
 pub struct GraphBuilder {
     graph: Graph,
@@ -67,16 +111,7 @@ impl GraphBuilder {
         operands: &[ValueId],
         attrs: Attrs,
     ) -> Result<ValueId, BuildError> {
-        let attrs = kind.normalize_attrs(attrs)?;
-        let types: Vec<&TensorType> = operands.iter().map(|&v| self.graph.ty(v)).collect();
-        let results = infer_types(kind, &attrs, &types).map_err(|message| BuildError::Type {
-            op: kind.name(),
-            message,
-        })?;
-        let ty = results.into_iter().next().ok_or_else(|| BuildError::Type {
-            op: kind.name(),
-            message: "produces no value".to_string(),
-        })?;
+        let (attrs, ty) = inferred(&self.graph, kind, operands, attrs)?;
         self.push(kind, operands, attrs, ty)
     }
 
@@ -89,17 +124,7 @@ impl GraphBuilder {
         attrs: Attrs,
         ty: TensorType,
     ) -> Result<ValueId, BuildError> {
-        let mut attrs = kind.normalize_attrs(attrs)?;
-        if kind == OpKind::Constant
-            && let Some(value) = attrs.remove("value")
-        {
-            attrs.set("value", value.literal_for(ty.dtype));
-        }
-        let types: Vec<&TensorType> = operands.iter().map(|&v| self.graph.ty(v)).collect();
-        check_types(kind, &attrs, &types, &[&ty]).map_err(|message| BuildError::Type {
-            op: kind.name(),
-            message,
-        })?;
+        let attrs = declared(&self.graph, kind, operands, attrs, &ty)?;
         self.push(kind, operands, attrs, ty)
     }
 
@@ -250,19 +275,7 @@ impl<'g> Rewriter<'g> {
         attrs: Attrs,
         hint: &str,
     ) -> Result<ValueId, BuildError> {
-        let attrs = kind.normalize_attrs(attrs)?;
-        let types: Vec<&TensorType> = operands.iter().map(|&v| self.graph.ty(v)).collect();
-        let ty = infer_types(kind, &attrs, &types)
-            .map_err(|message| BuildError::Type {
-                op: kind.name(),
-                message,
-            })?
-            .into_iter()
-            .next()
-            .ok_or_else(|| BuildError::Type {
-                op: kind.name(),
-                message: "produces no value".to_string(),
-            })?;
+        let (attrs, ty) = inferred(self.graph, kind, operands, attrs)?;
         self.insert(kind, operands, attrs, ty, hint)
     }
 
@@ -276,17 +289,7 @@ impl<'g> Rewriter<'g> {
         ty: TensorType,
         hint: &str,
     ) -> Result<ValueId, BuildError> {
-        let mut attrs = kind.normalize_attrs(attrs)?;
-        if kind == OpKind::Constant
-            && let Some(value) = attrs.remove("value")
-        {
-            attrs.set("value", value.literal_for(ty.dtype));
-        }
-        let types: Vec<&TensorType> = operands.iter().map(|&v| self.graph.ty(v)).collect();
-        check_types(kind, &attrs, &types, &[&ty]).map_err(|message| BuildError::Type {
-            op: kind.name(),
-            message,
-        })?;
+        let attrs = declared(self.graph, kind, operands, attrs, &ty)?;
         self.insert(kind, operands, attrs, ty, hint)
     }
 
