@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use dcir_fusion::{CostModel, DeviceSpec, apply_plan, explain, plan_graph};
-use dcir_ir::{Module, print_module, verify_module};
+use dcir_ir::{Module, OpKind, print_module, verify_module};
 use dcir_passes::{Instrumentation, PassManager, PassRegistry, PipelineFailure, build_pipeline};
 use dcir_reader::{Diagnostic, read_bytes, render};
 
@@ -37,7 +37,7 @@ pub struct OptArgs {
     /// Fuse ops into kernels after the pipeline (default pipeline: canonicalize,cse,dce).
     #[arg(long)]
     pub fuse: bool,
-    /// What to print: the IR, the fusion plan (a table per graph), or Graphviz of the plan.
+    /// What to print: the IR, the fusion plan (a table per graph), Graphviz of the plan, or CUDA.
     #[arg(long, value_enum, default_value_t = Emit::Ir)]
     pub emit: Emit,
     /// Device preset the fusion cost model uses (h200, h100, a100, v100, rtx2080).
@@ -90,6 +90,8 @@ pub enum Emit {
     Plan,
     /// The fusion plan as Graphviz, groups as clusters.
     Dot,
+    /// The CUDA source of every kernel (fusing first unless the input is already fused).
+    Cuda,
 }
 
 /// A failure already described to the user.
@@ -229,7 +231,9 @@ fn cost_model(name: &str, device: &str) -> Result<CostModel, Reported> {
 }
 
 /// Plans every graph; explains rejections if asked; returns the plan text
-/// for `--emit plan|dot`, or rewrites the module into fused ops for `--emit ir`.
+/// for `--emit plan|dot`, the kernels' source for `--emit cuda` (a graph that
+/// already has `fused` ops is emitted as it is), or rewrites the module into
+/// fused ops for `--emit ir`.
 fn fuse(
     name: &str,
     args: &OptArgs,
@@ -238,6 +242,13 @@ fn fuse(
 ) -> Result<Option<String>, Reported> {
     let mut emitted = String::new();
     for graph in &mut module.graphs {
+        let already_fused = graph
+            .all_ops()
+            .iter()
+            .any(|&o| graph.op(o).kind == OpKind::Fused);
+        if args.emit == Emit::Cuda && already_fused {
+            continue;
+        }
         let plan = plan_graph(graph, model).map_err(|e| {
             eprintln!("{name}: error: cannot fuse @{}: {e}", graph.name());
             Reported
@@ -248,7 +259,7 @@ fn fuse(
         match args.emit {
             Emit::Plan => emitted.push_str(&explain::plan_table(graph, &plan)),
             Emit::Dot => emitted.push_str(&explain::plan_dot(graph, &plan)),
-            Emit::Ir => {
+            Emit::Ir | Emit::Cuda => {
                 *graph = apply_plan(graph, &plan).map_err(|e| {
                     eprintln!("{name}: error: cannot fuse @{}: {e}", graph.name());
                     Reported
@@ -256,7 +267,7 @@ fn fuse(
             }
         }
     }
-    if args.emit == Emit::Ir {
+    if matches!(args.emit, Emit::Ir | Emit::Cuda) {
         verify_module(module).map_err(|errors| {
             eprintln!("{name}: error: the fused IR does not verify (a fusion bug):");
             for e in errors {
@@ -264,7 +275,13 @@ fn fuse(
             }
             Reported
         })?;
-        return Ok(None);
+        if args.emit == Emit::Ir {
+            return Ok(None);
+        }
+        emitted = dcir_cuda::emit_module_source(module).map_err(|e| {
+            eprintln!("{name}: error: {e}");
+            Reported
+        })?;
     }
     Ok(Some(emitted))
 }

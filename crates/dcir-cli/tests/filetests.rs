@@ -15,6 +15,9 @@
 //! //                  seed N, default 0, or `// input: %p = [..]`); snapshot a
 //! //                  summary of each output; check `// expect: %v = [..]`; with
 //! //                  `test pass`, also check the outputs agree before and after
+//! // test cuda        fuse (unless already fused) and snapshot the CUDA source of
+//! //                  every kernel; compile each with NVRTC (prints `SKIP:` when
+//! //                  NVRTC is missing, fails instead with DCIR_REQUIRE_NVRTC=1)
 //! ```
 //!
 //! Expected diagnostics are written on the offending line as a trailing
@@ -47,6 +50,7 @@ struct Commands {
     pipeline: Option<String>,
     run_seed: Option<u64>,
     fuse: bool,
+    cuda: bool,
 }
 
 fn parse_header(source: &str) -> Result<Commands, String> {
@@ -60,6 +64,7 @@ fn parse_header(source: &str) -> Result<Commands, String> {
             "roundtrip" => commands.roundtrip = true,
             "run" => commands.run_seed = Some(0),
             "fuse" => commands.fuse = true,
+            "cuda" => commands.cuda = true,
             other => {
                 if let Some(pipeline) = other.strip_prefix("pass ") {
                     commands.pipeline = Some(pipeline.trim().to_string());
@@ -78,6 +83,7 @@ fn parse_header(source: &str) -> Result<Commands, String> {
     if !commands.verify
         && !commands.roundtrip
         && !commands.fuse
+        && !commands.cuda
         && commands.pipeline.is_none()
         && commands.run_seed.is_none()
     {
@@ -303,6 +309,49 @@ fn fuse_module(module: &Module) -> Result<String, String> {
     Ok(out)
 }
 
+/// Fuses every graph that has no `fused` op yet (H200 model), emits the CUDA
+/// source of every kernel and compiles each with NVRTC when it is present.
+fn cuda_module(module: &Module) -> Result<String, String> {
+    let model = CostModel::new(DeviceSpec::h200());
+    let mut fused = module.clone();
+    for graph in &mut fused.graphs {
+        let already = graph
+            .all_ops()
+            .iter()
+            .any(|&o| graph.op(o).kind == dcir_ir::OpKind::Fused);
+        if !already {
+            let plan = plan_graph(graph, &model)?;
+            *graph = apply_plan(graph, &plan)?;
+        }
+    }
+    let mut out = String::new();
+    for graph in &fused.graphs {
+        for kernel in dcir_cuda::lower_graph(graph).map_err(|e| e.to_string())? {
+            let source = dcir_cuda::print_kernel(&kernel);
+            compile_with_nvrtc(&source, &kernel.name)?;
+            out.push_str(&format!(
+                "// ===== kernel {} =====\n{source}\n",
+                kernel.name
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// Compiles one kernel with NVRTC for sm_90; without NVRTC prints `SKIP:`
+/// (or fails when `DCIR_REQUIRE_NVRTC=1`).
+fn compile_with_nvrtc(source: &str, name: &str) -> Result<(), String> {
+    if let Some(reason) = dcir_cuda::nvrtc::unavailable_reason() {
+        if std::env::var("DCIR_REQUIRE_NVRTC").is_ok_and(|v| v == "1") {
+            return Err(format!("DCIR_REQUIRE_NVRTC=1 but {reason}"));
+        }
+        println!("SKIP: NVRTC compile of {name}: {reason}");
+        return Ok(());
+    }
+    dcir_cuda::nvrtc::compile(source, name, dcir_cuda::nvrtc::DEFAULT_ARCH)?;
+    Ok(())
+}
+
 /// Runs `pipeline` on `module`, verifying after each pass; the unified diff
 /// of the printed IR, and the module after.
 fn run_pipeline(pipeline: &str, mut module: Module) -> Result<(String, Module), String> {
@@ -366,6 +415,9 @@ fn run_file(path: &Path, source: &str) -> Result<String, String> {
                 }
                 if commands.fuse {
                     output.push_str(&fuse_module(&module)?);
+                }
+                if commands.cuda {
+                    output.push_str(&cuda_module(&module)?);
                 }
                 let before = match commands.run_seed {
                     Some(seed) => Some(run_module(&module, case, seed, &mut output)?),
@@ -460,6 +512,11 @@ fn passes_stage() {
 #[test]
 fn fusion_stage() {
     run_stage("fusion");
+}
+
+#[test]
+fn cuda_stage() {
+    run_stage("cuda");
 }
 
 /// The fusion plan of every ir-example and of the imported ResNet-50,

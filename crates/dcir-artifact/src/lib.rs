@@ -1,0 +1,227 @@
+//! A compiled dcir program, loadable without the compiler.
+//!
+//! An [`Artifact`] lists the kernels (CUDA source, PTX when compiled, launch
+//! dimensions, parameters), the launches in execution order with the buffers
+//! each binds, the buffers with their sizes and liveness (enough for a memory
+//! plan), and the graph's input/output signature. It serializes to
+//! `artifact.json`; [`Artifact::write_dir`] also writes each kernel's source
+//! and PTX as `<name>.cu` / `<name>.ptx` beside it, for reading and diffing.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+/// The file name of the JSON part of an artifact directory.
+pub const ARTIFACT_JSON: &str = "artifact.json";
+
+/// A compiled program: kernels, launches, buffers and signature.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Artifact {
+    /// The source graph's name.
+    pub graph: String,
+    /// The kernels, referenced by index from [`Launch::kernel`].
+    pub kernels: Vec<KernelEntry>,
+    /// The launches, in execution order.
+    pub launches: Vec<Launch>,
+    /// Every device buffer, referenced by [`Buffer::id`].
+    pub buffers: Vec<Buffer>,
+    /// The graph's parameters, in order: buffer ids.
+    pub inputs: Vec<u32>,
+    /// The graph's results, in order: buffer ids.
+    pub outputs: Vec<u32>,
+}
+
+/// One kernel: its entry point, source, PTX and launch shape.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KernelEntry {
+    /// The `extern "C"` entry point.
+    pub name: String,
+    /// CUDA C source (header-free; compiles with NVRTC alone).
+    pub source: String,
+    /// PTX from NVRTC, when the compiler was available.
+    pub ptx: Option<String>,
+    /// Threads per block (x, y, z).
+    pub block: [u32; 3],
+    /// Blocks per grid (x, y, z).
+    pub grid: [u32; 3],
+    /// Dynamic shared memory in bytes.
+    pub dynamic_shared: u32,
+    /// The kernel's pointer parameters, in order.
+    pub params: Vec<KernelParam>,
+}
+
+/// A kernel parameter: a pointer to a buffer of one dtype.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KernelParam {
+    /// Parameter name in the source.
+    pub name: String,
+    /// Element dtype (`f32`, `f16`, `bf16`, `i32`, `i64`, `bool`).
+    pub dtype: String,
+    /// Whether the kernel writes through it.
+    pub output: bool,
+}
+
+/// One kernel launch and the buffers bound to its parameters.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Launch {
+    /// Index into [`Artifact::kernels`].
+    pub kernel: u32,
+    /// Buffer id of each kernel parameter, in parameter order.
+    pub args: Vec<u32>,
+}
+
+/// What a buffer holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BufferKind {
+    /// A graph parameter fed per run.
+    Input,
+    /// A graph parameter that holds weights (constant across runs).
+    Weight,
+    /// A graph result.
+    Output,
+    /// A value produced and consumed by launches only.
+    Intermediate,
+}
+
+/// A device buffer with its liveness over the launches.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Buffer {
+    /// The id launches refer to.
+    pub id: u32,
+    /// The IR value's name, for diagnostics.
+    pub name: String,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// Element dtype.
+    pub dtype: String,
+    /// Dims, row-major.
+    pub shape: Vec<u64>,
+    /// Index of the first launch that uses it (`None` if none does).
+    pub first_use: Option<u32>,
+    /// Index of the last launch that uses it.
+    pub last_use: Option<u32>,
+    /// What it holds.
+    pub kind: BufferKind,
+}
+
+/// Why an artifact could not be read or written.
+#[derive(Debug)]
+pub enum ArtifactError {
+    /// A file could not be read or written.
+    Io(String, std::io::Error),
+    /// The JSON did not describe an artifact.
+    Json(serde_json::Error),
+}
+
+impl std::fmt::Display for ArtifactError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ArtifactError::Io(path, e) => write!(f, "{path}: {e}"),
+            ArtifactError::Json(e) => write!(f, "bad artifact JSON: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ArtifactError {}
+
+impl Artifact {
+    /// The artifact as pretty-printed JSON (deterministic: fields in declaration order).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("an artifact always serializes")
+    }
+
+    /// Reads an artifact from its JSON.
+    pub fn from_json(text: &str) -> Result<Artifact, ArtifactError> {
+        serde_json::from_str(text).map_err(ArtifactError::Json)
+    }
+
+    /// Writes `artifact.json` and each kernel's `<name>.cu` (and `<name>.ptx`
+    /// when compiled) into `dir`, creating it.
+    pub fn write_dir(&self, dir: &Path) -> Result<(), ArtifactError> {
+        let io = |path: &Path| {
+            let path = path.display().to_string();
+            move |e| ArtifactError::Io(path, e)
+        };
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        for kernel in &self.kernels {
+            let cu = dir.join(format!("{}.cu", kernel.name));
+            std::fs::write(&cu, &kernel.source).map_err(io(&cu))?;
+            if let Some(ptx) = &kernel.ptx {
+                let file = dir.join(format!("{}.ptx", kernel.name));
+                std::fs::write(&file, ptx).map_err(io(&file))?;
+            }
+        }
+        let json = dir.join(ARTIFACT_JSON);
+        std::fs::write(&json, self.to_json()).map_err(io(&json))
+    }
+
+    /// Reads an artifact written by [`Artifact::write_dir`].
+    pub fn read_dir(dir: &Path) -> Result<Artifact, ArtifactError> {
+        let json = dir.join(ARTIFACT_JSON);
+        let text = std::fs::read_to_string(&json)
+            .map_err(|e| ArtifactError::Io(json.display().to_string(), e))?;
+        Artifact::from_json(&text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Artifact {
+        Artifact {
+            graph: "g".into(),
+            kernels: vec![KernelEntry {
+                name: "g0".into(),
+                source: "extern \"C\" __global__ void g0() {}\n".into(),
+                ptx: Some(".version 9.0\n".into()),
+                block: [128, 1, 1],
+                grid: [4, 1, 1],
+                dynamic_shared: 0,
+                params: vec![KernelParam {
+                    name: "x".into(),
+                    dtype: "f32".into(),
+                    output: false,
+                }],
+            }],
+            launches: vec![Launch {
+                kernel: 0,
+                args: vec![0],
+            }],
+            buffers: vec![Buffer {
+                id: 0,
+                name: "x".into(),
+                bytes: 64,
+                dtype: "f32".into(),
+                shape: vec![4, 4],
+                first_use: Some(0),
+                last_use: Some(0),
+                kind: BufferKind::Input,
+            }],
+            inputs: vec![0],
+            outputs: vec![],
+        }
+    }
+
+    #[test]
+    fn json_round_trip() {
+        let a = sample();
+        assert_eq!(Artifact::from_json(&a.to_json()).unwrap(), a);
+    }
+
+    #[test]
+    fn dir_round_trip() {
+        let dir = std::env::temp_dir().join(format!("dcir-artifact-{}", std::process::id()));
+        let a = sample();
+        a.write_dir(&dir).unwrap();
+        assert!(dir.join("g0.cu").exists() && dir.join("g0.ptx").exists());
+        assert_eq!(Artifact::read_dir(&dir).unwrap(), a);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn bad_json_is_an_error() {
+        assert!(Artifact::from_json("{").is_err());
+    }
+}

@@ -1,0 +1,327 @@
+//! The kernel IR: a small structured language for one CUDA kernel.
+//!
+//! A [`Kernel`] has pointer parameters, optional static shared arrays and a
+//! body of [`Stmt`]s (lets, assignments, stores, counted loops, `if`s,
+//! barriers). Expressions ([`Expr`]) are typed by their context: index
+//! arithmetic is `int`, element arithmetic is `float` (f16/bf16 values are
+//! widened to f32 on load and rounded back per op), plus warp shuffles,
+//! vector loads and calls to math functions or the emitter's helpers.
+//! [`crate::print`] turns it into CUDA C; the builders here fold trivial
+//! index arithmetic (`x * 1`, `x + 0`) so the printed code stays readable.
+
+use std::collections::BTreeSet;
+
+/// A C type of a local variable or an array element.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Ty {
+    /// `float`
+    F32,
+    /// `unsigned short` holding an IEEE half.
+    F16Bits,
+    /// `unsigned short` holding a bfloat16.
+    Bf16Bits,
+    /// `int`
+    I32,
+    /// `long long`
+    I64,
+    /// `bool`
+    Bool,
+    /// `float4`: four f32 (16 bytes).
+    Float4,
+    /// `float2`: two f32 (8 bytes).
+    Float2,
+    /// `unsigned int`: two 16-bit floats (4 bytes).
+    U32,
+    /// `uint2`: four 16-bit floats (8 bytes).
+    Uint2,
+    /// `uint4`: eight 16-bit floats (16 bytes).
+    Uint4,
+}
+
+/// A global (kernel parameter) or shared array an expression reads or a store writes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ArrayRef {
+    /// The array's name.
+    pub name: String,
+    /// The element type the access is made with (a vector type for vector access).
+    pub ty: Ty,
+    /// How the access views the array's storage when `ty` differs from the declaration.
+    pub reinterpret: bool,
+}
+
+/// A builtin index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Builtin {
+    /// `threadIdx.x`
+    ThreadX,
+    /// `blockIdx.x`
+    BlockX,
+    /// `blockDim.x`
+    BlockDimX,
+    /// `gridDim.x`
+    GridDimX,
+}
+
+/// A binary operator, printed infix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BinOp {
+    /// `+`
+    Add,
+    /// `-`
+    Sub,
+    /// `*`
+    Mul,
+    /// `/`
+    Div,
+    /// `%`
+    Rem,
+    /// `<`
+    Lt,
+    /// `>=`
+    Ge,
+    /// `==`
+    Eq,
+    /// `!=`
+    Ne,
+    /// `&&`
+    And,
+    /// `|`
+    BitOr,
+    /// `&`
+    BitAnd,
+    /// `<<`
+    Shl,
+    /// `>>`
+    Shr,
+}
+
+/// An expression.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Expr {
+    /// A local variable or parameter.
+    Var(String),
+    /// An integer literal.
+    Int(i64),
+    /// An f32 literal (printed so it reads back exactly; inf and nan via helpers).
+    F32(f32),
+    /// A boolean literal.
+    Bool(bool),
+    /// A builtin index.
+    Builtin(Builtin),
+    /// `a op b`.
+    Bin(BinOp, Box<Expr>, Box<Expr>),
+    /// `-a`.
+    Neg(Box<Expr>),
+    /// `!a`.
+    Not(Box<Expr>),
+    /// `c ? a : b`.
+    Select(Box<Expr>, Box<Expr>, Box<Expr>),
+    /// `(ty)a`.
+    Cast(Ty, Box<Expr>),
+    /// `f(args..)`: a CUDA math function or a helper of [`Helper`].
+    Call(String, Vec<Expr>),
+    /// `array[index]`.
+    Load(ArrayRef, Box<Expr>),
+    /// `v.x` etc.: a component of a vector value.
+    Field(Box<Expr>, &'static str),
+    /// `__shfl_xor_sync(0xffffffff, v, lane_mask)`.
+    ShflXor(Box<Expr>, u32),
+}
+
+/// A statement.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Stmt {
+    /// `// text`
+    Comment(String),
+    /// `ty name = value;` (`const` when `constant`).
+    Let {
+        /// The variable.
+        name: String,
+        /// Its type.
+        ty: Ty,
+        /// Its initial value.
+        value: Expr,
+        /// Whether it is never reassigned.
+        constant: bool,
+    },
+    /// `name = value;`
+    Assign(String, Expr),
+    /// `array[index] = value;`
+    Store(ArrayRef, Expr, Expr),
+    /// `for (int var = start; var < end; var += step) { body }`
+    For {
+        /// The induction variable.
+        var: String,
+        /// First value.
+        start: Expr,
+        /// Exclusive bound.
+        end: Expr,
+        /// Increment.
+        step: Expr,
+        /// Whether to ask for `#pragma unroll`.
+        unroll: bool,
+        /// The body.
+        body: Vec<Stmt>,
+    },
+    /// `if (cond) { body }`
+    If(Expr, Vec<Stmt>),
+    /// `__syncthreads();`
+    Barrier,
+}
+
+/// A helper function the printer defines before the kernel when used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Helper {
+    /// f16 bits ↔ f32 (inline PTX `cvt`).
+    Half,
+    /// bf16 bits ↔ f32.
+    Bfloat16,
+    /// NaN-propagating `dcir_max`, `dcir_min`, `dcir_relu`.
+    NanMinMax,
+    /// `dcir_gelu` (erf form) and `dcir_gelu_tanh`.
+    Gelu,
+    /// `dcir_sigmoid`.
+    Sigmoid,
+}
+
+/// A pointer parameter of a kernel.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Param {
+    /// Its name.
+    pub name: String,
+    /// The element's storage type.
+    pub ty: Ty,
+    /// The IR dtype name, for the artifact.
+    pub dtype: &'static str,
+    /// Whether the kernel writes it.
+    pub output: bool,
+}
+
+/// A statically sized shared-memory array.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SharedArray {
+    /// Its name.
+    pub name: String,
+    /// Element type.
+    pub ty: Ty,
+    /// Number of elements.
+    pub len: usize,
+}
+
+/// One kernel and how to launch it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Kernel {
+    /// The `extern "C"` entry point.
+    pub name: String,
+    /// A one-line description printed above the kernel.
+    pub summary: String,
+    /// Pointer parameters, inputs first.
+    pub params: Vec<Param>,
+    /// Shared arrays.
+    pub shared: Vec<SharedArray>,
+    /// The body.
+    pub body: Vec<Stmt>,
+    /// Helpers the body calls.
+    pub helpers: BTreeSet<Helper>,
+    /// Threads per block (the `__launch_bounds__`).
+    pub block: u32,
+    /// Blocks per grid.
+    pub grid: u32,
+}
+
+impl Kernel {
+    /// Bytes of static shared memory.
+    pub fn shared_bytes(&self) -> usize {
+        self.shared.iter().map(|s| s.len * ty_bytes(s.ty)).sum()
+    }
+}
+
+/// Size of a value of `ty` in bytes.
+pub fn ty_bytes(ty: Ty) -> usize {
+    match ty {
+        Ty::F32 | Ty::I32 | Ty::U32 => 4,
+        Ty::F16Bits | Ty::Bf16Bits => 2,
+        Ty::I64 | Ty::Uint2 | Ty::Float2 => 8,
+        Ty::Bool => 1,
+        Ty::Float4 | Ty::Uint4 => 16,
+    }
+}
+
+/// A variable.
+pub fn var(name: impl Into<String>) -> Expr {
+    Expr::Var(name.into())
+}
+
+/// An integer literal.
+pub fn int(v: i64) -> Expr {
+    Expr::Int(v)
+}
+
+/// `a op b`, without folding.
+pub fn bin(op: BinOp, a: Expr, b: Expr) -> Expr {
+    Expr::Bin(op, Box::new(a), Box::new(b))
+}
+
+/// Integer `a + b`, folding literals and `+ 0`.
+pub fn add(a: Expr, b: Expr) -> Expr {
+    match (a, b) {
+        (Expr::Int(x), Expr::Int(y)) => Expr::Int(x + y),
+        (Expr::Int(0), e) | (e, Expr::Int(0)) => e,
+        (a, b) => bin(BinOp::Add, a, b),
+    }
+}
+
+/// Integer `a - b`, folding literals and `- 0`.
+pub fn sub(a: Expr, b: Expr) -> Expr {
+    match (a, b) {
+        (Expr::Int(x), Expr::Int(y)) => Expr::Int(x - y),
+        (e, Expr::Int(0)) => e,
+        (a, b) => bin(BinOp::Sub, a, b),
+    }
+}
+
+/// Integer `a * b`, folding literals, `* 1` and `* 0`.
+pub fn mul(a: Expr, b: Expr) -> Expr {
+    match (a, b) {
+        (Expr::Int(x), Expr::Int(y)) => Expr::Int(x * y),
+        (Expr::Int(0), _) | (_, Expr::Int(0)) => Expr::Int(0),
+        (Expr::Int(1), e) | (e, Expr::Int(1)) => e,
+        (a, b) => bin(BinOp::Mul, a, b),
+    }
+}
+
+/// Integer `a / b` (b > 0), folding `/ 1` and literals.
+pub fn div(a: Expr, b: i64) -> Expr {
+    match a {
+        Expr::Int(x) => Expr::Int(x / b),
+        e if b == 1 => e,
+        e => bin(BinOp::Div, e, Expr::Int(b)),
+    }
+}
+
+/// Integer `a % b` (b > 0), folding `% 1` and literals.
+pub fn rem(a: Expr, b: i64) -> Expr {
+    match a {
+        Expr::Int(x) => Expr::Int(x % b),
+        _ if b == 1 => Expr::Int(0),
+        e => bin(BinOp::Rem, e, Expr::Int(b)),
+    }
+}
+
+/// `f(args..)`.
+pub fn call(f: &str, args: Vec<Expr>) -> Expr {
+    Expr::Call(f.to_string(), args)
+}
+
+/// `c ? a : b`.
+pub fn select(c: Expr, a: Expr, b: Expr) -> Expr {
+    Expr::Select(Box::new(c), Box::new(a), Box::new(b))
+}
+
+/// `min(max(e, lo), hi)` on integers, folded away when `e` is a literal in range.
+pub fn clamp(e: Expr, lo: i64, hi: i64) -> Expr {
+    match e {
+        Expr::Int(x) => Expr::Int(x.clamp(lo, hi)),
+        e => call("min", vec![call("max", vec![e, int(lo)]), int(hi)]),
+    }
+}

@@ -1,0 +1,32 @@
+//! The dcir CUDA emitter: `fused` groups to CUDA C and PTX.
+//!
+//! [`lower::lower_fused`] turns one group into a [`kir::Kernel`] (the kernel
+//! IR) following the group's attributes (`kind`, `threads`, `vector`,
+//! `items`, `threads_per_row`, `rows_per_block`); [`print::print_kernel`]
+//! prints it as header-free CUDA C; [`nvrtc::compile`] makes PTX. Kinds done:
+//! `elementwise`, `reduction`. Others return [`EmitError::Unsupported`].
+//! See `docs/cuda.md`.
+
+pub mod kir;
+pub mod lower;
+pub mod nvrtc;
+pub mod print;
+
+use dcir_ir::Module;
+
+pub use lower::{EmitError, kernel_name, lower_fused, lower_graph};
+pub use print::print_kernel;
+
+/// The CUDA source of every kernel of every graph of `module`, each under a
+/// `// ===== kernel <name> =====` line (what `dcir-opt --emit cuda` prints).
+pub fn emit_module_source(module: &Module) -> Result<String, EmitError> {
+    let mut out = String::new();
+    for graph in &module.graphs {
+        for kernel in lower_graph(graph)? {
+            out.push_str(&format!("// ===== kernel {} =====\n", kernel.name));
+            out.push_str(&print_kernel(&kernel));
+            out.push('\n');
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,1409 @@
+//! Lowering of `fused` groups to the kernel IR.
+//!
+//! Every value of a group is computed by *index maps*: to produce value `v`
+//! at an index of its shape, [`Lower::value_at`] asks each operand for the
+//! element the op maps that index to (the same index for elementwise math,
+//! remapped coordinates for broadcast, reshape, transpose, slice, pad,
+//! concat and gather) and binds the result to a local. Computed values are
+//! memoized per (value, index), so a value used twice at one index is
+//! computed once. Conditional views (pad, concat) read their operands at
+//! clamped coordinates and select, so no load is ever out of bounds.
+//!
+//! Float values are `float` locals whatever their dtype: f16/bf16 loads widen
+//! exactly, and every op's result is rounded to its dtype (`dcir_round_h`,
+//! `dcir_round_bf`) as the interpreter's precision contract says.
+
+use std::collections::{BTreeSet, HashMap};
+
+use dcir_ir::{Attr, DType, Graph, OpId, OpKind, ValueDef, ValueId};
+
+use crate::kir::{
+    ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Param, SharedArray, Stmt, Ty, add, bin, call,
+    clamp, div, int, mul, rem, select, sub, var,
+};
+use crate::print::expr as print_expr;
+
+/// Why a group could not be lowered.
+#[derive(Clone, Debug, PartialEq)]
+pub enum EmitError {
+    /// The group (or one of its ops) is of a form this emitter does not lower yet.
+    Unsupported {
+        /// The group's symbol.
+        group: String,
+        /// What is not supported.
+        what: String,
+    },
+}
+
+impl std::fmt::Display for EmitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EmitError::Unsupported { group, what } => {
+                write!(f, "cannot emit group @{group}: {what} is not supported yet")
+            }
+        }
+    }
+}
+
+impl std::error::Error for EmitError {}
+
+type Result<T> = std::result::Result<T, EmitError>;
+
+/// An index into a tensor of `dims`: a row-major linear index, coordinates, or both.
+#[derive(Clone, Debug)]
+struct Index {
+    dims: Vec<usize>,
+    linear: Option<Expr>,
+    coords: Option<Vec<Expr>>,
+}
+
+impl Index {
+    fn linear(dims: &[usize], linear: Expr) -> Index {
+        Index {
+            dims: dims.to_vec(),
+            linear: Some(linear),
+            coords: None,
+        }
+    }
+
+    fn coords(dims: &[usize], coords: Vec<Expr>) -> Index {
+        Index {
+            dims: dims.to_vec(),
+            linear: None,
+            coords: Some(coords),
+        }
+    }
+
+    fn strides(&self) -> Vec<i64> {
+        let mut strides = vec![1i64; self.dims.len()];
+        for d in (0..self.dims.len().saturating_sub(1)).rev() {
+            strides[d] = strides[d + 1] * self.dims[d + 1] as i64;
+        }
+        strides
+    }
+
+    fn get_linear(&self) -> Expr {
+        if let Some(l) = &self.linear {
+            return l.clone();
+        }
+        let coords = self.coords.as_ref().expect("an index has a form");
+        let strides = self.strides();
+        coords
+            .iter()
+            .zip(strides)
+            .fold(int(0), |acc, (c, s)| add(acc, mul(c.clone(), int(s))))
+    }
+
+    fn get_coords(&self) -> Vec<Expr> {
+        if let Some(c) = &self.coords {
+            return c.clone();
+        }
+        let linear = self.linear.clone().expect("an index has a form");
+        let strides = self.strides();
+        (0..self.dims.len())
+            .map(|d| {
+                if self.dims[d] == 1 {
+                    int(0)
+                } else if d == 0 {
+                    div(linear.clone(), strides[d])
+                } else {
+                    rem(div(linear.clone(), strides[d]), self.dims[d] as i64)
+                }
+            })
+            .collect()
+    }
+}
+
+/// The local type a value of `dtype` is computed in.
+fn local_ty(dtype: DType) -> Ty {
+    match dtype {
+        DType::F32 | DType::F16 | DType::BF16 => Ty::F32,
+        DType::I32 => Ty::I32,
+        DType::I64 => Ty::I64,
+        DType::Bool => Ty::Bool,
+    }
+}
+
+/// The storage type of an element of `dtype` in global memory.
+pub fn storage_ty(dtype: DType) -> Ty {
+    match dtype {
+        DType::F32 => Ty::F32,
+        DType::F16 => Ty::F16Bits,
+        DType::BF16 => Ty::Bf16Bits,
+        DType::I32 => Ty::I32,
+        DType::I64 => Ty::I64,
+        DType::Bool => Ty::Bool,
+    }
+}
+
+/// A C identifier from an IR name: non-alphanumerics become `_`.
+fn sanitize(name: &str) -> String {
+    let mut s: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    if s.is_empty() || s.starts_with(|c: char| c.is_ascii_digit()) {
+        s.insert(0, '_');
+    }
+    s
+}
+
+/// How the reduction result of a reduction kernel is read back.
+#[derive(Clone, Debug)]
+enum Reduced {
+    /// Per row: the local holding the row's result.
+    Row(Expr),
+    /// Per element: softmax with its row max and sum.
+    Softmax { max: Expr, sum: Expr },
+    /// Per element: layernorm with its mean and reciprocal standard deviation.
+    Layernorm { mean: Expr, rstd: Expr },
+}
+
+struct Lower<'g> {
+    g: &'g Graph,
+    group: String,
+    /// Region argument → kernel parameter name.
+    inputs: HashMap<ValueId, String>,
+    body: Vec<Stmt>,
+    memo: HashMap<(ValueId, String), Expr>,
+    used_names: BTreeSet<String>,
+    helpers: BTreeSet<Helper>,
+    /// The reduction op of a reduction kernel and how to read its result.
+    reduced: Option<(ValueId, Reduced, usize)>,
+    /// Vectorized elementwise: (vector loop variable, width).
+    vector: Option<(String, usize)>,
+    /// Vector loads already made: parameter → local.
+    vector_loads: HashMap<String, String>,
+}
+
+impl<'g> Lower<'g> {
+    fn unsupported(&self, what: impl Into<String>) -> EmitError {
+        EmitError::Unsupported {
+            group: self.group.clone(),
+            what: what.into(),
+        }
+    }
+
+    fn fresh(&mut self, hint: &str) -> String {
+        let base = format!("v_{}", sanitize(hint));
+        let mut name = base.clone();
+        let mut n = 1;
+        while !self.used_names.insert(name.clone()) {
+            name = format!("{base}_{n}");
+            n += 1;
+        }
+        name
+    }
+
+    fn bind(&mut self, hint: &str, ty: Ty, value: Expr) -> Expr {
+        if matches!(
+            value,
+            Expr::Var(_) | Expr::Int(_) | Expr::F32(_) | Expr::Bool(_)
+        ) {
+            return value;
+        }
+        let name = self.fresh(hint);
+        self.body.push(Stmt::Let {
+            name: name.clone(),
+            ty,
+            value,
+            constant: true,
+        });
+        var(name)
+    }
+
+    /// Runs `f` with a fresh statement list and memo scope; returns the statements.
+    fn scoped(&mut self, f: impl FnOnce(&mut Self) -> Result<()>) -> Result<Vec<Stmt>> {
+        let body = std::mem::take(&mut self.body);
+        let memo = self.memo.clone();
+        let result = f(self);
+        self.memo = memo;
+        let inner = std::mem::replace(&mut self.body, body);
+        result.map(|()| inner)
+    }
+
+    fn round(&mut self, dtype: DType, e: Expr) -> Expr {
+        match dtype {
+            DType::F16 => {
+                self.helpers.insert(Helper::Half);
+                call("dcir_round_h", vec![e])
+            }
+            DType::BF16 => {
+                self.helpers.insert(Helper::Bfloat16);
+                call("dcir_round_bf", vec![e])
+            }
+            _ => e,
+        }
+    }
+
+    fn widen(&mut self, dtype: DType, e: Expr) -> Expr {
+        match dtype {
+            DType::F16 => {
+                self.helpers.insert(Helper::Half);
+                call("dcir_h2f", vec![e])
+            }
+            DType::BF16 => {
+                self.helpers.insert(Helper::Bfloat16);
+                call("dcir_bf2f", vec![e])
+            }
+            _ => e,
+        }
+    }
+
+    fn narrow(&mut self, dtype: DType, e: Expr) -> Expr {
+        match dtype {
+            DType::F16 => {
+                self.helpers.insert(Helper::Half);
+                call("dcir_f2h", vec![e])
+            }
+            DType::BF16 => {
+                self.helpers.insert(Helper::Bfloat16);
+                call("dcir_f2bf", vec![e])
+            }
+            _ => e,
+        }
+    }
+
+    /// A float literal of `dtype` (rounded to it once).
+    fn float_const(dtype: DType, v: f64) -> Expr {
+        let v = match dtype {
+            DType::F16 => half::f16::from_f64(v).to_f32(),
+            DType::BF16 => half::bf16::from_f64(v).to_f32(),
+            _ => v as f32,
+        };
+        Expr::F32(v)
+    }
+
+    fn constant(&self, dtype: DType, v: f64) -> Expr {
+        match dtype {
+            DType::F32 | DType::F16 | DType::BF16 => Self::float_const(dtype, v),
+            DType::I32 | DType::I64 => int(v as i64),
+            DType::Bool => Expr::Bool(v != 0.0),
+        }
+    }
+
+    /// The element of `v` at `idx`, as a local or literal.
+    fn value_at(&mut self, v: ValueId, idx: &Index) -> Result<Expr> {
+        let key = (v, print_expr(&idx.get_linear()));
+        if let Some(e) = self.memo.get(&key) {
+            return Ok(e.clone());
+        }
+        let e = self.compute(v, idx)?;
+        self.memo.insert(key, e.clone());
+        Ok(e)
+    }
+
+    fn compute(&mut self, v: ValueId, idx: &Index) -> Result<Expr> {
+        let data = self.g.value(v);
+        let dtype = data.ty.dtype;
+        let hint = data.name.clone();
+        let (op, result) = match data.def {
+            ValueDef::BlockArg { .. } => return self.load_input(v, idx),
+            ValueDef::OpResult { op, index } => (op, index),
+        };
+        if result != 0 {
+            return Err(self.unsupported("an op with several results"));
+        }
+        if let Some((rv, how, row)) = self.reduced.clone()
+            && rv == v
+        {
+            let e = self.reduced_value(op, how, row, idx)?;
+            let e = self.round(dtype, e);
+            return Ok(self.bind(&hint, Ty::F32, e));
+        }
+        let op_data = self.g.op(op);
+        let kind = op_data.kind;
+        let operands = op_data.operands.clone();
+        let attrs = op_data.attrs.clone();
+        let ints = |name: &str| attrs.get(name).and_then(Attr::as_ints).map(<[i64]>::to_vec);
+        let operand_dims = |i: usize| self.g.ty(operands[i]).dims().to_vec();
+        let operand_dtype = |i: usize| self.g.ty(operands[i]).dtype;
+        let coords = idx.get_coords();
+        let e = match kind {
+            _ if kind.is_elementwise_binary() => {
+                let a = self.value_at(operands[0], idx)?;
+                let b = self.value_at(operands[1], idx)?;
+                let e = self.binary(kind, dtype, a, b)?;
+                self.round(dtype, e)
+            }
+            _ if kind.is_elementwise_unary() => {
+                let a = self.value_at(operands[0], idx)?;
+                let e = self.unary(kind, dtype, a, &attrs)?;
+                self.round(dtype, e)
+            }
+            OpKind::Constant => match attrs.get("value") {
+                Some(Attr::Float(x)) => self.constant(dtype, *x),
+                Some(Attr::Int(x)) => self.constant(dtype, *x as f64),
+                Some(Attr::Floats(xs)) if !xs.is_empty() && xs.iter().all(|x| *x == xs[0]) => {
+                    self.constant(dtype, xs[0])
+                }
+                Some(Attr::Ints(xs)) if !xs.is_empty() && xs.iter().all(|x| *x == xs[0]) => {
+                    self.constant(dtype, xs[0] as f64)
+                }
+                _ => return Err(self.unsupported("a constant with several distinct values")),
+            },
+            OpKind::Broadcast => {
+                let dims = ints("dims").unwrap_or_default();
+                let od = operand_dims(0);
+                let c = od
+                    .iter()
+                    .zip(&dims)
+                    .map(|(&e, &d)| {
+                        if e == 1 {
+                            int(0)
+                        } else {
+                            coords[d as usize].clone()
+                        }
+                    })
+                    .collect();
+                self.value_at(operands[0], &Index::coords(&od, c))?
+            }
+            OpKind::Reshape => {
+                let od = operand_dims(0);
+                self.value_at(operands[0], &Index::linear(&od, idx.get_linear()))?
+            }
+            OpKind::Transpose => {
+                let perm = ints("perm").unwrap_or_default();
+                let od = operand_dims(0);
+                let mut c = vec![int(0); od.len()];
+                for (i, &p) in perm.iter().enumerate() {
+                    c[p as usize] = coords[i].clone();
+                }
+                self.value_at(operands[0], &Index::coords(&od, c))?
+            }
+            OpKind::Slice => {
+                let starts = ints("starts").unwrap_or_default();
+                let steps = ints("steps").unwrap_or_default();
+                let od = operand_dims(0);
+                if starts.iter().any(|&s| s < 0) {
+                    return Err(self.unsupported("a slice with negative starts"));
+                }
+                let c = (0..od.len())
+                    .map(|d| {
+                        let step = steps.get(d).copied().unwrap_or(1);
+                        add(int(starts[d]), mul(coords[d].clone(), int(step)))
+                    })
+                    .collect();
+                self.value_at(operands[0], &Index::coords(&od, c))?
+            }
+            OpKind::Pad => {
+                let low = ints("low").unwrap_or_default();
+                let value = attrs.get("value").and_then(Attr::as_float).unwrap_or(0.0);
+                let od = operand_dims(0);
+                let mut inside: Option<Expr> = None;
+                let mut c = Vec::new();
+                for d in 0..od.len() {
+                    let shifted = sub(coords[d].clone(), int(low[d]));
+                    if low[d] != 0 || od[d] != idx.dims[d] {
+                        let cond = bin(
+                            BinOp::And,
+                            bin(BinOp::Ge, shifted.clone(), int(0)),
+                            bin(BinOp::Lt, shifted.clone(), int(od[d] as i64)),
+                        );
+                        inside = Some(match inside {
+                            None => cond,
+                            Some(prev) => bin(BinOp::And, prev, cond),
+                        });
+                        c.push(clamp(shifted, 0, od[d] as i64 - 1));
+                    } else {
+                        c.push(shifted);
+                    }
+                }
+                let x = self.value_at(operands[0], &Index::coords(&od, c))?;
+                match inside {
+                    Some(cond) => select(cond, x, self.constant(dtype, value)),
+                    None => x,
+                }
+            }
+            OpKind::Concat => {
+                let axis = attrs.get("axis").and_then(Attr::as_int).unwrap_or(0) as usize;
+                let mut parts = Vec::new();
+                let mut offset = 0i64;
+                for (i, &operand) in operands.iter().enumerate() {
+                    let od = operand_dims(i);
+                    let ext = od[axis] as i64;
+                    let mut c = coords.clone();
+                    c[axis] = clamp(sub(coords[axis].clone(), int(offset)), 0, ext - 1);
+                    let x = self.value_at(operand, &Index::coords(&od, c))?;
+                    offset += ext;
+                    parts.push((offset, x));
+                }
+                let (_, mut e) = parts.pop().expect("concat has an operand");
+                while let Some((end, x)) = parts.pop() {
+                    e = select(bin(BinOp::Lt, coords[axis].clone(), int(end)), x, e);
+                }
+                e
+            }
+            OpKind::Gather => {
+                let axis = attrs.get("axis").and_then(Attr::as_int).unwrap_or(0) as usize;
+                let dd = operand_dims(0);
+                let id = operand_dims(1);
+                let ic = coords[axis..axis + id.len()].to_vec();
+                let raw = self.value_at(operands[1], &Index::coords(&id, ic))?;
+                let ext = dd[axis] as i64;
+                let raw = Expr::Cast(Ty::I32, Box::new(raw));
+                let wrapped = select(
+                    bin(BinOp::Lt, raw.clone(), int(0)),
+                    add(raw.clone(), int(ext)),
+                    raw,
+                );
+                let wrapped = self.bind(&format!("{hint}_index"), Ty::I32, wrapped);
+                let mut c = coords[..axis].to_vec();
+                c.push(clamp(wrapped, 0, ext - 1));
+                c.extend_from_slice(&coords[axis + id.len()..]);
+                self.value_at(operands[0], &Index::coords(&dd, c))?
+            }
+            OpKind::Cast => {
+                let x = self.value_at(operands[0], idx)?;
+                self.cast(operand_dtype(0), dtype, x)
+            }
+            OpKind::Batchnorm => {
+                let eps = attrs
+                    .get("epsilon")
+                    .and_then(Attr::as_float)
+                    .unwrap_or(1e-5);
+                let x = self.value_at(operands[0], idx)?;
+                let channel = Index::coords(&operand_dims(1), vec![coords[1].clone()]);
+                let mut p = Vec::new();
+                for &o in &operands[1..5] {
+                    p.push(self.value_at(o, &channel)?);
+                }
+                let norm = bin(
+                    BinOp::Mul,
+                    bin(BinOp::Sub, x, p[2].clone()),
+                    call(
+                        "rsqrtf",
+                        vec![bin(BinOp::Add, p[3].clone(), Expr::F32(eps as f32))],
+                    ),
+                );
+                let e = bin(
+                    BinOp::Add,
+                    bin(BinOp::Mul, norm, p[0].clone()),
+                    p[1].clone(),
+                );
+                self.round(dtype, e)
+            }
+            other => return Err(self.unsupported(format!("op `{}` in this group", other.name()))),
+        };
+        Ok(self.bind(&hint, local_ty(dtype), e))
+    }
+
+    fn load_input(&mut self, v: ValueId, idx: &Index) -> Result<Expr> {
+        let ty = self.g.ty(v).clone();
+        let param = self.inputs[&v].clone();
+        let linear = idx.get_linear();
+        if let Some((i, width)) = self.vector.clone()
+            && let Some(lane) = lane_of(&linear, &i, width)
+            && ty.dtype.is_float()
+        {
+            let vec_var = self.vector_load(&param, ty.dtype, &i, width);
+            let e = vector_lane(vec_var, ty.dtype, width, lane);
+            let e = self.widen(ty.dtype, e);
+            return Ok(self.bind(&self.g.value(v).name.clone(), Ty::F32, e));
+        }
+        let array = ArrayRef {
+            name: param,
+            ty: storage_ty(ty.dtype),
+            reinterpret: false,
+        };
+        let e = Expr::Load(array, Box::new(linear));
+        let e = self.widen(ty.dtype, e);
+        Ok(self.bind(&self.g.value(v).name.clone(), local_ty(ty.dtype), e))
+    }
+
+    fn vector_load(&mut self, param: &str, dtype: DType, i: &str, width: usize) -> String {
+        if let Some(v) = self.vector_loads.get(param) {
+            return v.clone();
+        }
+        let ty = vector_ty(dtype, width);
+        let name = self.fresh(&format!("{param}_vec"));
+        let array = ArrayRef {
+            name: param.to_string(),
+            ty,
+            reinterpret: true,
+        };
+        self.body.push(Stmt::Let {
+            name: name.clone(),
+            ty,
+            value: Expr::Load(array, Box::new(var(i))),
+            constant: true,
+        });
+        self.vector_loads.insert(param.to_string(), name.clone());
+        name
+    }
+
+    fn binary(&mut self, kind: OpKind, dtype: DType, a: Expr, b: Expr) -> Result<Expr> {
+        let float = dtype.is_float();
+        if !float && !dtype.is_int() {
+            return Err(self.unsupported(format!("`{}` on {}", kind.name(), dtype.name())));
+        }
+        let op = |o| Ok(bin(o, a.clone(), b.clone()));
+        match kind {
+            OpKind::Add => op(BinOp::Add),
+            OpKind::Sub => op(BinOp::Sub),
+            OpKind::Mul => op(BinOp::Mul),
+            OpKind::Div => op(BinOp::Div),
+            OpKind::Max | OpKind::Min if float => {
+                self.helpers.insert(Helper::NanMinMax);
+                let f = if kind == OpKind::Max {
+                    "dcir_max"
+                } else {
+                    "dcir_min"
+                };
+                Ok(call(f, vec![a, b]))
+            }
+            OpKind::Max => Ok(call("max", vec![a, b])),
+            OpKind::Min => Ok(call("min", vec![a, b])),
+            OpKind::Pow if float => Ok(call("powf", vec![a, b])),
+            other => Err(self.unsupported(format!("`{}` on {}", other.name(), dtype.name()))),
+        }
+    }
+
+    fn unary(
+        &mut self,
+        kind: OpKind,
+        dtype: DType,
+        a: Expr,
+        attrs: &dcir_ir::Attrs,
+    ) -> Result<Expr> {
+        if !dtype.is_float() {
+            return match kind {
+                OpKind::Neg => Ok(Expr::Neg(Box::new(a))),
+                OpKind::Abs if dtype == DType::I64 => Ok(call("llabs", vec![a])),
+                OpKind::Abs => Ok(call("abs", vec![a])),
+                OpKind::Relu => Ok(call("max", vec![a, int(0)])),
+                OpKind::Clip => {
+                    let lo = attrs
+                        .get("min")
+                        .and_then(Attr::as_float)
+                        .unwrap_or(0.0)
+                        .ceil();
+                    let hi = attrs
+                        .get("max")
+                        .and_then(Attr::as_float)
+                        .unwrap_or(0.0)
+                        .floor();
+                    Ok(call(
+                        "min",
+                        vec![call("max", vec![a, int(lo as i64)]), int(hi as i64)],
+                    ))
+                }
+                other => Err(self.unsupported(format!("`{}` on {}", other.name(), dtype.name()))),
+            };
+        }
+        let f = |name: &str| Ok(call(name, vec![a.clone()]));
+        match kind {
+            OpKind::Relu => {
+                self.helpers.insert(Helper::NanMinMax);
+                f("dcir_relu")
+            }
+            OpKind::Clip => {
+                self.helpers.insert(Helper::NanMinMax);
+                let lo = attrs.get("min").and_then(Attr::as_float).unwrap_or(0.0);
+                let hi = attrs.get("max").and_then(Attr::as_float).unwrap_or(0.0);
+                Ok(call(
+                    "dcir_min",
+                    vec![
+                        call("dcir_max", vec![a, Expr::F32(lo as f32)]),
+                        Expr::F32(hi as f32),
+                    ],
+                ))
+            }
+            OpKind::Gelu => {
+                self.helpers.insert(Helper::Gelu);
+                match attrs.get("approximate").and_then(Attr::as_str) {
+                    Some("tanh") => f("dcir_gelu_tanh"),
+                    _ => f("dcir_gelu"),
+                }
+            }
+            OpKind::Sigmoid => {
+                self.helpers.insert(Helper::Sigmoid);
+                f("dcir_sigmoid")
+            }
+            OpKind::Erf => f("erff"),
+            OpKind::Tanh => f("tanhf"),
+            OpKind::Exp => f("expf"),
+            OpKind::Log => f("logf"),
+            OpKind::Sqrt => f("sqrtf"),
+            OpKind::Rsqrt => f("rsqrtf"),
+            OpKind::Abs => f("fabsf"),
+            OpKind::Neg => Ok(Expr::Neg(Box::new(a))),
+            other => Err(self.unsupported(format!("`{}`", other.name()))),
+        }
+    }
+
+    fn cast(&mut self, from: DType, to: DType, x: Expr) -> Expr {
+        let x_float = from.is_float();
+        match to {
+            DType::Bool if x_float => bin(BinOp::Ne, x, Expr::F32(0.0)),
+            DType::Bool => bin(BinOp::Ne, x, int(0)),
+            DType::F32 | DType::F16 | DType::BF16 => {
+                let e = if x_float {
+                    x
+                } else {
+                    Expr::Cast(Ty::F32, Box::new(x))
+                };
+                self.round(to, e)
+            }
+            DType::I32 if x_float => call("__float2int_rz", vec![x]),
+            DType::I64 if x_float => call("__float2ll_rz", vec![x]),
+            DType::I32 => Expr::Cast(Ty::I32, Box::new(x)),
+            DType::I64 => Expr::Cast(Ty::I64, Box::new(x)),
+        }
+    }
+
+    fn reduced_value(&mut self, op: OpId, how: Reduced, row: usize, idx: &Index) -> Result<Expr> {
+        let operands = self.g.op(op).operands.clone();
+        match how {
+            Reduced::Row(acc) => Ok(acc),
+            Reduced::Softmax { max, sum } => {
+                let x = self.value_at(operands[0], idx)?;
+                Ok(bin(
+                    BinOp::Div,
+                    call("expf", vec![bin(BinOp::Sub, x, max)]),
+                    sum,
+                ))
+            }
+            Reduced::Layernorm { mean, rstd } => {
+                let x = self.value_at(operands[0], idx)?;
+                let linear = idx.get_linear();
+                let in_pass = add(mul(var("row"), int(row as i64)), var("c"));
+                let col = if linear == in_pass {
+                    var("c")
+                } else {
+                    rem(linear, row as i64)
+                };
+                let pdims = self.g.ty(operands[1]).dims().to_vec();
+                let scale = self.value_at(operands[1], &Index::linear(&pdims, col.clone()))?;
+                let bias = self.value_at(operands[2], &Index::linear(&pdims, col))?;
+                let norm = bin(BinOp::Mul, bin(BinOp::Sub, x, mean), rstd);
+                Ok(bin(BinOp::Add, bin(BinOp::Mul, norm, scale), bias))
+            }
+        }
+    }
+}
+
+/// The vector type of `width` elements of `dtype`.
+fn vector_ty(dtype: DType, width: usize) -> Ty {
+    match (dtype, width) {
+        (DType::F32, 4) => Ty::Float4,
+        (DType::F32, _) => Ty::Float2,
+        (_, 4) => Ty::Uint2,
+        _ => Ty::U32,
+    }
+}
+
+/// Element `lane` of a vector local.
+fn vector_lane(v: String, dtype: DType, width: usize, lane: usize) -> Expr {
+    const F: [&str; 4] = ["x", "y", "z", "w"];
+    if dtype == DType::F32 {
+        return Expr::Field(Box::new(var(v)), F[lane]);
+    }
+    let word = if width == 4 {
+        Expr::Field(Box::new(var(v)), F[lane / 2])
+    } else {
+        var(v)
+    };
+    let bits = if lane.is_multiple_of(2) {
+        bin(BinOp::BitAnd, word, Expr::Int(0xffff))
+    } else {
+        bin(BinOp::Shr, word, int(16))
+    };
+    Expr::Cast(storage_ty(dtype), Box::new(bits))
+}
+
+/// The lane `l` if `linear` is `i * width + l`.
+fn lane_of(linear: &Expr, i: &str, width: usize) -> Option<usize> {
+    let base = mul(var(i), int(width as i64));
+    (0..width).find(|&l| *linear == add(base.clone(), int(l as i64)))
+}
+
+/// The group's kernel parameters: region arguments (inputs), then results.
+fn params(l: &mut Lower, op: OpId) -> Vec<Param> {
+    let g = l.g;
+    let region = g.op(op).region.expect("a fused op has a region");
+    let mut params = Vec::new();
+    for &arg in &g.block(region).args {
+        let name = sanitize(&g.value(arg).name);
+        let name = unique(&mut l.used_names, name);
+        l.inputs.insert(arg, name.clone());
+        let dtype = g.ty(arg).dtype;
+        params.push(Param {
+            name,
+            ty: storage_ty(dtype),
+            dtype: dtype.name(),
+            output: false,
+        });
+    }
+    for &r in &g.op(op).results {
+        let name = unique(&mut l.used_names, sanitize(&g.value(r).name));
+        let dtype = g.ty(r).dtype;
+        params.push(Param {
+            name,
+            ty: storage_ty(dtype),
+            dtype: dtype.name(),
+            output: true,
+        });
+    }
+    params
+}
+
+fn unique(used: &mut BTreeSet<String>, base: String) -> String {
+    let mut name = base.clone();
+    let mut n = 1;
+    while !used.insert(name.clone()) {
+        name = format!("{base}_{n}");
+        n += 1;
+    }
+    name
+}
+
+fn attr_int(g: &Graph, op: OpId, name: &str, default: i64) -> i64 {
+    g.op(op)
+        .attrs
+        .get(name)
+        .and_then(Attr::as_int)
+        .unwrap_or(default)
+}
+
+/// The kernel name of group `op` of graph `g`: `<graph>_<symbol>`.
+pub fn kernel_name(g: &Graph, op: OpId) -> String {
+    let symbol = g.op(op).symbol.clone().unwrap_or_else(|| "g".into());
+    sanitize(&format!("{}_{}", g.name(), symbol))
+}
+
+/// Lowers one `fused` op of `g` to a kernel.
+pub fn lower_fused(g: &Graph, op: OpId) -> Result<Kernel> {
+    let data = g.op(op);
+    let group = data.symbol.clone().unwrap_or_default();
+    let kind = data
+        .attrs
+        .get("kind")
+        .and_then(Attr::as_str)
+        .unwrap_or("none")
+        .to_string();
+    let mut l = Lower {
+        g,
+        group: group.clone(),
+        inputs: HashMap::new(),
+        body: Vec::new(),
+        memo: HashMap::new(),
+        used_names: BTreeSet::new(),
+        helpers: BTreeSet::new(),
+        reduced: None,
+        vector: None,
+        vector_loads: HashMap::new(),
+    };
+    if data.kind != OpKind::Fused || data.region.is_none() {
+        return Err(l.unsupported("an op that is not `fused`"));
+    }
+    match kind.as_str() {
+        "elementwise" => elementwise(&mut l, op),
+        "reduction" => reduction(&mut l, op),
+        other => Err(l.unsupported(format!("group kind `{other}`"))),
+    }
+}
+
+/// The yielded values of a group, in result order.
+fn yields(g: &Graph, op: OpId) -> Vec<ValueId> {
+    let region = g.op(op).region.expect("a fused op has a region");
+    g.block(region)
+        .ops
+        .last()
+        .map(|&y| g.op(y).operands.clone())
+        .unwrap_or_default()
+}
+
+fn store(l: &mut Lower, param: &Param, dtype: DType, index: Expr, value: Expr) {
+    let value = l.narrow(dtype, value);
+    l.body.push(Stmt::Store(
+        ArrayRef {
+            name: param.name.clone(),
+            ty: param.ty,
+            reinterpret: false,
+        },
+        index,
+        value,
+    ));
+}
+
+fn global_thread() -> Expr {
+    add(
+        mul(
+            Expr::Builtin(Builtin::BlockX),
+            Expr::Builtin(Builtin::BlockDimX),
+        ),
+        Expr::Builtin(Builtin::ThreadX),
+    )
+}
+
+fn grid_stride() -> Expr {
+    mul(
+        Expr::Builtin(Builtin::BlockDimX),
+        Expr::Builtin(Builtin::GridDimX),
+    )
+}
+
+/// A vectorized grid-stride loop over the output elements.
+fn elementwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
+    let g = l.g;
+    let params = params(l, op);
+    let results = g.op(op).results.clone();
+    let out_dims = g.ty(results[0]).dims().to_vec();
+    let n = g.ty(results[0]).num_elements().unwrap_or(0);
+    if results
+        .iter()
+        .any(|&r| g.ty(r).dims() != out_dims.as_slice())
+    {
+        return Err(l.unsupported("an elementwise group with results of different shapes"));
+    }
+    if n >= i32::MAX as usize {
+        return Err(l.unsupported("more than 2^31 elements"));
+    }
+    let threads = attr_int(g, op, "threads", 256).clamp(32, 1024) as usize;
+    let items = attr_int(g, op, "items", 1).clamp(1, 64) as usize;
+    let vector = attr_int(g, op, "vector", 1) as usize;
+    let all_float = params
+        .iter()
+        .all(|p| p.dtype != "i32" && p.dtype != "i64" && p.dtype != "bool");
+    let width = if matches!(vector, 2 | 4) && n.is_multiple_of(vector) && all_float {
+        vector
+    } else {
+        1
+    };
+    let yields = yields(g, op);
+    let outputs: Vec<(Param, DType)> = params
+        .iter()
+        .filter(|p| p.output)
+        .cloned()
+        .zip(results.iter().map(|&r| g.ty(r).dtype))
+        .collect();
+    let count = n / width;
+    let body = l.scoped(|l| {
+        if width == 1 {
+            let idx = Index::linear(&out_dims, var("i"));
+            for ((param, dtype), &y) in outputs.iter().zip(&yields) {
+                let v = l.value_at(y, &idx)?;
+                store(l, param, *dtype, var("i"), v);
+            }
+            return Ok(());
+        }
+        l.vector = Some(("i".to_string(), width));
+        let mut lanes: Vec<Vec<Expr>> = vec![Vec::new(); outputs.len()];
+        for lane in 0..width {
+            let linear = add(mul(var("i"), int(width as i64)), int(lane as i64));
+            let idx = Index::linear(&out_dims, linear);
+            for (k, &y) in yields.iter().enumerate() {
+                let v = l.value_at(y, &idx)?;
+                let v = l.narrow(outputs[k].1, v);
+                lanes[k].push(v);
+            }
+        }
+        for ((param, dtype), lanes) in outputs.iter().zip(lanes) {
+            let value = pack(*dtype, lanes);
+            l.body.push(Stmt::Store(
+                ArrayRef {
+                    name: param.name.clone(),
+                    ty: vector_ty(*dtype, width),
+                    reinterpret: true,
+                },
+                var("i"),
+                value,
+            ));
+        }
+        Ok(())
+    })?;
+    let per_block = threads * items;
+    let grid = count.div_ceil(per_block).max(1);
+    let summary = format!(
+        "elementwise: {n} elements, {} per thread per step, {items} steps per thread",
+        width
+    );
+    Ok(Kernel {
+        name: kernel_name(g, op),
+        summary,
+        params,
+        shared: Vec::new(),
+        body: vec![Stmt::For {
+            var: "i".into(),
+            start: global_thread(),
+            end: int(count as i64),
+            step: grid_stride(),
+            unroll: false,
+            body,
+        }],
+        helpers: std::mem::take(&mut l.helpers),
+        block: threads as u32,
+        grid: grid as u32,
+    })
+}
+
+/// `make_float4(...)` or packed 16-bit words.
+fn pack(dtype: DType, lanes: Vec<Expr>) -> Expr {
+    if dtype == DType::F32 {
+        let f = if lanes.len() == 4 {
+            "make_float4"
+        } else {
+            "make_float2"
+        };
+        return call(f, lanes);
+    }
+    let word = |lo: &Expr, hi: &Expr| {
+        bin(
+            BinOp::BitOr,
+            Expr::Cast(Ty::U32, Box::new(lo.clone())),
+            bin(
+                BinOp::Shl,
+                Expr::Cast(Ty::U32, Box::new(hi.clone())),
+                int(16),
+            ),
+        )
+    };
+    if lanes.len() == 4 {
+        call(
+            "make_uint2",
+            vec![word(&lanes[0], &lanes[1]), word(&lanes[2], &lanes[3])],
+        )
+    } else {
+        word(&lanes[0], &lanes[1])
+    }
+}
+
+/// The reduction op of a group, with its input, the number of rows and the row length.
+fn find_reduction(l: &Lower, op: OpId) -> Result<(OpId, usize, usize)> {
+    let g = l.g;
+    let region = g.op(op).region.expect("a fused op has a region");
+    let reductions: Vec<OpId> = g
+        .block(region)
+        .ops
+        .iter()
+        .copied()
+        .filter(|&o| {
+            matches!(
+                g.op(o).kind,
+                OpKind::Softmax
+                    | OpKind::Layernorm
+                    | OpKind::ReduceSum
+                    | OpKind::ReduceMean
+                    | OpKind::ReduceMax
+                    | OpKind::GlobalAvgpool
+            )
+        })
+        .collect();
+    let [r] = reductions[..] else {
+        return Err(l.unsupported(format!(
+            "a reduction group with {} reductions",
+            reductions.len()
+        )));
+    };
+    let data = g.op(r);
+    let dims = g.ty(data.operands[0]).dims().to_vec();
+    let rank = dims.len() as i64;
+    let first = match data.kind {
+        OpKind::Softmax | OpKind::Layernorm => {
+            let axis = attr_int(g, r, "axis", rank - 1);
+            if data.kind == OpKind::Softmax && axis != rank - 1 {
+                return Err(l.unsupported("softmax over a dim that is not the innermost"));
+            }
+            axis
+        }
+        OpKind::GlobalAvgpool => rank - 2,
+        _ => {
+            let axes = data
+                .attrs
+                .get("axes")
+                .and_then(Attr::as_ints)
+                .unwrap_or(&[]);
+            let contiguous = axes
+                .iter()
+                .enumerate()
+                .all(|(i, &a)| a == rank - axes.len() as i64 + i as i64);
+            if axes.is_empty() || !contiguous {
+                return Err(l.unsupported("a reduction over dims that are not the innermost"));
+            }
+            axes[0]
+        }
+    };
+    let first = first.clamp(0, rank) as usize;
+    let row: usize = dims[first..].iter().product();
+    let rows: usize = dims[..first].iter().product();
+    if row == 0 || rows == 0 {
+        return Err(l.unsupported("an empty reduction"));
+    }
+    Ok((r, rows, row))
+}
+
+/// The warp-shuffle and shared-memory reduction of `acc` over the threads of a row.
+fn block_reduce(l: &mut Lower, acc: &str, max: bool, tpr: usize) -> Vec<Stmt> {
+    let combine = |a: Expr, b: Expr| {
+        if max {
+            call("dcir_max", vec![a, b])
+        } else {
+            bin(BinOp::Add, a, b)
+        }
+    };
+    if max {
+        l.helpers.insert(Helper::NanMinMax);
+    }
+    let mut out = Vec::new();
+    let mut offset = tpr.min(32) / 2;
+    while offset > 0 {
+        out.push(Stmt::Assign(
+            acc.into(),
+            combine(var(acc), Expr::ShflXor(Box::new(var(acc)), offset as u32)),
+        ));
+        offset /= 2;
+    }
+    if tpr > 32 {
+        let warps = tpr / 32;
+        let name = format!("{acc}_partial");
+        let shared = ArrayRef {
+            name: name.clone(),
+            ty: Ty::F32,
+            reinterpret: false,
+        };
+        out.push(Stmt::If(
+            bin(BinOp::Eq, rem(var("lane"), 32), int(0)),
+            vec![Stmt::Store(
+                shared.clone(),
+                div(Expr::Builtin(Builtin::ThreadX), 32),
+                var(acc),
+            )],
+        ));
+        out.push(Stmt::Barrier);
+        let base = mul(var("row_in_block"), int(warps as i64));
+        out.push(Stmt::Assign(
+            acc.into(),
+            Expr::Load(shared.clone(), Box::new(base.clone())),
+        ));
+        out.push(Stmt::For {
+            var: "w".into(),
+            start: int(1),
+            end: int(warps as i64),
+            step: int(1),
+            unroll: true,
+            body: vec![Stmt::Assign(
+                acc.into(),
+                combine(var(acc), Expr::Load(shared, Box::new(add(base, var("w"))))),
+            )],
+        });
+        out.push(Stmt::Barrier);
+    }
+    out
+}
+
+/// Row reductions: one row per `threads_per_row` threads, `rows_per_block` rows per block.
+fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
+    let g = l.g;
+    let params = params(l, op);
+    let (r, rows, row) = find_reduction(l, op)?;
+    let tpr = attr_int(g, op, "threads_per_row", 256).clamp(1, 1024) as usize;
+    let rpb = attr_int(g, op, "rows_per_block", 1).clamp(1, 1024) as usize;
+    if !tpr.is_power_of_two() || tpr * rpb > 1024 || (tpr < 32 && 32 % tpr != 0) {
+        return Err(l.unsupported(format!(
+            "threads_per_row = {tpr} with rows_per_block = {rpb}"
+        )));
+    }
+    if rows * row >= i32::MAX as usize {
+        return Err(l.unsupported("more than 2^31 elements"));
+    }
+    let rkind = g.op(r).kind;
+    let x = g.op(r).operands[0];
+    let x_dims = g.ty(x).dims().to_vec();
+    let rv = g.op(r).results[0];
+    let per_row_out = !matches!(rkind, OpKind::Softmax | OpKind::Layernorm);
+    let results = g.op(op).results.clone();
+    let yields = yields(g, op);
+    let outputs: Vec<(Param, DType, ValueId, bool)> = params
+        .iter()
+        .filter(|p| p.output)
+        .cloned()
+        .zip(&results)
+        .zip(&yields)
+        .map(|((p, &res), &y)| {
+            let n = g.ty(res).num_elements().unwrap_or(0);
+            (
+                p,
+                g.ty(res).dtype,
+                y,
+                n == rows && per_row_out && n != rows * row,
+            )
+        })
+        .collect();
+    for (_, _, y, per_row) in &outputs {
+        let n = g.ty(*y).num_elements().unwrap_or(0);
+        if !per_row && n != rows * row {
+            return Err(l.unsupported("a result that is neither per row nor per element"));
+        }
+    }
+    let elem = |c: Expr| Index::linear(&x_dims, add(mul(var("row"), int(row as i64)), c));
+
+    let mut body = vec![
+        Stmt::Let {
+            name: "lane".into(),
+            ty: Ty::I32,
+            value: rem(Expr::Builtin(Builtin::ThreadX), tpr as i64),
+            constant: true,
+        },
+        Stmt::Let {
+            name: "row_in_block".into(),
+            ty: Ty::I32,
+            value: div(Expr::Builtin(Builtin::ThreadX), tpr as i64),
+            constant: true,
+        },
+        Stmt::Let {
+            name: "row".into(),
+            ty: Ty::I32,
+            value: add(
+                mul(Expr::Builtin(Builtin::BlockX), int(rpb as i64)),
+                var("row_in_block"),
+            ),
+            constant: true,
+        },
+        Stmt::Let {
+            name: "active".into(),
+            ty: Ty::Bool,
+            value: bin(BinOp::Lt, var("row"), int(rows as i64)),
+            constant: true,
+        },
+    ];
+    for n in ["lane", "row_in_block", "row", "active", "c", "w"] {
+        l.used_names.insert(n.into());
+    }
+    let mut shared = Vec::new();
+    // One pass over the row accumulating `acc` from `term(x)`; per-element
+    // outputs are stored in the same loop when `store_elements`.
+    let pass = |l: &mut Lower,
+                body: &mut Vec<Stmt>,
+                acc: &str,
+                max: bool,
+                term: &dyn Fn(&mut Lower, Expr) -> Expr,
+                store_elements: bool|
+     -> Result<()> {
+        let init = if max {
+            Expr::F32(f32::NEG_INFINITY)
+        } else {
+            Expr::F32(0.0)
+        };
+        body.push(Stmt::Let {
+            name: acc.into(),
+            ty: Ty::F32,
+            value: init,
+            constant: false,
+        });
+        l.used_names.insert(acc.into());
+        let inner = l.scoped(|l| {
+            let idx = elem(var("c"));
+            let xv = l.value_at(x, &idx)?;
+            let t = term(l, xv);
+            let combined = if max {
+                l.helpers.insert(Helper::NanMinMax);
+                call("dcir_max", vec![var(acc), t])
+            } else {
+                bin(BinOp::Add, var(acc), t)
+            };
+            l.body.push(Stmt::Assign(acc.into(), combined));
+            if store_elements {
+                store_per_element(l, &outputs, &idx)?;
+            }
+            Ok(())
+        })?;
+        body.push(Stmt::If(
+            var("active"),
+            vec![Stmt::For {
+                var: "c".into(),
+                start: var("lane"),
+                end: int(row as i64),
+                step: int(tpr as i64),
+                unroll: false,
+                body: inner,
+            }],
+        ));
+        body.extend(block_reduce(l, acc, max, tpr));
+        Ok(())
+    };
+    let warps_total = (tpr * rpb) / 32;
+    let mut add_shared = |name: &str| {
+        if tpr > 32 {
+            shared.push(SharedArray {
+                name: format!("{name}_partial"),
+                ty: Ty::F32,
+                len: warps_total,
+            });
+        }
+    };
+    let identity = |_: &mut Lower, x: Expr| x;
+    let how = match rkind {
+        OpKind::Softmax => {
+            pass(l, &mut body, "row_max", true, &identity, false)?;
+            add_shared("row_max");
+            let sub_exp =
+                |_: &mut Lower, x: Expr| call("expf", vec![bin(BinOp::Sub, x, var("row_max"))]);
+            pass(l, &mut body, "row_sum", false, &sub_exp, false)?;
+            add_shared("row_sum");
+            Reduced::Softmax {
+                max: var("row_max"),
+                sum: var("row_sum"),
+            }
+        }
+        OpKind::Layernorm => {
+            let eps = g
+                .op(r)
+                .attrs
+                .get("epsilon")
+                .and_then(Attr::as_float)
+                .unwrap_or(1e-5);
+            pass(l, &mut body, "row_sum", false, &identity, false)?;
+            add_shared("row_sum");
+            body.push(Stmt::Let {
+                name: "mean".into(),
+                ty: Ty::F32,
+                value: bin(BinOp::Div, var("row_sum"), Expr::F32(row as f32)),
+                constant: true,
+            });
+            l.used_names.insert("mean".into());
+            let centered = |_: &mut Lower, x: Expr| {
+                let d = bin(BinOp::Sub, x, var("mean"));
+                bin(BinOp::Mul, d.clone(), d)
+            };
+            pass(l, &mut body, "row_sq", false, &centered, false)?;
+            add_shared("row_sq");
+            body.push(Stmt::Let {
+                name: "rstd".into(),
+                ty: Ty::F32,
+                value: call(
+                    "rsqrtf",
+                    vec![bin(
+                        BinOp::Add,
+                        bin(BinOp::Div, var("row_sq"), Expr::F32(row as f32)),
+                        Expr::F32(eps as f32),
+                    )],
+                ),
+                constant: true,
+            });
+            l.used_names.insert("rstd".into());
+            Reduced::Layernorm {
+                mean: var("mean"),
+                rstd: var("rstd"),
+            }
+        }
+        _ => {
+            let max = rkind == OpKind::ReduceMax;
+            pass(l, &mut body, "row_acc", max, &identity, true)?;
+            add_shared("row_acc");
+            let value = match rkind {
+                OpKind::ReduceMean | OpKind::GlobalAvgpool => {
+                    bin(BinOp::Div, var("row_acc"), Expr::F32(row as f32))
+                }
+                _ => var("row_acc"),
+            };
+            body.push(Stmt::Let {
+                name: "result".into(),
+                ty: Ty::F32,
+                value,
+                constant: true,
+            });
+            l.used_names.insert("result".into());
+            Reduced::Row(var("result"))
+        }
+    };
+    l.reduced = Some((rv, how, row));
+    check_epilogue(l, op, rv)?;
+    if per_row_out {
+        let rdims = g.ty(rv).dims().to_vec();
+        let stores = l.scoped(|l| {
+            let idx = Index::linear(&rdims, var("row"));
+            for (p, dtype, y, per_row) in &outputs {
+                if *per_row {
+                    let v = l.value_at(*y, &idx)?;
+                    store(l, p, *dtype, var("row"), v);
+                }
+            }
+            Ok(())
+        })?;
+        body.push(Stmt::If(
+            bin(
+                BinOp::And,
+                var("active"),
+                bin(BinOp::Eq, var("lane"), int(0)),
+            ),
+            stores,
+        ));
+    } else {
+        let inner = l.scoped(|l| store_per_element(l, &outputs, &elem(var("c"))))?;
+        body.push(Stmt::If(
+            var("active"),
+            vec![Stmt::For {
+                var: "c".into(),
+                start: var("lane"),
+                end: int(row as i64),
+                step: int(tpr as i64),
+                unroll: false,
+                body: inner,
+            }],
+        ));
+    }
+    let summary = format!(
+        "reduction ({}): {rows} rows of {row}, {tpr} threads per row, {rpb} rows per block",
+        rkind.name()
+    );
+    Ok(Kernel {
+        name: kernel_name(g, op),
+        summary,
+        params,
+        shared,
+        body,
+        helpers: std::mem::take(&mut l.helpers),
+        block: (tpr * rpb) as u32,
+        grid: rows.div_ceil(rpb) as u32,
+    })
+}
+
+fn store_per_element(
+    l: &mut Lower,
+    outputs: &[(Param, DType, ValueId, bool)],
+    idx: &Index,
+) -> Result<()> {
+    for (p, dtype, y, per_row) in outputs {
+        if !per_row {
+            let v = l.value_at(*y, idx)?;
+            store(l, p, *dtype, idx.get_linear(), v);
+        }
+    }
+    Ok(())
+}
+
+/// Everything computed from the reduction's result must keep to its row:
+/// elementwise math, casts and reshapes only.
+fn check_epilogue(l: &Lower, op: OpId, rv: ValueId) -> Result<()> {
+    let g = l.g;
+    let region = g.op(op).region.expect("a fused op has a region");
+    let mut tainted: BTreeSet<ValueId> = BTreeSet::from([rv]);
+    for &o in &g.block(region).ops {
+        let data = g.op(o);
+        if data.kind == OpKind::Yield || !data.operands.iter().any(|v| tainted.contains(v)) {
+            continue;
+        }
+        let ok = data.kind.is_elementwise_binary()
+            || data.kind.is_elementwise_unary()
+            || matches!(data.kind, OpKind::Cast | OpKind::Reshape);
+        if !ok {
+            return Err(l.unsupported(format!(
+                "`{}` after the reduction (only elementwise epilogues)",
+                data.kind.name()
+            )));
+        }
+        tainted.extend(data.results.iter().copied());
+    }
+    Ok(())
+}
+
+/// Lowers every `fused` op of `g`, in body order.
+pub fn lower_graph(g: &Graph) -> Result<Vec<Kernel>> {
+    g.block(g.body())
+        .ops
+        .iter()
+        .filter(|&&o| g.op(o).kind == OpKind::Fused)
+        .map(|&o| lower_fused(g, o))
+        .collect()
+}

@@ -1,0 +1,332 @@
+//! The CUDA C printer: a [`Kernel`] to header-free source NVRTC compiles alone.
+//!
+//! Output is a pure function of the kernel: helpers in a fixed order, two-space
+//! indentation, parentheses only where C precedence needs them, floats printed
+//! so they read back exactly.
+
+use std::fmt::Write;
+
+use crate::kir::{ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Stmt, Ty};
+
+/// The C spelling of a type.
+pub fn c_type(ty: Ty) -> &'static str {
+    match ty {
+        Ty::F32 => "float",
+        Ty::F16Bits | Ty::Bf16Bits => "unsigned short",
+        Ty::I32 => "int",
+        Ty::I64 => "long long",
+        Ty::Bool => "bool",
+        Ty::Float4 => "float4",
+        Ty::Float2 => "float2",
+        Ty::U32 => "unsigned int",
+        Ty::Uint2 => "uint2",
+        Ty::Uint4 => "uint4",
+    }
+}
+
+fn helper_source(helper: Helper) -> &'static str {
+    match helper {
+        Helper::Half => {
+            "__device__ __forceinline__ float dcir_h2f(unsigned short h) {\n  float f;\n  asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h));\n  return f;\n}\n\
+__device__ __forceinline__ unsigned short dcir_f2h(float f) {\n  unsigned short h;\n  asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f));\n  return h;\n}\n\
+__device__ __forceinline__ float dcir_round_h(float f) { return dcir_h2f(dcir_f2h(f)); }\n"
+        }
+        Helper::Bfloat16 => {
+            "__device__ __forceinline__ float dcir_bf2f(unsigned short b) { return __uint_as_float(((unsigned int)b) << 16); }\n\
+__device__ __forceinline__ unsigned short dcir_f2bf(float f) {\n  unsigned short b;\n  asm(\"cvt.rn.bf16.f32 %0, %1;\" : \"=h\"(b) : \"f\"(f));\n  return b;\n}\n\
+__device__ __forceinline__ float dcir_round_bf(float f) { return dcir_bf2f(dcir_f2bf(f)); }\n"
+        }
+        Helper::NanMinMax => {
+            "// max/min/relu that propagate NaN (fmaxf/fminf do not).\n\
+__device__ __forceinline__ float dcir_max(float a, float b) { return (a != a || b != b) ? a + b : fmaxf(a, b); }\n\
+__device__ __forceinline__ float dcir_min(float a, float b) { return (a != a || b != b) ? a + b : fminf(a, b); }\n\
+__device__ __forceinline__ float dcir_relu(float x) { return x != x ? x : fmaxf(x, 0.0f); }\n"
+        }
+        Helper::Gelu => {
+            "__device__ __forceinline__ float dcir_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }\n\
+__device__ __forceinline__ float dcir_gelu_tanh(float x) {\n  return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));\n}\n"
+        }
+        Helper::Sigmoid => {
+            "__device__ __forceinline__ float dcir_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }\n"
+        }
+    }
+}
+
+/// Prints one kernel as a translation unit.
+pub fn print_kernel(k: &Kernel) -> String {
+    let mut out = String::new();
+    for h in &k.helpers {
+        out.push_str(helper_source(*h));
+    }
+    if !k.helpers.is_empty() {
+        out.push('\n');
+    }
+    let _ = writeln!(out, "// {}", k.summary);
+    let _ = writeln!(out, "// launch: grid {}, block {}", k.grid, k.block);
+    let params: Vec<String> = k
+        .params
+        .iter()
+        .map(|p| {
+            let constness = if p.output { "" } else { "const " };
+            format!("{constness}{}* __restrict__ {}", c_type(p.ty), p.name)
+        })
+        .collect();
+    let _ = writeln!(
+        out,
+        "extern \"C\" __global__ void __launch_bounds__({}) {}({}) {{",
+        k.block,
+        k.name,
+        params.join(", ")
+    );
+    for s in &k.shared {
+        let _ = writeln!(out, "  __shared__ {} {}[{}];", c_type(s.ty), s.name, s.len);
+    }
+    print_block(&mut out, &k.body, 1);
+    out.push_str("}\n");
+    out
+}
+
+fn print_block(out: &mut String, body: &[Stmt], depth: usize) {
+    for s in body {
+        print_stmt(out, s, depth);
+    }
+}
+
+fn print_stmt(out: &mut String, s: &Stmt, depth: usize) {
+    let pad = "  ".repeat(depth);
+    match s {
+        Stmt::Comment(text) => {
+            let _ = writeln!(out, "{pad}// {text}");
+        }
+        Stmt::Let {
+            name,
+            ty,
+            value,
+            constant,
+        } => {
+            let c = if *constant { "const " } else { "" };
+            let _ = writeln!(out, "{pad}{c}{} {name} = {};", c_type(*ty), expr(value));
+        }
+        Stmt::Assign(name, value) => {
+            let _ = writeln!(out, "{pad}{name} = {};", expr(value));
+        }
+        Stmt::Store(array, index, value) => {
+            let _ = writeln!(
+                out,
+                "{pad}{} = {};",
+                access(array, index, true),
+                expr(value)
+            );
+        }
+        Stmt::For {
+            var,
+            start,
+            end,
+            step,
+            unroll,
+            body,
+        } => {
+            if *unroll {
+                let _ = writeln!(out, "{pad}#pragma unroll");
+            }
+            let _ = writeln!(
+                out,
+                "{pad}for (int {var} = {}; {var} < {}; {var} += {}) {{",
+                expr(start),
+                expr(end),
+                expr(step)
+            );
+            print_block(out, body, depth + 1);
+            let _ = writeln!(out, "{pad}}}");
+        }
+        Stmt::If(cond, body) => {
+            let _ = writeln!(out, "{pad}if ({}) {{", expr(cond));
+            print_block(out, body, depth + 1);
+            let _ = writeln!(out, "{pad}}}");
+        }
+        Stmt::Barrier => {
+            let _ = writeln!(out, "{pad}__syncthreads();");
+        }
+    }
+}
+
+fn access(array: &ArrayRef, index: &Expr, write: bool) -> String {
+    if array.reinterpret {
+        let constness = if write { "" } else { "const " };
+        format!(
+            "reinterpret_cast<{constness}{}*>({})[{}]",
+            c_type(array.ty),
+            array.name,
+            expr(index)
+        )
+    } else {
+        format!("{}[{}]", array.name, expr(index))
+    }
+}
+
+/// Prints an expression.
+pub fn expr(e: &Expr) -> String {
+    let mut s = String::new();
+    write_expr(&mut s, e, 0);
+    s
+}
+
+fn prec(e: &Expr) -> u8 {
+    match e {
+        Expr::Select(..) => 1,
+        Expr::Bin(op, ..) => match op {
+            BinOp::And => 2,
+            BinOp::BitOr => 3,
+            BinOp::BitAnd => 4,
+            BinOp::Eq | BinOp::Ne => 5,
+            BinOp::Lt | BinOp::Ge => 6,
+            BinOp::Shl | BinOp::Shr => 7,
+            BinOp::Add | BinOp::Sub => 8,
+            BinOp::Mul | BinOp::Div | BinOp::Rem => 9,
+        },
+        Expr::Neg(_) | Expr::Not(_) | Expr::Cast(..) => 10,
+        Expr::Int(v) if *v < 0 => 10,
+        Expr::F32(v) if v.is_sign_negative() => 10,
+        _ => 11,
+    }
+}
+
+fn op_str(op: BinOp) -> &'static str {
+    match op {
+        BinOp::Add => "+",
+        BinOp::Sub => "-",
+        BinOp::Mul => "*",
+        BinOp::Div => "/",
+        BinOp::Rem => "%",
+        BinOp::Lt => "<",
+        BinOp::Ge => ">=",
+        BinOp::Eq => "==",
+        BinOp::Ne => "!=",
+        BinOp::And => "&&",
+        BinOp::BitOr => "|",
+        BinOp::BitAnd => "&",
+        BinOp::Shl => "<<",
+        BinOp::Shr => ">>",
+    }
+}
+
+/// A float literal that reads back to the same f32.
+pub fn float_literal(v: f32) -> String {
+    if v.is_nan() {
+        "__int_as_float(0x7fc00000)".to_string()
+    } else if v.is_infinite() {
+        if v > 0.0 {
+            "__int_as_float(0x7f800000)".to_string()
+        } else {
+            "__int_as_float(0xff800000)".to_string()
+        }
+    } else {
+        let s = format!("{v:?}");
+        if s.contains('e') || s.contains('.') {
+            format!("{s}f")
+        } else {
+            format!("{s}.0f")
+        }
+    }
+}
+
+fn write_expr(out: &mut String, e: &Expr, min_prec: u8) {
+    let p = prec(e);
+    let paren = p < min_prec;
+    if paren {
+        out.push('(');
+    }
+    match e {
+        Expr::Var(name) => out.push_str(name),
+        Expr::Int(v) => {
+            let _ = write!(out, "{v}");
+        }
+        Expr::F32(v) => out.push_str(&float_literal(*v)),
+        Expr::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Expr::Builtin(b) => out.push_str(match b {
+            Builtin::ThreadX => "threadIdx.x",
+            Builtin::BlockX => "blockIdx.x",
+            Builtin::BlockDimX => "blockDim.x",
+            Builtin::GridDimX => "gridDim.x",
+        }),
+        Expr::Bin(op, a, b) => {
+            // Left-associative: the right operand of `-`, `/`, `%` needs a
+            // higher precedence to avoid regrouping.
+            write_expr(out, a, p);
+            let _ = write!(out, " {} ", op_str(*op));
+            write_expr(out, b, p + 1);
+        }
+        Expr::Neg(a) => {
+            out.push('-');
+            write_expr(out, a, 11);
+        }
+        Expr::Not(a) => {
+            out.push('!');
+            write_expr(out, a, 11);
+        }
+        Expr::Select(c, a, b) => {
+            write_expr(out, c, 2);
+            out.push_str(" ? ");
+            write_expr(out, a, 2);
+            out.push_str(" : ");
+            write_expr(out, b, 1);
+        }
+        Expr::Cast(ty, a) => {
+            let _ = write!(out, "({})", c_type(*ty));
+            write_expr(out, a, 11);
+        }
+        Expr::Call(f, args) => {
+            out.push_str(f);
+            out.push('(');
+            for (i, a) in args.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                write_expr(out, a, 0);
+            }
+            out.push(')');
+        }
+        Expr::Load(array, index) => out.push_str(&access(array, index, false)),
+        Expr::Field(v, f) => {
+            write_expr(out, v, 11);
+            let _ = write!(out, ".{f}");
+        }
+        Expr::ShflXor(v, mask) => {
+            out.push_str("__shfl_xor_sync(0xffffffffu, ");
+            write_expr(out, v, 0);
+            let _ = write!(out, ", {mask})");
+        }
+    }
+    if paren {
+        out.push(')');
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kir::{add, bin, int, mul, select, var};
+
+    #[test]
+    fn precedence_adds_only_needed_parentheses() {
+        let e = mul(add(var("a"), var("b")), var("c"));
+        assert_eq!(expr(&e), "(a + b) * c");
+        let e = bin(BinOp::Sub, var("a"), bin(BinOp::Sub, var("b"), var("c")));
+        assert_eq!(expr(&e), "a - (b - c)");
+        let e = add(mul(var("a"), int(3)), var("b"));
+        assert_eq!(expr(&e), "a * 3 + b");
+        let e = select(bin(BinOp::Lt, var("i"), int(4)), var("x"), Expr::F32(-1.5));
+        assert_eq!(expr(&e), "i < 4 ? x : -1.5f");
+    }
+
+    #[test]
+    fn floats_read_back() {
+        assert_eq!(float_literal(1.0), "1.0f");
+        assert_eq!(float_literal(0.1), "0.1f");
+        assert_eq!(float_literal(1e-5), "1e-5f");
+        assert_eq!(
+            float_literal(f32::NEG_INFINITY),
+            "__int_as_float(0xff800000)"
+        );
+    }
+}
