@@ -1,27 +1,12 @@
 //! `dcir-opt` as a user runs it: exit codes, files, standard input, flags.
 
-use std::io::Write;
-use std::path::Path;
-use std::process::{Command, Output, Stdio};
+mod common;
+
+use common::{run_tool, text};
+use std::process::Output;
 
 fn dcir_opt(args: &[&str], stdin: Option<&[u8]>) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dcir-opt"))
-        .args(args)
-        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("dcir-opt starts");
-    let mut pipe = child.stdin.take().expect("stdin is piped");
-    pipe.write_all(stdin.unwrap_or_default())
-        .expect("stdin accepts input");
-    drop(pipe);
-    child.wait_with_output().expect("dcir-opt finishes")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
+    run_tool(env!("CARGO_BIN_EXE_dcir-opt"), args, stdin)
 }
 
 #[test]

@@ -1,31 +1,17 @@
 //! `dcir-run` as a user runs it: summaries, seeds, files in and out, errors.
 
-use std::io::Write;
+mod common;
+
+use common::{run_tool, text};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
 use dcir_interp::io::{read_safetensors, write_safetensors};
 use dcir_interp::{Tensor, TensorData};
 use dcir_ir::{DType, TensorType};
 
 fn dcir_run(args: &[&str], stdin: Option<&[u8]>) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dcir-run"))
-        .args(args)
-        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("dcir-run starts");
-    let mut pipe = child.stdin.take().expect("stdin is piped");
-    pipe.write_all(stdin.unwrap_or_default())
-        .expect("stdin accepts input");
-    drop(pipe);
-    child.wait_with_output().expect("dcir-run finishes")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
+    run_tool(env!("CARGO_BIN_EXE_dcir-run"), args, stdin)
 }
 
 /// A fresh directory for one test's files.

@@ -1,0 +1,30 @@
+//! Running the drivers as a user does, for the CLI tests.
+
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+/// Runs the binary at `exe` from the repository root with `args`, feeding
+/// `stdin` (nothing if `None`), and waits for it.
+pub fn run_tool(exe: &str, args: &[&str], stdin: Option<&[u8]>) -> Output {
+    let mut child = Command::new(exe)
+        .args(args)
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{exe} starts: {e}"));
+    let mut pipe = child.stdin.take().expect("stdin is piped");
+    pipe.write_all(stdin.unwrap_or_default())
+        .expect("stdin accepts input");
+    drop(pipe);
+    child.wait_with_output().expect("the tool finishes")
+}
+
+/// Bytes as text, lossily.
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
