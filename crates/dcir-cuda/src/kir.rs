@@ -167,6 +167,57 @@ pub enum Stmt {
     If(Expr, Vec<Stmt>),
     /// `__syncthreads();`
     Barrier,
+    /// `ty name[len];`: a per-thread array (registers when indexed by constants).
+    LocalArray {
+        /// The array.
+        name: String,
+        /// Element type.
+        ty: Ty,
+        /// Number of elements.
+        len: usize,
+    },
+}
+
+impl Stmt {
+    /// Whether the statement (or one nested in it) reads variable `name`.
+    pub fn reads(&self, name: &str) -> bool {
+        match self {
+            Stmt::Comment(_) | Stmt::LocalArray { .. } | Stmt::Barrier => false,
+            Stmt::Let { value, .. } | Stmt::Assign(_, value) => value.reads(name),
+            Stmt::Store(array, index, value) => {
+                array.name == name || index.reads(name) || value.reads(name)
+            }
+            Stmt::For {
+                start,
+                end,
+                step,
+                body,
+                ..
+            } => {
+                start.reads(name)
+                    || end.reads(name)
+                    || step.reads(name)
+                    || body.iter().any(|s| s.reads(name))
+            }
+            Stmt::If(cond, body) => cond.reads(name) || body.iter().any(|s| s.reads(name)),
+        }
+    }
+}
+
+impl Expr {
+    /// Whether the expression reads variable (or array) `name`.
+    pub fn reads(&self, name: &str) -> bool {
+        match self {
+            Expr::Var(v) => v == name,
+            Expr::Int(_) | Expr::F32(_) | Expr::Bool(_) | Expr::Builtin(_) => false,
+            Expr::Bin(_, a, b) => a.reads(name) || b.reads(name),
+            Expr::Neg(a) | Expr::Not(a) | Expr::Cast(_, a) | Expr::Field(a, _) => a.reads(name),
+            Expr::ShflXor(a, _) => a.reads(name),
+            Expr::Select(c, a, b) => c.reads(name) || a.reads(name) || b.reads(name),
+            Expr::Call(_, args) => args.iter().any(|a| a.reads(name)),
+            Expr::Load(array, index) => array.name == name || index.reads(name),
+        }
+    }
 }
 
 /// A helper function the printer defines before the kernel when used.

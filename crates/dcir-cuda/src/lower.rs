@@ -19,9 +19,14 @@ use dcir_ir::{Attr, DType, Graph, OpId, OpKind, ValueDef, ValueId};
 
 use crate::kir::{
     ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Param, SharedArray, Stmt, Ty, add, bin, call,
-    clamp, div, int, mul, rem, select, sub, var,
+    clamp, div, int, mul, rem, select, sub, ty_bytes, var,
 };
 use crate::print::expr as print_expr;
+
+// The GEMM family lives in its own file but is a child of this module, so it
+// shares the index-map machinery (`Lower`, `Index`, `Reduced`) privately.
+#[path = "gemm.rs"]
+mod gemm;
 
 /// Why a group could not be lowered.
 #[derive(Clone, Debug, PartialEq)]
@@ -170,10 +175,32 @@ struct Lower<'g> {
     helpers: BTreeSet<Helper>,
     /// The reduction op of a reduction kernel and how to read its result.
     reduced: Option<(ValueId, Reduced, usize)>,
-    /// Vectorized elementwise: (vector loop variable, width).
-    vector: Option<(String, usize)>,
-    /// Vector loads already made: parameter → local.
-    vector_loads: HashMap<String, String>,
+    /// Vectorized access of the current loop body, if any.
+    vector: Option<Vectors>,
+    /// Vector loads already made: (parameter, vector index) → local.
+    vector_loads: HashMap<(String, String), String>,
+}
+
+/// The vector access of a loop body: element `base + step * width + l` of
+/// an array is lane `l` of its vector at `index`, for each `(base, index)`.
+#[derive(Clone, Debug)]
+struct Vectors {
+    step: String,
+    width: usize,
+    bases: Vec<(Expr, Expr)>,
+}
+
+impl Vectors {
+    /// The vector index and lane of the element at `linear`, if it is one.
+    fn lane_of(&self, linear: &Expr) -> Option<(Expr, usize)> {
+        let w = self.width as i64;
+        self.bases.iter().find_map(|(base, index)| {
+            let step = mul(var(&self.step), int(w));
+            (0..self.width)
+                .find(|&l| *linear == add(base.clone(), add(step.clone(), int(l as i64))))
+                .map(|l| (index.clone(), l))
+        })
+    }
 }
 
 impl<'g> Lower<'g> {
@@ -216,8 +243,10 @@ impl<'g> Lower<'g> {
     fn scoped(&mut self, f: impl FnOnce(&mut Self) -> Result<()>) -> Result<Vec<Stmt>> {
         let body = std::mem::take(&mut self.body);
         let memo = self.memo.clone();
+        let vector_loads = self.vector_loads.clone();
         let result = f(self);
         self.memo = memo;
+        self.vector_loads = vector_loads;
         let inner = std::mem::replace(&mut self.body, body);
         result.map(|()| inner)
     }
@@ -492,11 +521,12 @@ impl<'g> Lower<'g> {
         let ty = self.g.ty(v).clone();
         let param = self.inputs[&v].clone();
         let linear = idx.get_linear();
-        if let Some((i, width)) = self.vector.clone()
-            && let Some(lane) = lane_of(&linear, &i, width)
+        if let Some(vectors) = self.vector.clone()
+            && let Some((index, lane)) = vectors.lane_of(&linear)
             && ty.dtype.is_float()
         {
-            let vec_var = self.vector_load(&param, ty.dtype, &i, width);
+            let width = vectors.width;
+            let vec_var = self.vector_load(&param, ty.dtype, index, width);
             let e = vector_lane(vec_var, ty.dtype, width, lane);
             let e = self.widen(ty.dtype, e);
             return Ok(self.bind(&self.g.value(v).name.clone(), Ty::F32, e));
@@ -511,8 +541,9 @@ impl<'g> Lower<'g> {
         Ok(self.bind(&self.g.value(v).name.clone(), local_ty(ty.dtype), e))
     }
 
-    fn vector_load(&mut self, param: &str, dtype: DType, i: &str, width: usize) -> String {
-        if let Some(v) = self.vector_loads.get(param) {
+    fn vector_load(&mut self, param: &str, dtype: DType, index: Expr, width: usize) -> String {
+        let key = (param.to_string(), print_expr(&index));
+        if let Some(v) = self.vector_loads.get(&key) {
             return v.clone();
         }
         let ty = vector_ty(dtype, width);
@@ -525,10 +556,10 @@ impl<'g> Lower<'g> {
         self.body.push(Stmt::Let {
             name: name.clone(),
             ty,
-            value: Expr::Load(array, Box::new(var(i))),
+            value: Expr::Load(array, Box::new(index)),
             constant: true,
         });
-        self.vector_loads.insert(param.to_string(), name.clone());
+        self.vector_loads.insert(key, name.clone());
         name
     }
 
@@ -666,12 +697,12 @@ impl<'g> Lower<'g> {
             }
             Reduced::Layernorm { mean, rstd } => {
                 let x = self.value_at(operands[0], idx)?;
+                // The column: `c` of `row * row_len + c`, else from the linear index.
                 let linear = idx.get_linear();
-                let in_pass = add(mul(var("row"), int(row as i64)), var("c"));
-                let col = if linear == in_pass {
-                    var("c")
-                } else {
-                    rem(linear, row as i64)
+                let row_start = mul(var("row"), int(row as i64));
+                let col = match linear {
+                    Expr::Bin(BinOp::Add, start, c) if *start == row_start => *c,
+                    linear => rem(linear, row as i64),
                 };
                 let pdims = self.g.ty(operands[1]).dims().to_vec();
                 let scale = self.value_at(operands[1], &Index::linear(&pdims, col.clone()))?;
@@ -688,6 +719,7 @@ fn vector_ty(dtype: DType, width: usize) -> Ty {
     match (dtype, width) {
         (DType::F32, 4) => Ty::Float4,
         (DType::F32, _) => Ty::Float2,
+        (_, 8) => Ty::Uint4,
         (_, 4) => Ty::Uint2,
         _ => Ty::U32,
     }
@@ -699,7 +731,7 @@ fn vector_lane(v: String, dtype: DType, width: usize, lane: usize) -> Expr {
     if dtype == DType::F32 {
         return Expr::Field(Box::new(var(v)), F[lane]);
     }
-    let word = if width == 4 {
+    let word = if width > 2 {
         Expr::Field(Box::new(var(v)), F[lane / 2])
     } else {
         var(v)
@@ -710,12 +742,6 @@ fn vector_lane(v: String, dtype: DType, width: usize, lane: usize) -> Expr {
         bin(BinOp::Shr, word, int(16))
     };
     Expr::Cast(storage_ty(dtype), Box::new(bits))
-}
-
-/// The lane `l` if `linear` is `i * width + l`.
-fn lane_of(linear: &Expr, i: &str, width: usize) -> Option<usize> {
-    let base = mul(var(i), int(width as i64));
-    (0..width).find(|&l| *linear == add(base.clone(), int(l as i64)))
 }
 
 /// The group's kernel parameters: region arguments (inputs), then results.
@@ -800,6 +826,7 @@ pub fn lower_fused(g: &Graph, op: OpId) -> Result<Kernel> {
     match kind.as_str() {
         "elementwise" => elementwise(&mut l, op),
         "reduction" => reduction(&mut l, op),
+        "gemm" => gemm::gemm(&mut l, op),
         other => Err(l.unsupported(format!("group kind `{other}`"))),
     }
 }
@@ -888,7 +915,11 @@ fn elementwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
             }
             return Ok(());
         }
-        l.vector = Some(("i".to_string(), width));
+        l.vector = Some(Vectors {
+            step: "i".into(),
+            width,
+            bases: vec![(int(0), var("i"))],
+        });
         let mut lanes: Vec<Vec<Expr>> = vec![Vec::new(); outputs.len()];
         for lane in 0..width {
             let linear = add(mul(var("i"), int(width as i64)), int(lane as i64));
@@ -959,13 +990,11 @@ fn pack(dtype: DType, lanes: Vec<Expr>) -> Expr {
             ),
         )
     };
-    if lanes.len() == 4 {
-        call(
-            "make_uint2",
-            vec![word(&lanes[0], &lanes[1]), word(&lanes[2], &lanes[3])],
-        )
-    } else {
-        word(&lanes[0], &lanes[1])
+    let words: Vec<Expr> = lanes.chunks(2).map(|p| word(&p[0], &p[1])).collect();
+    match words.len() {
+        1 => words[0].clone(),
+        2 => call("make_uint2", words),
+        _ => call("make_uint4", words),
     }
 }
 
@@ -1109,7 +1138,6 @@ fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
     }
     let rkind = g.op(r).kind;
     let x = g.op(r).operands[0];
-    let x_dims = g.ty(x).dims().to_vec();
     let rv = g.op(r).results[0];
     let per_row_out = !matches!(rkind, OpKind::Softmax | OpKind::Layernorm);
     let results = g.op(op).results.clone();
@@ -1136,7 +1164,13 @@ fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
             return Err(l.unsupported("a result that is neither per row nor per element"));
         }
     }
-    let elem = |c: Expr| Index::linear(&x_dims, add(mul(var("row"), int(row as i64)), c));
+    let plan = RowPlan {
+        row,
+        tpr,
+        x,
+        x_dims: g.ty(x).dims().to_vec(),
+        cache: row_cache(l, op, rkind, &params, row, tpr, rpb),
+    };
 
     let mut body = vec![
         Stmt::Let {
@@ -1167,18 +1201,44 @@ fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
             constant: true,
         },
     ];
-    for n in ["lane", "row_in_block", "row", "active", "c", "w"] {
+    for n in [
+        "lane",
+        "row_in_block",
+        "row",
+        "active",
+        "c",
+        "w",
+        "k",
+        "j",
+        "v",
+        "row_cache",
+    ] {
         l.used_names.insert(n.into());
     }
     let mut shared = Vec::new();
+    match plan.cache {
+        RowCache::Registers { width, steps } => body.push(Stmt::LocalArray {
+            name: "v".into(),
+            ty: Ty::F32,
+            len: width * steps,
+        }),
+        RowCache::Shared => shared.push(SharedArray {
+            name: "row_cache".into(),
+            ty: Ty::F32,
+            len: rpb * row,
+        }),
+        RowCache::Reread => {}
+    }
     // One pass over the row accumulating `acc` from `term(x)`; per-element
-    // outputs are stored in the same loop when `store_elements`.
-    let pass = |l: &mut Lower,
-                body: &mut Vec<Stmt>,
-                acc: &str,
-                max: bool,
-                term: &dyn Fn(&mut Lower, Expr) -> Expr,
-                store_elements: bool|
+    // outputs are stored in the same loop when `store_elements`. The first
+    // pass reads the row from memory (and caches it), later ones the cache.
+    let mut first = true;
+    let mut pass = |l: &mut Lower,
+                    body: &mut Vec<Stmt>,
+                    acc: &str,
+                    max: bool,
+                    term: &dyn Fn(&mut Lower, Expr) -> Expr,
+                    store_elements: bool|
      -> Result<()> {
         let init = if max {
             Expr::F32(f32::NEG_INFINITY)
@@ -1192,33 +1252,24 @@ fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
             constant: false,
         });
         l.used_names.insert(acc.into());
-        let inner = l.scoped(|l| {
-            let idx = elem(var("c"));
-            let xv = l.value_at(x, &idx)?;
-            let t = term(l, xv);
-            let combined = if max {
-                l.helpers.insert(Helper::NanMinMax);
-                call("dcir_max", vec![var(acc), t])
-            } else {
-                bin(BinOp::Add, var(acc), t)
-            };
-            l.body.push(Stmt::Assign(acc.into(), combined));
+        let mut each = |l: &mut Lower, xs: &[Expr], idxs: &[Index]| -> Result<()> {
+            for xv in xs {
+                let t = term(l, xv.clone());
+                let combined = if max {
+                    l.helpers.insert(Helper::NanMinMax);
+                    call("dcir_max", vec![var(acc), t])
+                } else {
+                    bin(BinOp::Add, var(acc), t)
+                };
+                l.body.push(Stmt::Assign(acc.into(), combined));
+            }
             if store_elements {
-                store_per_element(l, &outputs, &idx)?;
+                store_per_element(l, &outputs, &idxs[0])?;
             }
             Ok(())
-        })?;
-        body.push(Stmt::If(
-            var("active"),
-            vec![Stmt::For {
-                var: "c".into(),
-                start: var("lane"),
-                end: int(row as i64),
-                step: int(tpr as i64),
-                unroll: false,
-                body: inner,
-            }],
-        ));
+        };
+        body.push(plan.pass(l, first, &mut each)?);
+        first = false;
         body.extend(block_reduce(l, acc, max, tpr));
         Ok(())
     };
@@ -1330,22 +1381,25 @@ fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
             stores,
         ));
     } else {
-        let inner = l.scoped(|l| store_per_element(l, &outputs, &elem(var("c"))))?;
-        body.push(Stmt::If(
-            var("active"),
-            vec![Stmt::For {
-                var: "c".into(),
-                start: var("lane"),
-                end: int(row as i64),
-                step: int(tpr as i64),
-                unroll: false,
-                body: inner,
-            }],
-        ));
+        let mut each = |l: &mut Lower, _: &[Expr], idxs: &[Index]| -> Result<()> {
+            let [idx] = idxs else {
+                return store_vectors(l, &plan, &outputs, idxs);
+            };
+            store_per_element(l, &outputs, idx)
+        };
+        body.push(plan.pass(l, false, &mut each)?);
     }
     let summary = format!(
-        "reduction ({}): {rows} rows of {row}, {tpr} threads per row, {rpb} rows per block",
-        rkind.name()
+        "reduction ({}): {rows} rows of {row}, {tpr} threads per row, {rpb} rows per block, {}",
+        rkind.name(),
+        match plan.cache {
+            RowCache::Registers { width, steps } => format!(
+                "row in registers ({} per thread, {width} per access)",
+                width * steps
+            ),
+            RowCache::Shared => "row in shared memory".into(),
+            RowCache::Reread => "row read on every pass".into(),
+        }
     );
     Ok(Kernel {
         name: kernel_name(g, op),
@@ -1357,6 +1411,231 @@ fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
         block: (tpr * rpb) as u32,
         grid: rows.div_ceil(rpb) as u32,
     })
+}
+
+/// Most row values one thread keeps in registers (the cost model's limit).
+const MAX_REGISTER_ROW: usize = 64;
+/// Most bytes of static shared memory a kernel may declare.
+const MAX_STATIC_SHARED: usize = 48 * 1024;
+
+/// Where a multi-pass reduction keeps its row between passes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RowCache {
+    /// `float v[width * steps]` per thread: step `k` holds the `width`
+    /// consecutive elements at `(lane + k * threads_per_row) * width`.
+    Registers { width: usize, steps: usize },
+    /// `row_cache[rows_per_block * row]` in shared memory.
+    Shared,
+    /// Nowhere: every pass reads (and recomputes) the row from memory.
+    Reread,
+}
+
+/// The honoured `row_cache` of a reduction group: the planned one when the
+/// reduction makes several passes and the row fits, else `Reread`.
+fn row_cache(
+    l: &Lower,
+    op: OpId,
+    rkind: OpKind,
+    params: &[Param],
+    row: usize,
+    tpr: usize,
+    rpb: usize,
+) -> RowCache {
+    let g = l.g;
+    if !matches!(rkind, OpKind::Softmax | OpKind::Layernorm) {
+        return RowCache::Reread;
+    }
+    let planned = g.op(op).attrs.get("row_cache").and_then(Attr::as_str);
+    match planned {
+        Some("registers") => {
+            // 16-byte vectors of the widest element when asked for and the
+            // row length allows, else narrower.
+            let all_float = params
+                .iter()
+                .all(|p| matches!(p.ty, Ty::F32 | Ty::F16Bits | Ty::Bf16Bits));
+            let widest = params.iter().map(|p| ty_bytes(p.ty)).max().unwrap_or(4);
+            let mut width = if attr_int(g, op, "vector", 1) > 1 && all_float {
+                16 / widest
+            } else {
+                1
+            };
+            while !row.is_multiple_of(width) {
+                width /= 2;
+            }
+            let steps = (row / width).div_ceil(tpr);
+            if width * steps <= MAX_REGISTER_ROW {
+                RowCache::Registers { width, steps }
+            } else {
+                RowCache::Reread
+            }
+        }
+        Some("shared") if (rpb * row + 32 * 3) * 4 <= MAX_STATIC_SHARED => RowCache::Shared,
+        _ => RowCache::Reread,
+    }
+}
+
+/// What a reduction pass does with the row's values at one step, given their indices.
+type Step<'a, 'g> = dyn FnMut(&mut Lower<'g>, &[Expr], &[Index]) -> Result<()> + 'a;
+
+/// How a reduction kernel walks its rows.
+struct RowPlan {
+    row: usize,
+    tpr: usize,
+    x: ValueId,
+    x_dims: Vec<usize>,
+    cache: RowCache,
+}
+
+impl RowPlan {
+    /// The index of column `c` of this thread's row of the reduced input.
+    fn elem(&self, c: Expr) -> Index {
+        Index::linear(&self.x_dims, add(mul(var("row"), int(self.row as i64)), c))
+    }
+
+    /// The vector access of a register pass: `x`-shaped arrays at
+    /// `row * (row / width) + j`, row-shaped ones (scale, bias) at `j`.
+    fn vectors(&self, width: usize) -> Vectors {
+        let per_row = (self.row / width) as i64;
+        Vectors {
+            step: "j".into(),
+            width,
+            bases: vec![
+                (
+                    mul(var("row"), int(self.row as i64)),
+                    add(mul(var("row"), int(per_row)), var("j")),
+                ),
+                (int(0), var("j")),
+            ],
+        }
+    }
+
+    /// One loop over this thread's elements of its row, under `if (active)`.
+    /// `each` gets the row's values at one step (one, or a vector's width in
+    /// registers) with their indices. The `first` pass computes the row from
+    /// memory and caches it; the others read the cache (or recompute it when
+    /// there is none).
+    fn pass<'g>(&self, l: &mut Lower<'g>, first: bool, each: &mut Step<'_, 'g>) -> Result<Stmt> {
+        let (loop_var, start, end, step, unroll, inner) = match self.cache {
+            RowCache::Registers { width, steps } => {
+                let vectors = (self.row / width) as i64;
+                let inner = l.scoped(|l| {
+                    let guarded = l.scoped(|l| {
+                        l.vector = (width > 1).then(|| self.vectors(width));
+                        let mut xs = Vec::new();
+                        let mut idxs = Vec::new();
+                        for lane in 0..width {
+                            let lane = int(lane as i64);
+                            let idx =
+                                self.elem(add(mul(var("j"), int(width as i64)), lane.clone()));
+                            let slot = add(mul(var("k"), int(width as i64)), lane);
+                            xs.push(self.cached(l, first, "v", slot, &idx)?);
+                            idxs.push(idx);
+                        }
+                        let result = each(l, &xs, &idxs);
+                        l.vector = None;
+                        result
+                    })?;
+                    let tail = steps as i64 * self.tpr as i64 != vectors;
+                    if tail || guarded.iter().any(|s| s.reads("j")) {
+                        l.body.push(Stmt::Let {
+                            name: "j".into(),
+                            ty: Ty::I32,
+                            value: add(var("lane"), mul(var("k"), int(self.tpr as i64))),
+                            constant: true,
+                        });
+                    }
+                    if !tail {
+                        l.body.extend(guarded);
+                    } else {
+                        l.body
+                            .push(Stmt::If(bin(BinOp::Lt, var("j"), int(vectors)), guarded));
+                    }
+                    Ok(())
+                })?;
+                ("k", int(0), int(steps as i64), int(1), true, inner)
+            }
+            RowCache::Shared | RowCache::Reread => {
+                let inner = l.scoped(|l| {
+                    let idx = self.elem(var("c"));
+                    let slot = add(mul(var("row_in_block"), int(self.row as i64)), var("c"));
+                    let xv = if self.cache == RowCache::Shared {
+                        self.cached(l, first, "row_cache", slot, &idx)?
+                    } else {
+                        l.value_at(self.x, &idx)?
+                    };
+                    each(l, &[xv], &[idx])
+                })?;
+                let step = int(self.tpr as i64);
+                ("c", var("lane"), int(self.row as i64), step, false, inner)
+            }
+        };
+        Ok(Stmt::If(
+            var("active"),
+            vec![Stmt::For {
+                var: loop_var.into(),
+                start,
+                end,
+                step,
+                unroll,
+                body: inner,
+            }],
+        ))
+    }
+
+    /// The row value at `idx`, cached at `array[slot]`: computed and stored
+    /// there on the first pass, read back (and memoized for the epilogue) after.
+    fn cached(
+        &self,
+        l: &mut Lower,
+        first: bool,
+        array: &str,
+        slot: Expr,
+        idx: &Index,
+    ) -> Result<Expr> {
+        let cache = ArrayRef {
+            name: array.into(),
+            ty: Ty::F32,
+            reinterpret: false,
+        };
+        if first {
+            let xv = l.value_at(self.x, idx)?;
+            l.body.push(Stmt::Store(cache, slot, xv.clone()));
+            return Ok(xv);
+        }
+        let xv = Expr::Load(cache, Box::new(slot));
+        l.memo
+            .insert((self.x, print_expr(&idx.get_linear())), xv.clone());
+        Ok(xv)
+    }
+}
+
+/// The per-element outputs of one register step: the lanes of `idxs`
+/// narrowed and packed into one vector store each.
+fn store_vectors(
+    l: &mut Lower,
+    plan: &RowPlan,
+    outputs: &[(Param, DType, ValueId, bool)],
+    idxs: &[Index],
+) -> Result<()> {
+    let width = idxs.len();
+    let index = plan.vectors(width).bases[0].1.clone();
+    for (p, dtype, y, _) in outputs {
+        let mut lanes = Vec::new();
+        for idx in idxs {
+            let v = l.value_at(*y, idx)?;
+            lanes.push(l.narrow(*dtype, v));
+        }
+        l.body.push(Stmt::Store(
+            ArrayRef {
+                name: p.name.clone(),
+                ty: vector_ty(*dtype, width),
+                reinterpret: true,
+            },
+            index.clone(),
+            pack(*dtype, lanes),
+        ));
+    }
+    Ok(())
 }
 
 fn store_per_element(

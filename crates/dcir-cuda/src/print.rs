@@ -147,6 +147,9 @@ fn print_stmt(out: &mut String, s: &Stmt, depth: usize) {
         Stmt::Barrier => {
             let _ = writeln!(out, "{pad}__syncthreads();");
         }
+        Stmt::LocalArray { name, ty, len } => {
+            let _ = writeln!(out, "{pad}{} {name}[{len}];", c_type(*ty));
+        }
     }
 }
 
