@@ -93,6 +93,10 @@ pub(crate) struct Scored {
     pub dram_bytes: f64,
 }
 
+/// Round-trip latency of a device-memory load, seconds (a first-principles
+/// figure for HBM GPUs; the tuner's measurements should refine it).
+const DRAM_LATENCY_S: f64 = 6.0e-7;
+
 fn to_u32(x: f64) -> u32 {
     x.ceil().clamp(0.0, u32::MAX as f64) as u32
 }
@@ -143,7 +147,16 @@ pub(crate) fn score(dev: &DeviceSpec, info: &GroupInfo, c: &Cand) -> Scored {
     }
 
     let comp = (c.matrix_flops / c.rate + c.scalar_flops / dev.scalar_rate()) / sm.max(1e-9);
-    let mem = dram / dev.bandwidth;
+    // Little's law: bandwidth needs bytes in flight. A kernel whose resident
+    // threads keep too few loads outstanding runs below the device's rate.
+    let mem = match c.in_flight {
+        Some(per_thread) => {
+            let threads = resident * c.threads as f64 * sms;
+            let reachable = threads * per_thread / DRAM_LATENCY_S;
+            dram / dev.bandwidth.min(reachable.max(1.0))
+        }
+        None => dram / dev.bandwidth,
+    };
     let core = if c.serialize && bps <= 1 {
         comp + mem
     } else {

@@ -252,6 +252,10 @@ pub(crate) struct Cand {
     /// True when loads and arithmetic of a block do not overlap (one stage):
     /// they serialize unless another block shares the SM.
     pub serialize: bool,
+    /// Bytes of device-memory loads one thread keeps in flight, when the
+    /// kernel's memory-level parallelism limits it (Little's law; see
+    /// docs/cost-model.md, "Latency-bound bandwidth"); `None` elsewhere.
+    pub in_flight: Option<f64>,
 }
 
 fn ceil_div(a: f64, b: f64) -> f64 {
@@ -354,6 +358,7 @@ pub(crate) fn for_each(dev: &DeviceSpec, info: &GroupInfo, out: &mut dyn FnMut(C
                             extra_dram: 0.0,
                             panels: None,
                             serialize: false,
+                            in_flight: None,
                         });
                     }
                 }
@@ -423,6 +428,13 @@ pub(crate) fn for_each(dev: &DeviceSpec, info: &GroupInfo, out: &mut dyn FnMut(C
                             extra_dram: extra,
                             panels: None,
                             serialize: false,
+                            // The register-cached row is loaded in unrolled
+                            // vectors, all in flight at once; the other paths
+                            // load one element per thread at a time.
+                            in_flight: Some(match cache {
+                                RowCache::Registers => held * info.elem,
+                                _ => info.elem,
+                            }),
                         });
                     }
                 }
@@ -448,6 +460,7 @@ pub(crate) fn for_each(dev: &DeviceSpec, info: &GroupInfo, out: &mut dyn FnMut(C
                         extra_dram: 0.0,
                         panels: None,
                         serialize: false,
+                        in_flight: None,
                     });
                 }
             }
@@ -542,6 +555,7 @@ pub(crate) fn for_each(dev: &DeviceSpec, info: &GroupInfo, out: &mut dyn FnMut(C
                                 extra_dram: extra,
                                 panels: None,
                                 serialize: stages == 1,
+                                in_flight: None,
                             });
                         }
                     }
@@ -608,6 +622,7 @@ fn gemm(dev: &DeviceSpec, info: &GroupInfo, g: &GemmShape, conv: bool, out: &mut
                                 operands: g.a_bytes + g.b_bytes,
                             }),
                             serialize: stages == 1,
+                            in_flight: None,
                         });
                     }
                 }
@@ -663,6 +678,7 @@ fn direct(dev: &DeviceSpec, info: &GroupInfo, dw: &Depthwise, out: &mut dyn FnMu
                     extra_dram: 0.0,
                     panels: None,
                     serialize: false,
+                    in_flight: None,
                 });
             }
         }
@@ -711,6 +727,7 @@ fn dwpw(dev: &DeviceSpec, info: &GroupInfo, dw: &Depthwise, o: f64, out: &mut dy
                     extra_dram: 0.0,
                     panels: None,
                     serialize: false,
+                    in_flight: None,
                 });
             }
         }
@@ -777,5 +794,6 @@ fn chain(
         extra_dram: extra,
         panels: None,
         serialize: stages == 1,
+        in_flight: None,
     })
 }
