@@ -714,6 +714,24 @@ impl<'g> Lower<'g> {
     }
 }
 
+/// Elements per vector access when vectors are asked for: 16 bytes of the
+/// widest parameter (float4, or 8 f16/bf16 in a uint4), halved until the
+/// width divides `len`; 1 (scalar) when a parameter is not a float.
+fn wide_vector(params: &[Param], len: usize) -> usize {
+    let all_float = params
+        .iter()
+        .all(|p| matches!(p.ty, Ty::F32 | Ty::F16Bits | Ty::Bf16Bits));
+    if !all_float {
+        return 1;
+    }
+    let widest = params.iter().map(|p| ty_bytes(p.ty)).max().unwrap_or(4);
+    let mut width = 16 / widest;
+    while !len.is_multiple_of(width) {
+        width /= 2;
+    }
+    width
+}
+
 /// The vector type of `width` elements of `dtype`.
 fn vector_ty(dtype: DType, width: usize) -> Ty {
     match (dtype, width) {
@@ -893,7 +911,13 @@ fn elementwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
     let all_float = params
         .iter()
         .all(|p| p.dtype != "i32" && p.dtype != "i64" && p.dtype != "bool");
-    let width = if matches!(vector, 2 | 4) && n.is_multiple_of(vector) && all_float {
+    let all_16bit = params
+        .iter()
+        .all(|p| matches!(p.ty, Ty::F16Bits | Ty::Bf16Bits));
+    let width = if vector > 1 && all_16bit {
+        // Only f16/bf16: 16-byte vectors, as the reduction family does.
+        wide_vector(&params, n)
+    } else if matches!(vector, 2 | 4) && n.is_multiple_of(vector) && all_float {
         vector
     } else {
         1
@@ -1448,20 +1472,11 @@ fn row_cache(
     let planned = g.op(op).attrs.get("row_cache").and_then(Attr::as_str);
     match planned {
         Some("registers") => {
-            // 16-byte vectors of the widest element when asked for and the
-            // row length allows, else narrower.
-            let all_float = params
-                .iter()
-                .all(|p| matches!(p.ty, Ty::F32 | Ty::F16Bits | Ty::Bf16Bits));
-            let widest = params.iter().map(|p| ty_bytes(p.ty)).max().unwrap_or(4);
-            let mut width = if attr_int(g, op, "vector", 1) > 1 && all_float {
-                16 / widest
+            let width = if attr_int(g, op, "vector", 1) > 1 {
+                wide_vector(params, row)
             } else {
                 1
             };
-            while !row.is_multiple_of(width) {
-                width /= 2;
-            }
             let steps = (row / width).div_ceil(tpr);
             if width * steps <= MAX_REGISTER_ROW {
                 RowCache::Registers { width, steps }
@@ -1685,4 +1700,65 @@ pub fn lower_graph(g: &Graph) -> Result<Vec<Kernel>> {
         .filter(|&&o| g.op(o).kind == OpKind::Fused)
         .map(|&o| lower_fused(g, o))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::emit_module_source;
+
+    /// The CUDA source of `a op b` as one elementwise group of `dtype[dims]`.
+    fn eltwise(dtype: &str, out: &str, dims: &str, vector: u32) -> String {
+        let t = format!("{dtype}[{dims}]");
+        let o = format!("{out}[{dims}]");
+        let src = format!(
+            "graph @g(%x: {t}, %y: {t}) -> ({o}) {{\n\
+             \x20 %z = fused @g0(%x.in = %x, %y.in = %y) {{items = 1, kind = \"elementwise\", level = \"register\", threads = 256, vector = {vector}}} : {o} {{\n\
+             \x20   %a = add %x.in, %y.in : {t}\n\
+             \x20   %z.r = cast %a : {o}\n\
+             \x20   yield %z.r\n\
+             \x20 }}\n\
+             \x20 return %z\n\
+             }}\n"
+        );
+        let module = dcir_reader::parse_module(&src).expect("parses");
+        emit_module_source(&module).expect("lowers")
+    }
+
+    #[test]
+    fn half_elementwise_uses_16_byte_vectors() {
+        for dtype in ["f16", "bf16"] {
+            // 8 | n: uint4 whatever the planned width.
+            for vector in [2, 4] {
+                let s = eltwise(dtype, dtype, "4,784", vector);
+                assert!(s.contains("uint4"), "{dtype} vector={vector}:\n{s}");
+                assert!(s.contains("8 per thread per step"), "{s}");
+            }
+            // 4 | n, 8 ∤ n: uint2; 2 | n only: one 32-bit word; odd: scalar.
+            assert!(eltwise(dtype, dtype, "3,4", 4).contains("4 per thread per step"));
+            assert!(eltwise(dtype, dtype, "3,2", 4).contains("2 per thread per step"));
+            assert!(eltwise(dtype, dtype, "3,17", 4).contains("1 per thread per step"));
+            // Not asked for: scalar.
+            assert!(eltwise(dtype, dtype, "4,784", 1).contains("1 per thread per step"));
+        }
+    }
+
+    #[test]
+    fn f32_and_mixed_elementwise_keep_the_planned_width() {
+        let s = eltwise("f32", "f32", "4,784", 2);
+        assert!(
+            s.contains("2 per thread per step") && s.contains("float2"),
+            "{s}"
+        );
+        let s = eltwise("f32", "f32", "4,784", 4);
+        assert!(
+            s.contains("4 per thread per step") && s.contains("float4"),
+            "{s}"
+        );
+        let s = eltwise("f32", "f32", "3,2", 4);
+        assert!(s.contains("1 per thread per step"), "{s}");
+        // f16 in, f32 out: the planned width, not 16 bytes.
+        let s = eltwise("f16", "f32", "4,784", 4);
+        assert!(s.contains("4 per thread per step"), "{s}");
+        assert!(!s.contains("uint4"), "{s}");
+    }
 }

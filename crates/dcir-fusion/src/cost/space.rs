@@ -358,7 +358,12 @@ pub(crate) fn for_each(dev: &DeviceSpec, info: &GroupInfo, out: &mut dyn FnMut(C
                             extra_dram: 0.0,
                             panels: None,
                             serialize: false,
-                            in_flight: None,
+                            // Each step a thread loads `vector` elements of
+                            // every input at once: the bytes read per output
+                            // element, times the vector width.
+                            in_flight: Some(
+                                vector as f64 * (info.bytes as f64 / n - info.elem).max(info.elem),
+                            ),
                         });
                     }
                 }
