@@ -2,7 +2,8 @@
 
 use dcir_ir::{Attr, BlockId, Graph, Module, OpId, OpKind, ValueDef, ValueId};
 
-use crate::pass::PassError;
+use crate::analysis::AnalysisManager;
+use crate::pass::{Pass, PassError, PassResult};
 
 /// The op defining `v`, if `v` is an op result (not a block argument).
 pub(crate) fn def_op(graph: &Graph, v: ValueId) -> Option<OpId> {
@@ -13,25 +14,40 @@ pub(crate) fn def_op(graph: &Graph, v: ValueId) -> Option<OpId> {
 }
 
 /// The body and every `fused` region of the graph, in pre-order.
-/// Calls `rewrite` on every op of `kind` in every graph and region of
-/// `module`; true when there was one.
-pub(crate) fn rewrite_each(
-    module: &mut Module,
-    kind: OpKind,
-    rewrite: fn(&mut Graph, OpId) -> Result<(), PassError>,
-) -> Result<bool, PassError> {
-    let mut changed = false;
-    for graph in &mut module.graphs {
-        for block in all_blocks(graph) {
-            for op in graph.block(block).ops.clone() {
-                if graph.op(op).kind == kind {
-                    rewrite(graph, op)?;
-                    changed = true;
+/// A pass that rewrites every op of one kind, in every graph and region,
+/// with one function: the shape of the decomposition passes.
+pub(crate) struct RewriteEach {
+    /// The registered name.
+    pub name: &'static str,
+    /// The ops rewritten.
+    pub kind: OpKind,
+    /// Rewrites one op (and removes it).
+    pub rewrite: fn(&mut Graph, OpId) -> Result<(), PassError>,
+}
+
+impl Pass for RewriteEach {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn run(
+        &mut self,
+        module: &mut Module,
+        _: &mut AnalysisManager,
+    ) -> Result<PassResult, PassError> {
+        let mut changed = false;
+        for graph in &mut module.graphs {
+            for block in all_blocks(graph) {
+                for op in graph.block(block).ops.clone() {
+                    if graph.op(op).kind == self.kind {
+                        (self.rewrite)(graph, op)?;
+                        changed = true;
+                    }
                 }
             }
         }
+        Ok(PassResult::from_changed(changed))
     }
-    Ok(changed)
 }
 
 pub(crate) fn all_blocks(graph: &Graph) -> Vec<BlockId> {

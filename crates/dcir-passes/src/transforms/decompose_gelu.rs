@@ -11,11 +11,10 @@
 
 use std::f64::consts::{FRAC_1_SQRT_2, FRAC_2_PI};
 
-use dcir_ir::{Attrs, Graph, Module, OpId, OpKind, Rewriter};
+use dcir_ir::{Attrs, Graph, OpId, OpKind, Rewriter};
 
-use super::common::{replace_op, rewrite_each};
-use crate::analysis::AnalysisManager;
-use crate::pass::{Pass, PassError, PassResult};
+use super::common::{RewriteEach, replace_op};
+use crate::pass::PassError;
 use crate::registry::{PassDef, PassOptions};
 
 /// The registry entry.
@@ -24,25 +23,14 @@ pub const DEF: PassDef = PassDef {
     summary: "rewrite gelu as mul, add and erf (exact form) or tanh (approximate = \"tanh\"), \
               with splat constants",
     options: &[],
-    create: |_: &PassOptions| Ok(Box::new(DecomposeGelu)),
+    create: |_: &PassOptions| {
+        Ok(Box::new(RewriteEach {
+            name: DEF.name,
+            kind: OpKind::Gelu,
+            rewrite: decompose,
+        }))
+    },
 };
-
-struct DecomposeGelu;
-
-impl Pass for DecomposeGelu {
-    fn name(&self) -> &'static str {
-        DEF.name
-    }
-
-    fn run(
-        &mut self,
-        module: &mut Module,
-        _: &mut AnalysisManager,
-    ) -> Result<PassResult, PassError> {
-        let changed = rewrite_each(module, OpKind::Gelu, decompose)?;
-        Ok(PassResult::from_changed(changed))
-    }
-}
 
 fn decompose(graph: &mut Graph, op: OpId) -> Result<(), PassError> {
     let d = graph.op(op);

@@ -14,11 +14,10 @@
 //! The constant `e` has `x`'s dtype. Graph bodies and `fused` regions are
 //! rewritten alike; the `layernorm`, left without users, is removed.
 
-use dcir_ir::{Attr, Attrs, Graph, Module, OpId, OpKind, Rewriter};
+use dcir_ir::{Attr, Attrs, Graph, OpId, OpKind, Rewriter};
 
-use super::common::{replace_op, rewrite_each};
-use crate::analysis::AnalysisManager;
-use crate::pass::{Pass, PassError, PassResult};
+use super::common::{RewriteEach, replace_op};
+use crate::pass::PassError;
 use crate::registry::{PassDef, PassOptions};
 
 /// The registry entry.
@@ -26,25 +25,14 @@ pub const DEF: PassDef = PassDef {
     name: "decompose-layernorm",
     summary: "rewrite layernorm as reduce_mean, sub, mul, add, rsqrt and broadcasts",
     options: &[],
-    create: |_: &PassOptions| Ok(Box::new(DecomposeLayernorm)),
+    create: |_: &PassOptions| {
+        Ok(Box::new(RewriteEach {
+            name: DEF.name,
+            kind: OpKind::Layernorm,
+            rewrite: decompose,
+        }))
+    },
 };
-
-struct DecomposeLayernorm;
-
-impl Pass for DecomposeLayernorm {
-    fn name(&self) -> &'static str {
-        DEF.name
-    }
-
-    fn run(
-        &mut self,
-        module: &mut Module,
-        _: &mut AnalysisManager,
-    ) -> Result<PassResult, PassError> {
-        let changed = rewrite_each(module, OpKind::Layernorm, decompose)?;
-        Ok(PassResult::from_changed(changed))
-    }
-}
 
 fn decompose(graph: &mut Graph, op: OpId) -> Result<(), PassError> {
     let d = graph.op(op);

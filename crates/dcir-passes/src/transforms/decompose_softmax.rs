@@ -11,11 +11,10 @@
 //! Graph bodies and `fused` regions are rewritten alike; the `softmax`, left
 //! without users, is removed.
 
-use dcir_ir::{Attr, Attrs, Graph, Module, OpId, OpKind, Rewriter};
+use dcir_ir::{Attr, Attrs, Graph, OpId, OpKind, Rewriter};
 
-use super::common::{replace_op, rewrite_each};
-use crate::analysis::AnalysisManager;
-use crate::pass::{Pass, PassError, PassResult};
+use super::common::{RewriteEach, replace_op};
+use crate::pass::PassError;
 use crate::registry::{PassDef, PassOptions};
 
 /// The registry entry.
@@ -23,25 +22,14 @@ pub const DEF: PassDef = PassDef {
     name: "decompose-softmax",
     summary: "rewrite softmax as reduce_max, sub, exp, reduce_sum, div and broadcasts",
     options: &[],
-    create: |_: &PassOptions| Ok(Box::new(DecomposeSoftmax)),
+    create: |_: &PassOptions| {
+        Ok(Box::new(RewriteEach {
+            name: DEF.name,
+            kind: OpKind::Softmax,
+            rewrite: decompose,
+        }))
+    },
 };
-
-struct DecomposeSoftmax;
-
-impl Pass for DecomposeSoftmax {
-    fn name(&self) -> &'static str {
-        DEF.name
-    }
-
-    fn run(
-        &mut self,
-        module: &mut Module,
-        _: &mut AnalysisManager,
-    ) -> Result<PassResult, PassError> {
-        let changed = rewrite_each(module, OpKind::Softmax, decompose)?;
-        Ok(PassResult::from_changed(changed))
-    }
-}
 
 fn decompose(graph: &mut Graph, op: OpId) -> Result<(), PassError> {
     let d = graph.op(op);
