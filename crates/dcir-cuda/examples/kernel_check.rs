@@ -35,7 +35,7 @@ use std::collections::HashMap;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::sys::{CUevent_flags, CUfunction_attribute};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg,
 };
@@ -419,11 +419,18 @@ fn run_kernel(
     let stream = &ctx.default_stream();
     let module = ctx.load_module(Ptx::from_src(ptx)).map_err(driver)?;
     let function = module.load_function(&kernel.name).map_err(driver)?;
+    if kernel.dynamic_shared > 48 * 1024 {
+        function
+            .set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                kernel.dynamic_shared as i32,
+            )
+            .map_err(driver)?;
+    }
     let cfg = LaunchConfig {
         grid_dim: (kernel.grid, 1, 1),
         block_dim: (kernel.block, 1, 1),
-        // The emitter declares its shared arrays statically.
-        shared_mem_bytes: 0,
+        shared_mem_bytes: kernel.dynamic_shared as u32,
     };
 
     // Correctness: the inputs, poisoned outputs, one launch, compare.

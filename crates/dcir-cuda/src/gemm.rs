@@ -554,5 +554,11 @@ pub(super) fn gemm(l: &mut Lower, op: OpId) -> Result<Kernel> {
         helpers: std::mem::take(&mut l.helpers),
         block: threads as u32,
         grid: (batch * grid_m * grid_n) as u32,
+        dynamic_shared: 0,
     })
+}
+
+/// Lowers a `conv` group as an implicit GEMM.
+pub(super) fn conv(l: &mut Lower, _op: OpId) -> Result<Kernel> {
+    Err(l.unsupported("an implicit-GEMM conv"))
 }

@@ -278,6 +278,10 @@ pub struct Kernel {
     pub block: u32,
     /// Blocks per grid.
     pub grid: u32,
+    /// Bytes of dynamic shared memory the launch passes (0: none). The kernel
+    /// sees them as `extern __shared__ __align__(16) unsigned char dcir_smem[]`;
+    /// above 48 KiB the loader must raise the function's limit first.
+    pub dynamic_shared: usize,
 }
 
 impl Kernel {

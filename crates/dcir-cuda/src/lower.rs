@@ -23,10 +23,21 @@ use crate::kir::{
 };
 use crate::print::expr as print_expr;
 
-// The GEMM family lives in its own file but is a child of this module, so it
-// shares the index-map machinery (`Lower`, `Index`, `Reduced`) privately.
+// The other families live in their own files but are children of this
+// module, so they share the index-map machinery (`Lower`, `Index`, `Reduced`)
+// privately.
+#[path = "attention.rs"]
+mod attention;
+#[path = "chain.rs"]
+mod chain;
+#[path = "depthwise.rs"]
+mod depthwise;
 #[path = "gemm.rs"]
 mod gemm;
+#[path = "gemm_tc.rs"]
+mod gemm_tc;
+#[path = "pool.rs"]
+mod pool;
 
 /// Why a group could not be lowered.
 #[derive(Clone, Debug, PartialEq)]
@@ -844,7 +855,16 @@ pub fn lower_fused(g: &Graph, op: OpId) -> Result<Kernel> {
     match kind.as_str() {
         "elementwise" => elementwise(&mut l, op),
         "reduction" => reduction(&mut l, op),
+        "gemm" if gemm_tc::applies(g, op) => gemm_tc::gemm(&mut l, op),
         "gemm" => gemm::gemm(&mut l, op),
+        "conv" if data.attrs.get("algorithm").and_then(Attr::as_str) == Some("direct") => {
+            depthwise::direct(&mut l, op)
+        }
+        "conv" => gemm::conv(&mut l, op),
+        "pool" => pool::pool(&mut l, op),
+        "depthwise_pointwise" => depthwise::depthwise_pointwise(&mut l, op),
+        "contraction_chain" => chain::chain(&mut l, op),
+        "attention" => attention::attention(&mut l, op),
         other => Err(l.unsupported(format!("group kind `{other}`"))),
     }
 }
@@ -990,6 +1010,7 @@ fn elementwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
         helpers: std::mem::take(&mut l.helpers),
         block: threads as u32,
         grid: grid as u32,
+        dynamic_shared: 0,
     })
 }
 
@@ -1434,6 +1455,7 @@ fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
         helpers: std::mem::take(&mut l.helpers),
         block: (tpr * rpb) as u32,
         grid: rows.div_ceil(rpb) as u32,
+        dynamic_shared: 0,
     })
 }
 

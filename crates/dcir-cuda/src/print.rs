@@ -62,7 +62,15 @@ pub fn print_kernel(k: &Kernel) -> String {
         out.push('\n');
     }
     let _ = writeln!(out, "// {}", k.summary);
-    let _ = writeln!(out, "// launch: grid {}, block {}", k.grid, k.block);
+    if k.dynamic_shared > 0 {
+        let _ = writeln!(
+            out,
+            "// launch: grid {}, block {}, dynamic shared {} bytes",
+            k.grid, k.block, k.dynamic_shared
+        );
+    } else {
+        let _ = writeln!(out, "// launch: grid {}, block {}", k.grid, k.block);
+    }
     let params: Vec<String> = k
         .params
         .iter()
@@ -80,6 +88,9 @@ pub fn print_kernel(k: &Kernel) -> String {
     );
     for s in &k.shared {
         let _ = writeln!(out, "  __shared__ {} {}[{}];", c_type(s.ty), s.name, s.len);
+    }
+    if k.dynamic_shared > 0 {
+        out.push_str("  extern __shared__ __align__(16) unsigned char dcir_smem[];\n");
     }
     print_block(&mut out, &k.body, 1);
     out.push_str("}\n");
