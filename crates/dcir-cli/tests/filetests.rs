@@ -328,7 +328,7 @@ fn cuda_module(module: &Module) -> Result<String, String> {
     for graph in &fused.graphs {
         for kernel in dcir_cuda::lower_graph(graph).map_err(|e| e.to_string())? {
             let source = dcir_cuda::print_kernel(&kernel);
-            compile_with_nvrtc(&source, &kernel.name)?;
+            compile_with_nvrtc(&source, &kernel.name, kernel.block)?;
             out.push_str(&format!(
                 "// ===== kernel {} =====\n{source}\n",
                 kernel.name
@@ -338,9 +338,10 @@ fn cuda_module(module: &Module) -> Result<String, String> {
     Ok(out)
 }
 
-/// Compiles one kernel with NVRTC for sm_90; without NVRTC prints `SKIP:`
-/// (or fails when `DCIR_REQUIRE_NVRTC=1`).
-fn compile_with_nvrtc(source: &str, name: &str) -> Result<(), String> {
+/// Compiles one kernel with NVRTC for sm_90 and fails on a spill, a stack
+/// frame or more registers than `threads` per block allow (ptxas's report);
+/// without NVRTC prints `SKIP:` (or fails when `DCIR_REQUIRE_NVRTC=1`).
+fn compile_with_nvrtc(source: &str, name: &str, threads: u32) -> Result<(), String> {
     if let Some(reason) = dcir_cuda::nvrtc::unavailable_reason() {
         if std::env::var("DCIR_REQUIRE_NVRTC").is_ok_and(|v| v == "1") {
             return Err(format!("DCIR_REQUIRE_NVRTC=1 but {reason}"));
@@ -348,8 +349,14 @@ fn compile_with_nvrtc(source: &str, name: &str) -> Result<(), String> {
         println!("SKIP: NVRTC compile of {name}: {reason}");
         return Ok(());
     }
-    dcir_cuda::nvrtc::compile(source, name, dcir_cuda::nvrtc::DEFAULT_ARCH)?;
-    Ok(())
+    let compiled = dcir_cuda::nvrtc::compile(source, name, dcir_cuda::nvrtc::DEFAULT_ARCH)?;
+    let resources = compiled
+        .resources
+        .ok_or_else(|| format!("no ptxas report for {name}:\n{}", compiled.log))?;
+    match resources.violation(threads) {
+        Some(why) => Err(format!("kernel {name}: {why} ({resources})")),
+        None => Ok(()),
+    }
 }
 
 /// Runs `pipeline` on `module`, verifying after each pass; the unified diff

@@ -1,11 +1,13 @@
 //! GPU correctness and timing of the kernels dcir-cuda emits.
 //!
 //! ```sh
-//! kernel_check [--reps N] [--seed S] [--no-gpu] FILE.dcir...
+//! kernel_check [--reps N] [--seed S] [--no-gpu] [--no-check] FILE.dcir...
 //! ```
 //!
 //! `--no-gpu` does everything but the device steps (fusion, lowering, NVRTC,
-//! the interpreter's reference); its rows read `built`.
+//! the interpreter's reference); its rows read `built`. `--no-check` skips
+//! the interpreter (for sizes it would take minutes on): every value gets
+//! seeded random contents and the rows read `timed`.
 //!
 //! For every graph of every file (a line `// -----` splits a file into
 //! independent modules, as in the filetests):
@@ -24,8 +26,9 @@
 //!    of the inputs and outputs that the set is 3x the L2 (capped at 512
 //!    copies), so memory-bound kernels are not timed out of the cache;
 //!    bandwidth = (input bytes + output bytes) / median time;
-//! 5. print a markdown table, also written to `$OUT/kernel_check.md` when
-//!    `OUT` is set.
+//!    TFLOP/s = the group's matmul/conv flops (2 per multiply-add) / median;
+//! 5. print a markdown table (with ptxas's registers per thread), also
+//!    written to `$OUT/kernel_check.md` when `OUT` is set.
 //!
 //! Exit code 0 only when every kernel compiled, ran and matched. A group of a
 //! kind dcir-cuda does not lower yet is listed as `skip` (not a failure).
@@ -56,6 +59,7 @@ struct Options {
     reps: usize,
     seed: u64,
     no_gpu: bool,
+    no_check: bool,
     files: Vec<String>,
 }
 
@@ -66,13 +70,17 @@ struct Row {
     dtype: String,
     shape: String,
     elements: usize,
-    /// `PASS`, `FAIL`, `ERROR`, `skip` or `built` (`--no-gpu`).
+    /// `PASS`, `FAIL`, `ERROR`, `skip`, `built` (`--no-gpu`) or `timed` (`--no-check`).
     check: &'static str,
     rel_l2: Option<f64>,
     max_abs: Option<f64>,
     median_us: Option<f64>,
     /// Bytes of inputs plus outputs, each counted once.
     bytes: usize,
+    /// Flops of the group's contractions (matmul, conv2d).
+    flops: f64,
+    /// Registers per thread (ptxas).
+    registers: Option<u32>,
     /// Copies of the buffers the timing rotated among.
     copies: usize,
     /// Whether the rotated set still fits in L2 (bandwidth then is L2's).
@@ -90,7 +98,9 @@ fn main() -> ExitCode {
         Ok(o) => o,
         Err(e) => {
             eprintln!("kernel_check: {e}");
-            eprintln!("usage: kernel_check [--reps N] [--seed S] [--no-gpu] FILE.dcir...");
+            eprintln!(
+                "usage: kernel_check [--reps N] [--seed S] [--no-gpu] [--no-check] FILE.dcir..."
+            );
             return ExitCode::from(2);
         }
     };
@@ -160,6 +170,7 @@ fn parse_args() -> Result<Options, String> {
         reps: 200,
         seed: 1,
         no_gpu: false,
+        no_check: false,
         files: Vec::new(),
     };
     let mut args = std::env::args().skip(1);
@@ -175,6 +186,7 @@ fn parse_args() -> Result<Options, String> {
                 }
             }
             "--no-gpu" => options.no_gpu = true,
+            "--no-check" => options.no_check = true,
             "-h" | "--help" => return Err("help".into()),
             f if f.starts_with('-') => return Err(format!("unknown option {f}")),
             f => options.files.push(f.to_string()),
@@ -314,8 +326,12 @@ fn check_graph(
     graph: &Graph,
     rows: &mut Vec<Row>,
 ) -> Result<(), String> {
-    let values = reference_values(graph, options.seed)?;
-    if options.no_gpu {
+    let values = if options.no_check {
+        placeholder_values(graph, options.seed)
+    } else {
+        reference_values(graph, options.seed)?
+    };
+    if options.no_gpu && !options.no_check {
         check_reference(graph, options.seed, &values)?;
     }
     let groups: Vec<OpId> = graph
@@ -350,6 +366,8 @@ fn check_graph(
                 .chain(results)
                 .map(|&v| graph.ty(v).size_bytes().unwrap_or(0))
                 .sum(),
+            flops: group_flops(graph, op),
+            registers: None,
             copies: 0,
             fits_l2: false,
         };
@@ -366,7 +384,10 @@ fn check_graph(
         let expected: Vec<&Tensor> = results.iter().map(|v| &values[v]).collect();
         let outcome = match ctx {
             Some(ctx) => run_kernel(ctx, spec, options, &kernel, &inputs, &expected, &mut row),
-            None => compile(&kernel).map(|_| row.check = "built"),
+            None => compile(&kernel).map(|c| {
+                row.registers = c.resources.map(|r| r.registers);
+                row.check = "built";
+            }),
         };
         if let Err(e) = outcome {
             println!("  {}: ERROR {e}", row.kernel);
@@ -381,7 +402,7 @@ fn check_graph(
             continue;
         }
         println!(
-            "  {} [{}] {} {}: {} rel-L2 {} max-abs {} median {} us, {:.3} TB/s ({} copies{})",
+            "  {} [{}] {} {}: {} rel-L2 {} max-abs {} median {} us, {:.3} TB/s, {:.1} TFLOP/s, {} regs ({} copies{})",
             row.kernel,
             row.kind,
             row.dtype,
@@ -391,6 +412,8 @@ fn check_graph(
             fmt_opt(row.max_abs, "e"),
             fmt_opt(row.median_us, "f"),
             tbps(&row).unwrap_or(0.0),
+            tflops(&row).unwrap_or(0.0),
+            row.registers.map_or("?".into(), |r| r.to_string()),
             row.copies,
             if row.fits_l2 { ", set fits in L2" } else { "" }
         );
@@ -399,10 +422,84 @@ fn check_graph(
     Ok(())
 }
 
-/// The PTX of `kernel` (NVRTC, `sm_90`).
-fn compile(kernel: &Kernel) -> Result<String, String> {
+/// The PTX of `kernel` and ptxas's report (NVRTC, `sm_90`); a spill or a
+/// stack frame is an error.
+fn compile(kernel: &Kernel) -> Result<dcir_cuda::nvrtc::Compiled, String> {
     let source = dcir_cuda::print_kernel(kernel);
-    dcir_cuda::nvrtc::compile(&source, &kernel.name, dcir_cuda::nvrtc::DEFAULT_ARCH)
+    let c = dcir_cuda::nvrtc::compile(&source, &kernel.name, dcir_cuda::nvrtc::DEFAULT_ARCH)?;
+    if let Some(why) = c.resources.and_then(|r| r.violation(kernel.block)) {
+        return Err(format!("ptxas: {why}"));
+    }
+    Ok(c)
+}
+
+/// Flops of the matmuls and convolutions inside group `op` (2 per multiply-add).
+fn group_flops(graph: &Graph, op: OpId) -> f64 {
+    let Some(region) = graph.op(op).region else {
+        return 0.0;
+    };
+    let mut flops = 0.0;
+    for &o in &graph.block(region).ops {
+        let d = graph.op(o);
+        let outputs = || graph.ty(d.results[0]).num_elements().unwrap_or(0) as f64;
+        match d.kind {
+            OpKind::Matmul => {
+                let a = graph.ty(d.operands[0]).dims();
+                let transposed =
+                    matches!(d.attrs.get("transpose_a"), Some(dcir_ir::Attr::Bool(true)));
+                let k = if transposed {
+                    a[a.len() - 2]
+                } else {
+                    a[a.len() - 1]
+                };
+                flops += 2.0 * outputs() * k as f64;
+            }
+            // Weight [OC, C/groups, KH, KW]: each output sums C/groups*KH*KW products.
+            OpKind::Conv2d => {
+                let w = graph.ty(d.operands[1]).dims();
+                flops += 2.0 * outputs() * w[1..].iter().product::<usize>() as f64;
+            }
+            _ => {}
+        }
+    }
+    flops
+}
+
+/// Every value of `graph` filled with seeded random contents, without
+/// interpreting anything (`--no-check`): parameters as `random_inputs`
+/// draws them, every op result uniform in [-1, 1).
+fn placeholder_values(graph: &Graph, seed: u64) -> HashMap<ValueId, Tensor> {
+    let mut env: HashMap<ValueId, Tensor> = graph
+        .params()
+        .iter()
+        .copied()
+        .zip(random_inputs(graph, seed))
+        .collect();
+    let mut state = seed ^ 0x9E37_79B9_7F4A_7C15;
+    for &op in &graph.block(graph.body()).ops {
+        for &r in &graph.op(op).results {
+            let ty = graph.ty(r).clone();
+            let n = ty.num_elements().unwrap_or(0);
+            let mut next = || {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((state >> 40) as f64 / (1u64 << 24) as f64) * 2.0 - 1.0
+            };
+            let data = match ty.dtype {
+                DType::F32 => TensorData::F32((0..n).map(|_| next() as f32).collect()),
+                DType::F16 => TensorData::F16((0..n).map(|_| f16::from_f64(next())).collect()),
+                DType::BF16 => TensorData::BF16((0..n).map(|_| bf16::from_f64(next())).collect()),
+                DType::I32 => TensorData::I32(vec![0; n]),
+                DType::I64 => TensorData::I64(vec![0; n]),
+                DType::Bool => TensorData::Bool(vec![false; n]),
+            };
+            if let Ok(t) = Tensor::new(ty, data) {
+                env.insert(r, t);
+            }
+        }
+    }
+    env
 }
 
 /// Compiles and loads `kernel`, checks it against `expected`, and times it.
@@ -415,7 +512,9 @@ fn run_kernel(
     expected: &[&Tensor],
     row: &mut Row,
 ) -> Result<(), String> {
-    let ptx = compile(kernel)?;
+    let compiled = compile(kernel)?;
+    row.registers = compiled.resources.map(|r| r.registers);
+    let ptx = compiled.ptx;
     let stream = &ctx.default_stream();
     let module = ctx.load_module(Ptx::from_src(ptx)).map_err(driver)?;
     let function = module.load_function(&kernel.name).map_err(driver)?;
@@ -437,9 +536,25 @@ fn run_kernel(
     let bufs = upload_set(stream, inputs, expected)?;
     launch(stream, &function, cfg, &bufs)?;
     stream.synchronize().map_err(driver)?;
+    if options.no_check {
+        row.check = "timed";
+    } else {
+        check_outputs(stream, kernel, inputs.len(), expected, &bufs, row)?;
+    }
+    time_kernel(ctx, spec, options, &function, cfg, bufs, row)
+}
+
+/// Copies the kernel's outputs back and compares them with the interpreter's.
+fn check_outputs(
+    stream: &Arc<CudaStream>,
+    kernel: &Kernel,
+    n_in: usize,
+    expected: &[&Tensor],
+    bufs: &[CudaSlice<u8>],
+    row: &mut Row,
+) -> Result<(), String> {
     let mut worst: Option<(f64, f64)> = None;
     let mut failure = None;
-    let n_in = inputs.len();
     for (k, want) in expected.iter().enumerate() {
         let bytes = stream.clone_dtoh(&bufs[n_in + k]).map_err(driver)?;
         let got = from_bytes(want.ty(), &bytes)?;
@@ -463,6 +578,20 @@ fn run_kernel(
     } else {
         "PASS"
     };
+    Ok(())
+}
+
+/// Times `function`: warm-up, then `options.reps` launches between events.
+fn time_kernel(
+    ctx: &Arc<CudaContext>,
+    spec: &DeviceSpec,
+    options: &Options,
+    function: &CudaFunction,
+    cfg: LaunchConfig,
+    bufs: Vec<CudaSlice<u8>>,
+    row: &mut Row,
+) -> Result<(), String> {
+    let stream = &ctx.default_stream();
 
     // Timing: enough copies of the buffers that the rotated set exceeds the
     // L2 three times over, each a separate allocation.
@@ -478,7 +607,7 @@ fn run_kernel(
         sets.push(copy.map_err(driver)?);
     }
     for i in 0..WARMUP {
-        launch(stream, &function, cfg, &sets[i % copies])?;
+        launch(stream, function, cfg, &sets[i % copies])?;
     }
     let event = || ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
     let starts = (0..options.reps)
@@ -490,7 +619,7 @@ fn run_kernel(
     let (starts, ends) = (starts.map_err(driver)?, ends.map_err(driver)?);
     for i in 0..options.reps {
         starts[i].record(stream).map_err(driver)?;
-        launch(stream, &function, cfg, &sets[(WARMUP + i) % copies])?;
+        launch(stream, function, cfg, &sets[(WARMUP + i) % copies])?;
         ends[i].record(stream).map_err(driver)?;
     }
     stream.synchronize().map_err(driver)?;
@@ -595,6 +724,13 @@ fn from_bytes(ty: &TensorType, bytes: &[u8]) -> Result<Tensor, String> {
     Tensor::new(ty.clone(), data).map_err(|e| e.to_string())
 }
 
+/// Achieved contraction rate in TFLOP/s.
+fn tflops(row: &Row) -> Option<f64> {
+    row.median_us
+        .filter(|&t| t > 0.0 && row.flops > 0.0)
+        .map(|t| row.flops / (t * 1e-6) / 1e12)
+}
+
 /// Achieved bandwidth in TB/s.
 fn tbps(row: &Row) -> Option<f64> {
     row.median_us
@@ -622,17 +758,18 @@ fn markdown_table(rows: &[Row], spec: &DeviceSpec, device: &str, options: &Optio
         spec.l2_bytes >> 20
     );
     out.push_str(&format!(
-        "| kernel | kind | dtype | elements | check | rel-L2 | max-abs | median us | TB/s | % of {peak:.2} |\n"
+        "| kernel | kind | dtype | elements | regs | check | rel-L2 | max-abs | median us | TB/s | % of {peak:.2} | TFLOP/s |\n"
     ));
-    out.push_str("|---|---|---|---:|---|---:|---:|---:|---:|---:|\n");
+    out.push_str("|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|\n");
     for r in rows {
         let bw = tbps(r);
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             r.kernel,
             r.kind,
             r.dtype,
             r.elements,
+            r.registers.map_or("-".into(), |x| x.to_string()),
             r.check,
             fmt_opt(r.rel_l2, "e"),
             fmt_opt(r.max_abs, "e"),
@@ -642,6 +779,7 @@ fn markdown_table(rows: &[Row], spec: &DeviceSpec, device: &str, options: &Optio
                 if r.fits_l2 { " (L2)" } else { "" }
             )),
             bw.map_or("-".into(), |b| format!("{:.1}%", 100.0 * b / peak)),
+            tflops(r).map_or("-".into(), |f| format!("{f:.1}")),
         ));
     }
     out

@@ -1,10 +1,20 @@
-//! Compiling kernels to PTX with NVRTC (no GPU needed).
+//! Compiling kernels to PTX with NVRTC (no GPU needed), with ptxas's
+//! resource report.
 //!
 //! The NVRTC library is loaded at run time; [`available`] probes for it
 //! first, so a machine without it gets an error, never a panic. Tests print
 //! `SKIP: <reason>` when it is missing, unless `DCIR_REQUIRE_NVRTC=1`.
+//!
+//! Compiling for a real architecture (`sm_90`) makes NVRTC run ptxas too;
+//! with `--ptxas-options=-v` ptxas writes the registers, shared memory,
+//! stack frame and spills of every kernel to the program log, which
+//! [`compile`] parses into [`Resources`]. cudarc's safe API returns the log
+//! only on failure, so this module drives NVRTC's C API through cudarc's
+//! thin `result` wrappers.
 
-use cudarc::nvrtc::{CompileError, CompileOptions, compile_ptx_with_opts};
+use std::ffi::{CStr, CString};
+
+use cudarc::nvrtc::result;
 
 /// The default target architecture.
 pub const DEFAULT_ARCH: &str = "sm_90";
@@ -32,25 +42,202 @@ pub fn unavailable_reason() -> Option<String> {
     }
 }
 
-/// Compiles one translation unit to PTX for `arch` (`sm_90` by default).
-pub fn compile(source: &str, name: &str, arch: &'static str) -> Result<String, String> {
+/// What ptxas reported for one kernel.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Resources {
+    /// Registers per thread.
+    pub registers: u32,
+    /// Bytes of static shared memory.
+    pub shared_bytes: u32,
+    /// Bytes of per-thread stack frame (local memory).
+    pub stack_frame: u32,
+    /// Bytes of register spill stores.
+    pub spill_stores: u32,
+    /// Bytes of register spill loads.
+    pub spill_loads: u32,
+}
+
+impl Resources {
+    /// Why these resources break the kernel's contract for `threads` per
+    /// block, or `None`: any spill or stack frame (local-memory traffic), or
+    /// more registers than `threads` leaves each thread (65536 per SM, at
+    /// most 255).
+    pub fn violation(&self, threads: u32) -> Option<String> {
+        let budget = (65536 / threads.max(1)).min(255);
+        if self.spill_stores > 0 || self.spill_loads > 0 {
+            Some(format!(
+                "{} bytes spill stores, {} bytes spill loads",
+                self.spill_stores, self.spill_loads
+            ))
+        } else if self.stack_frame > 0 {
+            Some(format!("{} bytes stack frame", self.stack_frame))
+        } else if self.registers > budget {
+            Some(format!(
+                "{} registers per thread, more than the {budget} a block of {threads} threads allows",
+                self.registers
+            ))
+        } else {
+            None
+        }
+    }
+}
+
+impl std::fmt::Display for Resources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} registers, {} bytes smem, {} bytes stack, {} bytes spill stores, {} bytes spill loads",
+            self.registers,
+            self.shared_bytes,
+            self.stack_frame,
+            self.spill_stores,
+            self.spill_loads
+        )
+    }
+}
+
+/// The output of one NVRTC compilation.
+#[derive(Clone, Debug)]
+pub struct Compiled {
+    /// The PTX text.
+    pub ptx: String,
+    /// ptxas's report for the kernel, when the log held one.
+    pub resources: Option<Resources>,
+    /// NVRTC's program log (warnings and ptxas's `info` lines).
+    pub log: String,
+}
+
+/// Compiles one translation unit to PTX for `arch` (`sm_90` by default) and
+/// reads ptxas's resource report of its kernel from the log.
+pub fn compile(source: &str, name: &str, arch: &str) -> Result<Compiled, String> {
     if let Some(reason) = unavailable_reason() {
         return Err(reason);
     }
-    if source.contains('\0') {
-        return Err("the source contains a NUL byte".into());
-    }
-    let options = CompileOptions {
-        arch: Some(arch),
-        name: Some(format!("{name}.cu")),
-        options: vec!["--std=c++17".into()],
-        ..Default::default()
+    let src = CString::new(source).map_err(|_| "the source contains a NUL byte".to_string())?;
+    let file = CString::new(format!("{name}.cu")).map_err(|_| "NUL byte in the kernel name")?;
+    let options = [
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".to_string(),
+        "--ptxas-options=-v".to_string(),
+    ];
+    let program =
+        result::create_program(&src, Some(&file)).map_err(|e| format!("NVRTC on {name}: {e}"))?;
+    // SAFETY: `program` was just created and is destroyed exactly once below,
+    // after its last use; `src` and `file` outlive it.
+    #[allow(unsafe_code)]
+    let (compiled, log, ptx) = unsafe {
+        let compiled = result::compile_program(program, &options);
+        let log = result::get_program_log(program).map(|l| c_text(&l));
+        let ptx = match compiled {
+            Ok(()) => Some(result::get_ptx(program).map(|p| c_text(&p))),
+            Err(_) => None,
+        };
+        let _ = result::destroy_program(program);
+        (compiled, log, ptx)
     };
-    let ptx = compile_ptx_with_opts(source, options).map_err(|e| match e {
-        CompileError::CompileError { log, .. } => {
-            format!("NVRTC failed on {name}:\n{}", log.to_string_lossy())
+    let log = log.unwrap_or_default();
+    if compiled.is_err() {
+        return Err(format!("NVRTC failed on {name}:\n{log}"));
+    }
+    let ptx = ptx
+        .expect("compiled")
+        .map_err(|e| format!("NVRTC on {name}: no PTX: {e}"))?;
+    Ok(Compiled {
+        ptx,
+        resources: parse_resources(&log),
+        log,
+    })
+}
+
+/// The text of a NUL-terminated buffer NVRTC filled.
+fn c_text(buf: &[std::ffi::c_char]) -> String {
+    let bytes: Vec<u8> = buf.iter().map(|&c| c as u8).collect();
+    CStr::from_bytes_until_nul(&bytes)
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// Reads ptxas's `info` lines (one kernel per program):
+///
+/// ```text
+/// ptxas info    : Function properties for k
+///     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+/// ptxas info    : Used 32 registers, used 1 barriers, 8192 bytes smem, 380 bytes cmem[0]
+/// ```
+fn parse_resources(log: &str) -> Option<Resources> {
+    let mut r = Resources::default();
+    let mut seen = false;
+    for line in log.lines() {
+        for part in line.split([',', ':']) {
+            let words: Vec<&str> = part.split_whitespace().collect();
+            let number = |i: usize| words.get(i).and_then(|w| w.parse::<u32>().ok());
+            match words.as_slice() {
+                ["Used", _, "registers"] => {
+                    r.registers = number(1)?;
+                    seen = true;
+                }
+                [_, "bytes", "smem"] => r.shared_bytes = number(0)?,
+                [_, "bytes", "stack", "frame"] => r.stack_frame = number(0)?,
+                [_, "bytes", "spill", "stores"] => r.spill_stores = number(0)?,
+                [_, "bytes", "spill", "loads"] => r.spill_loads = number(0)?,
+                _ => {}
+            }
         }
-        other => format!("NVRTC failed on {name}: {other:?}"),
-    })?;
-    Ok(ptx.to_src())
+    }
+    seen.then_some(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_ptxas_report() {
+        let log = "ptxas info    : 0 bytes gmem\n\
+                   ptxas info    : Compiling entry function 'k' for 'sm_90'\n\
+                   ptxas info    : Function properties for k\n\
+                   \x20   8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads\n\
+                   ptxas info    : Used 40 registers, used 1 barriers, 8192 bytes smem, 380 bytes cmem[0]\n";
+        let r = parse_resources(log).expect("a report");
+        assert_eq!(
+            r,
+            Resources {
+                registers: 40,
+                shared_bytes: 8192,
+                stack_frame: 8,
+                spill_stores: 4,
+                spill_loads: 12,
+            }
+        );
+        assert!(r.violation(256).unwrap().contains("spill"));
+        assert_eq!(parse_resources("no report"), None);
+    }
+
+    #[test]
+    fn register_budget_follows_the_block_size() {
+        let r = Resources {
+            registers: 128,
+            ..Resources::default()
+        };
+        assert_eq!(r.violation(512), None);
+        assert!(r.violation(1024).unwrap().contains("64"));
+    }
+
+    #[test]
+    fn compiles_and_reports_when_nvrtc_is_present() {
+        if let Some(reason) = unavailable_reason() {
+            if std::env::var("DCIR_REQUIRE_NVRTC").is_ok_and(|v| v == "1") {
+                panic!("DCIR_REQUIRE_NVRTC=1 but {reason}");
+            }
+            println!("SKIP: {reason}");
+            return;
+        }
+        let src = "extern \"C\" __global__ void k(float* x) { x[threadIdx.x] *= 2.0f; }\n";
+        let c = compile(src, "k", DEFAULT_ARCH).expect("compiles");
+        assert!(c.ptx.contains(".entry k"), "{}", c.ptx);
+        let r = c.resources.expect("ptxas report");
+        assert!(r.registers > 0 && r.violation(1024).is_none(), "{r}");
+        let err = compile("this is not C", "bad", DEFAULT_ARCH).unwrap_err();
+        assert!(err.contains("NVRTC failed on bad"), "{err}");
+    }
 }
