@@ -19,6 +19,8 @@ pub const ARTIFACT_JSON: &str = "artifact.json";
 pub struct Artifact {
     /// The source graph's name.
     pub graph: String,
+    /// The GPU architecture the PTX targets (`sm_90`).
+    pub arch: String,
     /// The kernels, referenced by index from [`Launch::kernel`].
     pub kernels: Vec<KernelEntry>,
     /// The launches, in execution order.
@@ -74,10 +76,9 @@ pub struct Launch {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BufferKind {
-    /// A graph parameter fed per run.
+    /// A graph parameter (activations and weights alike: the IR does not
+    /// tell them apart).
     Input,
-    /// A graph parameter that holds weights (constant across runs).
-    Weight,
     /// A graph result.
     Output,
     /// A value produced and consumed by launches only.
@@ -97,6 +98,10 @@ pub struct Buffer {
     pub dtype: String,
     /// Dims, row-major.
     pub shape: Vec<u64>,
+    /// The buffer whose storage this one shares (a reshape: same bytes, other
+    /// dims); liveness and memory plans apply to that root buffer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub view_of: Option<u32>,
     /// Index of the first launch that uses it (`None` if none does).
     pub first_use: Option<u32>,
     /// Index of the last launch that uses it.
@@ -172,6 +177,7 @@ mod tests {
     fn sample() -> Artifact {
         Artifact {
             graph: "g".into(),
+            arch: "sm_90".into(),
             kernels: vec![KernelEntry {
                 name: "g0".into(),
                 source: "extern \"C\" __global__ void g0() {}\n".into(),
@@ -195,6 +201,7 @@ mod tests {
                 bytes: 64,
                 dtype: "f32".into(),
                 shape: vec![4, 4],
+                view_of: None,
                 first_use: Some(0),
                 last_use: Some(0),
                 kind: BufferKind::Input,

@@ -28,7 +28,7 @@ pub struct OptArgs {
     /// Input file; `-` or nothing reads standard input.
     #[arg(value_name = "FILE", default_value = "-")]
     pub input: PathBuf,
-    /// Write the output here instead of standard output.
+    /// Write the output here instead of standard output (a directory for `--emit artifact`).
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// Passes to run, comma-separated, options in braces: 'cse,fold-constants{max-elems=64}'.
@@ -40,6 +40,9 @@ pub struct OptArgs {
     /// What to print: the IR, the fusion plan (a table per graph), Graphviz of the plan, or CUDA.
     #[arg(long, value_enum, default_value_t = Emit::Ir)]
     pub emit: Emit,
+    /// GPU architecture NVRTC compiles for with `--emit artifact`.
+    #[arg(long, value_name = "ARCH", default_value = dcir_cuda::nvrtc::DEFAULT_ARCH)]
+    pub arch: String,
     /// Device preset the fusion cost model uses (h200, h100, a100, v100, rtx2080).
     #[arg(long, value_name = "NAME", default_value = "h200")]
     pub device: String,
@@ -92,6 +95,10 @@ pub enum Emit {
     Dot,
     /// The CUDA source of every kernel (fusing first unless the input is already fused).
     Cuda,
+    /// The compiled program, written to the directory `-o DIR`: `artifact.json`
+    /// (kernels, launches, buffers with liveness, I/O) and each kernel's `.cu`
+    /// and `.ptx` (NVRTC); one subdirectory per graph when the module has several.
+    Artifact,
 }
 
 /// A failure already described to the user.
@@ -188,6 +195,9 @@ fn run(name: &str, registry: &PassRegistry, args: &OptArgs) -> Result<(), Report
         let t = Instant::now();
         let emitted = fuse(name, args, model, &mut module)?;
         timings.push(("fuse", t.elapsed()));
+        if args.emit == Emit::Artifact {
+            return write_artifacts(name, args, &module);
+        }
         if let Some(text) = emitted {
             write_output(name, args.output.as_ref(), &text)?;
             return Ok(());
@@ -246,7 +256,7 @@ fn fuse(
             .all_ops()
             .iter()
             .any(|&o| graph.op(o).kind == OpKind::Fused);
-        if args.emit == Emit::Cuda && already_fused {
+        if matches!(args.emit, Emit::Cuda | Emit::Artifact) && already_fused {
             continue;
         }
         let plan = plan_graph(graph, model).map_err(|e| {
@@ -259,7 +269,7 @@ fn fuse(
         match args.emit {
             Emit::Plan => emitted.push_str(&explain::plan_table(graph, &plan)),
             Emit::Dot => emitted.push_str(&explain::plan_dot(graph, &plan)),
-            Emit::Ir | Emit::Cuda => {
+            Emit::Ir | Emit::Cuda | Emit::Artifact => {
                 *graph = apply_plan(graph, &plan).map_err(|e| {
                     eprintln!("{name}: error: cannot fuse @{}: {e}", graph.name());
                     Reported
@@ -267,7 +277,7 @@ fn fuse(
             }
         }
     }
-    if matches!(args.emit, Emit::Ir | Emit::Cuda) {
+    if matches!(args.emit, Emit::Ir | Emit::Cuda | Emit::Artifact) {
         verify_module(module).map_err(|errors| {
             eprintln!("{name}: error: the fused IR does not verify (a fusion bug):");
             for e in errors {
@@ -275,7 +285,7 @@ fn fuse(
             }
             Reported
         })?;
-        if args.emit == Emit::Ir {
+        if matches!(args.emit, Emit::Ir | Emit::Artifact) {
             return Ok(None);
         }
         emitted = dcir_cuda::emit_module_source(module).map_err(|e| {
@@ -284,6 +294,42 @@ fn fuse(
         })?;
     }
     Ok(Some(emitted))
+}
+
+/// Builds and writes the artifact of every graph of fused `module` into
+/// `-o DIR` (`DIR/<graph>/` when there are several), saying what it wrote.
+fn write_artifacts(name: &str, args: &OptArgs, module: &Module) -> Result<(), Reported> {
+    let Some(dir) = &args.output else {
+        eprintln!("{name}: error: --emit artifact needs -o DIR");
+        return Err(Reported);
+    };
+    let options = dcir_cuda::BuildOptions {
+        arch: args.arch.clone(),
+        compile: true,
+    };
+    for graph in &module.graphs {
+        let artifact = dcir_cuda::build_artifact(graph, &options).map_err(|e| {
+            eprintln!("{name}: error: {e}");
+            Reported
+        })?;
+        let target = if module.graphs.len() == 1 {
+            dir.clone()
+        } else {
+            dir.join(graph.name())
+        };
+        artifact.write_dir(&target).map_err(|e| {
+            eprintln!("{name}: error: {e}");
+            Reported
+        })?;
+        eprintln!(
+            "{name}: wrote {} ({} kernels, {} buffers, {})",
+            target.display(),
+            artifact.kernels.len(),
+            artifact.buffers.len(),
+            artifact.arch
+        );
+    }
+    Ok(())
 }
 
 fn instrumentation(args: &OptArgs) -> Instrumentation {

@@ -230,3 +230,41 @@ fn fusion_flags() {
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
+
+#[test]
+fn emits_an_artifact_directory() {
+    let out = dcir_opt(&["--emit", "artifact", "ir-examples/ln_gelu.dcir"], None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("--emit artifact needs -o DIR"));
+    if let Some(reason) = dcir_cuda::nvrtc::unavailable_reason() {
+        if std::env::var("DCIR_REQUIRE_NVRTC").is_ok_and(|v| v == "1") {
+            panic!("DCIR_REQUIRE_NVRTC=1 but {reason}");
+        }
+        println!("SKIP: --emit artifact compiles with NVRTC: {reason}");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("dcir-opt-artifact-{}", std::process::id()));
+    let dir_arg = dir.to_string_lossy().into_owned();
+    let out = dcir_opt(
+        &[
+            "--emit",
+            "artifact",
+            "-o",
+            &dir_arg,
+            "ir-examples/ln_gelu.dcir",
+        ],
+        None,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let artifact = dcir_artifact::Artifact::read_dir(&dir).expect("artifact.json reads back");
+    assert_eq!(artifact.graph, "ln_gelu");
+    assert_eq!(artifact.kernels.len(), artifact.launches.len());
+    for kernel in &artifact.kernels {
+        assert!(kernel.ptx.as_ref().is_some_and(|p| p.contains(".entry")));
+        assert!(dir.join(format!("{}.cu", kernel.name)).exists());
+        assert!(dir.join(format!("{}.ptx", kernel.name)).exists());
+    }
+    assert_eq!(artifact.inputs.len(), 4);
+    assert_eq!(artifact.outputs.len(), 1);
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}

@@ -7,6 +7,7 @@
 //! `elementwise`, `reduction`, `gemm` (f32 SIMT). Others return [`EmitError::Unsupported`].
 //! See `docs/cuda.md`.
 
+pub mod artifact;
 pub mod kir;
 pub mod lower;
 pub mod nvrtc;
@@ -14,6 +15,7 @@ pub mod print;
 
 use dcir_ir::Module;
 
+pub use artifact::{BuildOptions, build_artifact};
 pub use lower::{EmitError, kernel_name, lower_fused, lower_graph};
 pub use print::print_kernel;
 
