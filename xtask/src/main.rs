@@ -34,6 +34,9 @@ enum Cli {
     Bless,
     /// Generate the benchmark graphs, time release dcir-opt on them, print markdown rows.
     Bench,
+    /// Compile every kernel of the CUDA snapshots with NVRTC; report registers,
+    /// shared memory and spills; fail on a spill or a compile error.
+    ValidateCuda,
 }
 
 fn main() -> ExitCode {
@@ -42,6 +45,7 @@ fn main() -> ExitCode {
         Cli::Pipeline { file, out } => pipeline::run(&file, out),
         Cli::Bless => bless::run(),
         Cli::Bench => bench::run(),
+        Cli::ValidateCuda => validate_cuda(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -50,6 +54,32 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `cargo xtask validate-cuda`: the `validate_cuda` example of dcir-cuda over
+/// every snapshot of `tests/filetests/cuda/snapshots/`.
+fn validate_cuda() -> Result<()> {
+    let dir = workspace_root().join("tests/filetests/cuda/snapshots");
+    let mut snaps: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .with_context(|| format!("cannot read {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "snap"))
+        .collect();
+    snaps.sort();
+    run_checked(
+        cargo()
+            .args([
+                "run",
+                "--release",
+                "-q",
+                "-p",
+                "dcir-cuda",
+                "--example",
+                "validate_cuda",
+                "--",
+            ])
+            .args(&snaps),
+    )
 }
 
 /// The workspace root: xtask lives one directory below it.

@@ -24,6 +24,10 @@ pub const STAGES: &[(&str, &[&str])] = &[
     // Fusion: the plan table (H200 preset), then the fused IR.
     ("03-plan.md", &["--fuse", "--emit", "plan"]),
     ("04-fused.dcir", &["--fuse"]),
+    // Emission: every kernel's CUDA source, then the compiled artifact (a
+    // directory: artifact.json, .cu and .ptx per kernel; needs NVRTC).
+    ("05-kernels.cu", &["--emit", "cuda"]),
+    ("06-artifact", &["--emit", "artifact"]),
 ];
 
 /// Runs every stage on `file`, writing into `out` (default `target/pipeline/<stem>/`).
@@ -60,7 +64,9 @@ pub fn run(file: &Path, out: Option<PathBuf>) -> Result<()> {
     let file = input.as_path();
     for (name, args) in STAGES {
         let path = out.join(name);
-        let _ = fs::remove_file(&path); // never leave a stale file behind a failing stage
+        // Never leave a stale file (or artifact directory) behind a failing stage.
+        let _ = fs::remove_file(&path);
+        let _ = fs::remove_dir_all(&path);
         let mut cmd = Command::new(&opt);
         cmd.args(*args).arg(file).arg("-o").arg(&path);
         // dcir-opt's diagnostics go straight to our stderr.
