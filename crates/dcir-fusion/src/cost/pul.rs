@@ -93,9 +93,13 @@ pub(crate) struct Scored {
     pub dram_bytes: f64,
 }
 
-/// Round-trip latency of a device-memory load, seconds (a first-principles
-/// figure for HBM GPUs; the tuner's measurements should refine it).
-const DRAM_LATENCY_S: f64 = 6.0e-7;
+/// Round-trip latency of a device-memory load under load, seconds. Fitted to
+/// two H200 measurements of scalar elementwise chains with all 2048 threads
+/// of every SM resident (docs/cost-model.md, "Latency-bound bandwidth"):
+/// 12 B in flight per thread ran at 3.27 TB/s, 6 B at 1.65 TB/s, both
+/// `132 · 2048 · bytes / 1.0 µs` within 2 %. (The unloaded round trip is
+/// about 0.6 µs; queueing at full bandwidth adds the rest.)
+const DRAM_LATENCY_S: f64 = 1.0e-6;
 
 fn to_u32(x: f64) -> u32 {
     x.ceil().clamp(0.0, u32::MAX as f64) as u32
