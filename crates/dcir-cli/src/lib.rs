@@ -36,6 +36,7 @@ pub fn parse_args<T: clap::Parser>(
         })
 }
 
+mod gpu;
 pub mod import;
 pub mod opt;
 pub mod run;

@@ -16,6 +16,8 @@ use dcir_reader::{Diagnostic, read_bytes, render};
 pub enum Backend {
     /// The CPU reference interpreter (dcir-interp).
     Cpu,
+    /// Fused CUDA kernels on GPU 0 (fuses, compiles with NVRTC, runs with dcir-runtime).
+    Cuda,
 }
 
 /// The command line of `dcir-run`.
@@ -28,7 +30,12 @@ pub enum Backend {
                   the distributions). Prints one line per output: name, type, mean, abs-max \
                   and checksum (the sum of the elements). The exit code is 0 on success and \
                   1 on any error.\n\n\
-                  Example: dcir-run ir-examples/resnet50_bottleneck.dcir --backend cpu --seed 1"
+                  With --backend cuda the graph is fused (unless it already has fused ops), \
+                  compiled with NVRTC and run on GPU 0; --check compares every output with \
+                  the interpreter on the same inputs (outputs are poisoned with NaN first), \
+                  --bench N times N forward passes replayed as one CUDA graph.\n\n\
+                  Example: dcir-run ir-examples/resnet50_bottleneck.dcir --backend cpu --seed 1\n\
+                  Example: dcir-run ir-examples/ln_gelu.dcir --backend cuda --check --bench 100"
 )]
 pub struct RunArgs {
     /// Input file; `-` reads standard input.
@@ -55,6 +62,21 @@ pub struct RunArgs {
     /// Print the time of each phase (parse, verify, inputs, run, total) to standard error.
     #[arg(long)]
     pub timing: bool,
+    /// (cuda) Compare every output with the interpreter's, within the dtype's tolerance; exit 1 on a mismatch.
+    #[arg(long)]
+    pub check: bool,
+    /// (cuda) Time N forward passes (CUDA-graph replay, after 10 warm-up): median, min, max, peak memory.
+    #[arg(long, value_name = "N")]
+    pub bench: Option<usize>,
+    /// (cuda) With --bench, also time every launch on its own (median per kernel).
+    #[arg(long)]
+    pub per_kernel: bool,
+    /// (cuda) Run the artifact in DIR (from `dcir-opt --emit artifact -o DIR`) instead of compiling FILE's graph.
+    #[arg(long, value_name = "DIR")]
+    pub artifact: Option<PathBuf>,
+    /// (cuda) Device preset the fusion cost model uses when compiling.
+    #[arg(long, value_name = "NAME", default_value = "h200")]
+    pub device: String,
 }
 
 /// A failure already described to the user.
@@ -95,6 +117,16 @@ fn run(name: &str, args: &RunArgs) -> Result<(), Reported> {
     })?;
     timings.push(("verify", t.elapsed()));
     let graph = pick_graph(&module, args.graph.as_deref()).map_err(fail)?;
+    if args.backend == Backend::Cpu
+        && (args.check || args.bench.is_some() || args.per_kernel || args.artifact.is_some())
+    {
+        return Err(fail(
+            "--check, --bench, --per-kernel and --artifact need --backend cuda".to_string(),
+        ));
+    }
+    if args.per_kernel && args.bench.is_none() {
+        return Err(fail("--per-kernel needs --bench N".to_string()));
+    }
 
     let t = Instant::now();
     let mut given = Vec::new();
@@ -121,10 +153,31 @@ fn run(name: &str, args: &RunArgs) -> Result<(), Reported> {
 
     let t = Instant::now();
     let outputs = match args.backend {
-        Backend::Cpu => dcir_interp::run_graph(graph, &bound.inputs),
+        Backend::Cpu => dcir_interp::run_graph(graph, &bound.inputs)
+            .map_err(|e| report_run_error(name, &file_name, &source(), &e))?,
+        Backend::Cuda => {
+            let artifact = match &args.artifact {
+                Some(dir) => crate::gpu::load(dir, graph),
+                None => crate::gpu::compile(graph, &args.device),
+            }
+            .map_err(fail)?;
+            timings.push(("compile", t.elapsed()));
+            let t = Instant::now();
+            let bench = args.bench.map(|reps| (reps, args.per_kernel));
+            let run = crate::gpu::execute(&artifact, graph, &bound.inputs, bench).map_err(fail)?;
+            timings.push(("run", t.elapsed()));
+            report_cuda(&run);
+            if args.check {
+                let want = dcir_interp::run_graph(graph, &bound.inputs)
+                    .map_err(|e| report_run_error(name, &file_name, &source(), &e))?;
+                check_outputs(name, graph, &want, &run.outputs)?;
+            }
+            run.outputs
+        }
+    };
+    if args.backend == Backend::Cpu {
+        timings.push(("run", t.elapsed()));
     }
-    .map_err(|e| report_run_error(name, &file_name, &source(), &e))?;
-    timings.push(("run", t.elapsed()));
 
     let names = io::output_names(graph);
     for (output_name, tensor) in names.iter().zip(&outputs) {
@@ -148,6 +201,62 @@ fn run(name: &str, args: &RunArgs) -> Result<(), Reported> {
         for (phase, d) in timings {
             eprintln!("timing: {phase} {:.3} ms", d.as_secs_f64() * 1e3);
         }
+    }
+    Ok(())
+}
+
+/// Prints what the GPU run measured, to standard error.
+fn report_cuda(run: &crate::gpu::CudaRun) {
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    eprintln!(
+        "cuda: {} launches on {}; device memory {:.1} MiB planned ({:.1} MiB if every tensor had its own buffer)",
+        run.launches,
+        run.device,
+        mib(run.memory.0),
+        mib(run.memory.1)
+    );
+    if let Some(b) = &run.bench {
+        println!(
+            "bench: {} runs (CUDA graph): median {:.4} ms, min {:.4} ms, max {:.4} ms",
+            b.reps, b.timing.median_ms, b.timing.min_ms, b.timing.max_ms
+        );
+        if let Some(per) = &b.per_launch {
+            let total: f64 = per.iter().map(|(_, ms)| ms).sum();
+            println!("per kernel (launched one by one, median ms; sum {total:.4} ms):");
+            for (kernel, ms) in per {
+                println!(
+                    "  {ms:9.4}  {:5.1}%  {kernel}",
+                    100.0 * ms / total.max(1e-12)
+                );
+            }
+        }
+    }
+}
+
+/// Compares the GPU's outputs with the interpreter's; prints one line per
+/// output and fails on any mismatch.
+fn check_outputs(
+    name: &str,
+    graph: &Graph,
+    want: &[Tensor],
+    got: &[Tensor],
+) -> Result<(), Reported> {
+    let mut failed = false;
+    for ((output_name, w), g) in io::output_names(graph).iter().zip(want).zip(got) {
+        match dcir_interp::compare(w, g, &dcir_interp::Tolerance::for_dtype(w.dtype())) {
+            Ok(s) => println!(
+                "check %{output_name}: PASS rel_l2={:.3e} max_abs={:.3e}",
+                s.rel_l2, s.max_abs
+            ),
+            Err(m) => {
+                println!("check %{output_name}: FAIL {m}");
+                failed = true;
+            }
+        }
+    }
+    if failed {
+        eprintln!("{name}: error: the cuda outputs differ from the interpreter's");
+        return Err(Reported);
     }
     Ok(())
 }

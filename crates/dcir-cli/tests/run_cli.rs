@@ -205,14 +205,68 @@ fn bad_ir_backends_and_flags_are_errors() {
         "{}",
         text(&out.stderr)
     );
-    let out = dcir_run(&["ir-examples/ln_gelu.dcir", "--backend", "cuda"], None);
+    let out = dcir_run(&["ir-examples/ln_gelu.dcir", "--backend", "tpu"], None);
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        text(&out.stderr).contains("invalid value 'cuda'"),
+        text(&out.stderr).contains("invalid value 'tpu'"),
         "{}",
         text(&out.stderr)
     );
     let out = dcir_run(&["--help"], None);
     assert!(out.status.success());
     assert!(text(&out.stdout).contains("--weights"));
+}
+
+#[test]
+fn cuda_flags_need_the_cuda_backend() {
+    for flags in [&["--check"][..], &["--bench", "5"], &["--artifact", "/tmp"]] {
+        let mut args = vec!["ir-examples/ln_gelu.dcir"];
+        args.extend_from_slice(flags);
+        let out = dcir_run(&args, None);
+        assert_eq!(out.status.code(), Some(1), "{flags:?}");
+        assert!(
+            text(&out.stderr).contains("need --backend cuda"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+    let out = dcir_run(
+        &[
+            "ir-examples/ln_gelu.dcir",
+            "--backend",
+            "cuda",
+            "--per-kernel",
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("--per-kernel needs --bench"));
+}
+
+/// Without a GPU (CI, this dev VM) the cuda backend is a clean error, never a
+/// panic; with one it must pass `--check`.
+#[test]
+fn cuda_backend_errors_cleanly_or_passes_the_check() {
+    let out = dcir_run(
+        &["ir-examples/ln_gelu.dcir", "--backend", "cuda", "--check"],
+        None,
+    );
+    let stderr = text(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    if out.status.success() {
+        assert!(
+            text(&out.stdout).contains("check %y: PASS"),
+            "{}",
+            text(&out.stdout)
+        );
+    } else {
+        assert_eq!(out.status.code(), Some(1));
+        assert!(
+            stderr.contains("NVRTC")
+                || stderr.contains("no CUDA driver")
+                || stderr.contains("device"),
+            "{stderr}"
+        );
+        println!("SKIP: no GPU: {}", stderr.lines().last().unwrap_or(""));
+    }
 }

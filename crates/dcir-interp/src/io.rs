@@ -55,8 +55,15 @@ fn to_tensor(name: &str, view: &TensorView<'_>) -> Result<Tensor, InterpError> {
             view.dtype()
         ))
     })?;
-    let b = view.data();
-    let data = match dtype {
+    tensor_from_bytes(TensorType::new(dtype, view.shape().to_vec()), view.data())
+        .map_err(|e| data_error(format!("tensor `{name}`: {e}")))
+}
+
+/// A tensor of type `ty` from its elements in row-major order, each
+/// little-endian (bool: one byte, nonzero is true) — the layout of
+/// safetensors files and of device buffers.
+pub fn tensor_from_bytes(ty: TensorType, b: &[u8]) -> Result<Tensor, InterpError> {
+    let data = match ty.dtype {
         DType::F32 => TensorData::F32(decode(b, f32::from_le_bytes)),
         DType::F16 => TensorData::F16(decode(b, f16::from_le_bytes)),
         DType::BF16 => TensorData::BF16(decode(b, bf16::from_le_bytes)),
@@ -64,8 +71,12 @@ fn to_tensor(name: &str, view: &TensorView<'_>) -> Result<Tensor, InterpError> {
         DType::I64 => TensorData::I64(decode(b, i64::from_le_bytes)),
         DType::Bool => TensorData::Bool(decode(b, |[x]: [u8; 1]| x != 0)),
     };
-    Tensor::new(TensorType::new(dtype, view.shape().to_vec()), data)
-        .map_err(|e| data_error(format!("tensor `{name}`: {e}")))
+    Tensor::new(ty, data)
+}
+
+/// The elements of `t` in the layout [`tensor_from_bytes`] reads.
+pub fn tensor_bytes(t: &Tensor) -> Vec<u8> {
+    encode(t.data())
 }
 
 /// Every tensor of a safetensors file, sorted by name.

@@ -1,0 +1,495 @@
+//! The executor: an [`Artifact`] loaded on one GPU, ready to run.
+//!
+//! [`Executor::new`] probes the driver, opens the device, loads every
+//! kernel's PTX (once per distinct PTX text), checks each kernel's shared
+//! memory and block size against the device, and allocates the inputs, the
+//! outputs and one arena for the intermediates laid out by
+//! [`crate::plan_memory`]. Runs launch in the artifact's order on one stream
+//! of their own (event tracking off, as CUDA-graph capture needs), either
+//! launch by launch or as one captured CUDA graph.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::driver::sys::{
+    CUdevice_attribute, CUevent_flags, CUfunction_attribute, CUgraphInstantiate_flags,
+    CUstreamCaptureMode,
+};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, DevicePtr,
+    LaunchConfig, PushKernelArg,
+};
+use cudarc::nvrtc::Ptx;
+use dcir_artifact::Artifact;
+
+use crate::error::{RuntimeError, driver};
+use crate::plan::{MemoryPlan, plan_memory};
+
+type Result<T> = std::result::Result<T, RuntimeError>;
+
+/// What the runtime read off the device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// The device's name.
+    pub name: String,
+    /// Compute capability (major, minor).
+    pub compute_capability: (i32, i32),
+    /// Streaming multiprocessors.
+    pub sm_count: u32,
+    /// Shared memory a block may opt in to, bytes.
+    pub max_shared_per_block: u64,
+    /// Device memory, bytes.
+    pub total_memory: u64,
+}
+
+/// Latency statistics of repeated runs, milliseconds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Timing {
+    /// Median.
+    pub median_ms: f64,
+    /// Fastest run.
+    pub min_ms: f64,
+    /// Slowest run.
+    pub max_ms: f64,
+}
+
+impl Timing {
+    fn of(mut ms: Vec<f64>) -> Timing {
+        ms.sort_by(f64::total_cmp);
+        Timing {
+            median_ms: ms[ms.len() / 2],
+            min_ms: ms[0],
+            max_ms: ms[ms.len() - 1],
+        }
+    }
+}
+
+/// One launch, resolved: function, shape and argument pointers.
+struct Resolved {
+    kernel: usize,
+    config: LaunchConfig,
+    args: Vec<u64>,
+}
+
+/// An artifact loaded on a device.
+pub struct Executor {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    info: DeviceInfo,
+    plan: MemoryPlan,
+    kernel_names: Vec<String>,
+    functions: Vec<CudaFunction>,
+    launches: Vec<Resolved>,
+    /// Own allocations of inputs and outputs, by buffer id.
+    owned: Vec<Option<CudaSlice<u8>>>,
+    arena: CudaSlice<u8>,
+    inputs: Vec<(u32, u64)>,
+    outputs: Vec<(u32, u64)>,
+    graph: Option<CudaGraph>,
+}
+
+/// Whether libcuda can be loaded.
+pub fn driver_present() -> bool {
+    // SAFETY: the probe only dlopens the library by its candidate names and
+    // drops it; it calls no driver function.
+    #[allow(unsafe_code)]
+    unsafe {
+        cudarc::driver::sys::is_culib_present()
+    }
+}
+
+/// FNV-1a of `text`: the module cache's key.
+fn content_hash(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+impl Executor {
+    /// Loads `artifact` on device `ordinal`.
+    pub fn new(artifact: &Artifact, ordinal: usize) -> Result<Executor> {
+        if !driver_present() {
+            return Err(RuntimeError::NoDriver);
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| RuntimeError::NoDevice {
+            ordinal,
+            error: format!("{e:?}"),
+        })?;
+        // SAFETY: everything this executor allocates and launches uses its one
+        // stream, so no cross-stream ordering is left to the events.
+        #[allow(unsafe_code)]
+        unsafe {
+            ctx.disable_event_tracking();
+        }
+        let stream = ctx.new_stream().map_err(driver("creating a stream"))?;
+        let info = device_info(&ctx)?;
+
+        let mut modules: HashMap<u64, Arc<CudaModule>> = HashMap::new();
+        let mut functions = Vec::with_capacity(artifact.kernels.len());
+        for k in &artifact.kernels {
+            let ptx = k.ptx.as_ref().ok_or_else(|| RuntimeError::NoPtx {
+                kernel: k.name.clone(),
+            })?;
+            let load_error = |e| RuntimeError::Load {
+                kernel: k.name.clone(),
+                error: format!("{e:?}"),
+            };
+            let module = match modules.get(&content_hash(ptx)) {
+                Some(m) => m.clone(),
+                None => {
+                    let m = ctx
+                        .load_module(Ptx::from_src(ptx.clone()))
+                        .map_err(load_error)?;
+                    modules.insert(content_hash(ptx), m.clone());
+                    m
+                }
+            };
+            let f = module.load_function(&k.name).map_err(load_error)?;
+            check_function(&f, k, &info)?;
+            functions.push(f);
+        }
+
+        let plan = plan_memory(artifact);
+        let alloc = |what: &str, bytes: u64| {
+            stream
+                .alloc_zeros::<u8>(bytes.max(1) as usize)
+                .map_err(|e| RuntimeError::Alloc {
+                    what: what.to_string(),
+                    bytes,
+                    error: format!("{e:?}"),
+                })
+        };
+        let arena = alloc("the intermediates' arena", plan.arena_bytes)?;
+        let mut owned: Vec<Option<CudaSlice<u8>>> = Vec::with_capacity(artifact.buffers.len());
+        for b in &artifact.buffers {
+            owned.push(match (b.view_of, plan.offsets[b.id as usize]) {
+                (None, None) => Some(alloc(&format!("buffer {}", b.name), b.bytes)?),
+                _ => None,
+            });
+        }
+        let arena_base = ptr_of(&arena, &stream);
+        let pointer = |id: u32| -> u64 {
+            let root = artifact.buffers[id as usize].view_of.unwrap_or(id) as usize;
+            match plan.offsets[root] {
+                Some(offset) => arena_base + offset,
+                None => ptr_of(
+                    owned[root].as_ref().expect("unplanned roots are owned"),
+                    &stream,
+                ),
+            }
+        };
+        let launches = artifact
+            .launches
+            .iter()
+            .map(|l| {
+                let k = &artifact.kernels[l.kernel as usize];
+                Resolved {
+                    kernel: l.kernel as usize,
+                    config: LaunchConfig {
+                        grid_dim: (k.grid[0], k.grid[1], k.grid[2]),
+                        block_dim: (k.block[0], k.block[1], k.block[2]),
+                        shared_mem_bytes: k.dynamic_shared,
+                    },
+                    args: l.args.iter().map(|&a| pointer(a)).collect(),
+                }
+            })
+            .collect();
+        let io = |ids: &[u32]| {
+            ids.iter()
+                .map(|&id| (id, artifact.buffers[id as usize].bytes))
+                .collect()
+        };
+        Ok(Executor {
+            ctx,
+            stream,
+            info,
+            plan,
+            kernel_names: artifact.kernels.iter().map(|k| k.name.clone()).collect(),
+            functions,
+            launches,
+            owned,
+            arena,
+            inputs: io(&artifact.inputs),
+            outputs: io(&artifact.outputs),
+            graph: None,
+        })
+    }
+
+    /// The device the artifact runs on.
+    pub fn device(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// The memory plan in use.
+    pub fn memory_plan(&self) -> &MemoryPlan {
+        &self.plan
+    }
+
+    /// The kernel names, in the artifact's order.
+    pub fn kernel_names(&self) -> &[String] {
+        &self.kernel_names
+    }
+
+    /// Copies `bytes` into graph input `index`.
+    pub fn set_input(&mut self, index: usize, bytes: &[u8]) -> Result<()> {
+        let &(id, size) = self
+            .inputs
+            .get(index)
+            .ok_or_else(|| RuntimeError::Signature(format!("the graph has no input {index}")))?;
+        if bytes.len() as u64 != size {
+            return Err(RuntimeError::Signature(format!(
+                "input {index} has {size} bytes, got {}",
+                bytes.len()
+            )));
+        }
+        let dst = self.owned[id as usize].as_mut().expect("inputs are owned");
+        self.stream
+            .memcpy_htod(bytes, dst)
+            .map_err(driver(format!("uploading input {index}")))
+    }
+
+    /// Fills every output and the whole arena with 0xFF bytes (NaN in every
+    /// float dtype), so that an element no kernel writes shows up.
+    pub fn poison(&mut self) -> Result<()> {
+        let mut targets: Vec<(u64, usize)> = self
+            .outputs
+            .iter()
+            .filter_map(|&(id, _)| self.owned[id as usize].as_ref())
+            .map(|s| (ptr_of(s, &self.stream), s.len()))
+            .collect();
+        targets.push((ptr_of(&self.arena, &self.stream), self.arena.len()));
+        for (ptr, len) in targets {
+            // SAFETY: `ptr..ptr+len` is one live allocation of this executor,
+            // made on `self.stream`; bytes have no validity requirement.
+            #[allow(unsafe_code)]
+            unsafe {
+                cudarc::driver::result::memset_d8_async(ptr, 0xFF, len, self.stream.cu_stream())
+            }
+            .map_err(driver("poisoning the outputs"))?;
+        }
+        Ok(())
+    }
+
+    /// Runs every launch in order and waits; a failure names the first kernel
+    /// whose launch or execution failed (each launch is followed by a wait).
+    pub fn run_checked(&mut self) -> Result<()> {
+        for i in 0..self.launches.len() {
+            let name = &self.kernel_names[self.launches[i].kernel];
+            let failed = |e| RuntimeError::Launch {
+                kernel: name.clone(),
+                error: format!("{e:?}"),
+            };
+            self.enqueue(i).map_err(failed)?;
+            self.stream.synchronize().map_err(failed)?;
+        }
+        Ok(())
+    }
+
+    /// Enqueues one forward pass (the captured graph when there is one) and
+    /// waits for it.
+    pub fn run(&mut self) -> Result<()> {
+        self.enqueue_all()?;
+        self.stream
+            .synchronize()
+            .map_err(driver("running the forward pass"))
+    }
+
+    /// Captures one forward pass as a CUDA graph; later runs replay it.
+    pub fn capture_graph(&mut self) -> Result<()> {
+        self.graph = None;
+        self.stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(driver("beginning graph capture"))?;
+        let enqueued = (0..self.launches.len()).try_for_each(|i| self.enqueue(i));
+        let graph = self
+            .stream
+            .end_capture(CUgraphInstantiate_flags(0))
+            .map_err(driver("ending graph capture"))?;
+        enqueued.map_err(driver("capturing the launches"))?;
+        let graph = graph.ok_or_else(|| RuntimeError::Driver {
+            what: "capturing the forward pass".into(),
+            error: "the capture produced no graph".into(),
+        })?;
+        graph.upload().map_err(driver("uploading the graph"))?;
+        self.graph = Some(graph);
+        Ok(())
+    }
+
+    /// Times `reps` forward passes after `warmup`, each between two events.
+    pub fn bench(&mut self, warmup: usize, reps: usize) -> Result<Timing> {
+        for _ in 0..warmup {
+            self.enqueue_all()?;
+        }
+        let mut ms = Vec::with_capacity(reps);
+        for _ in 0..reps.max(1) {
+            let (start, end) = (self.event()?, self.event()?);
+            start
+                .record(&self.stream)
+                .map_err(driver("recording an event"))?;
+            self.enqueue_all()?;
+            end.record(&self.stream)
+                .map_err(driver("recording an event"))?;
+            end.synchronize()
+                .map_err(driver("running the forward pass"))?;
+            ms.push(f64::from(
+                start.elapsed_ms(&end).map_err(driver("reading an event"))?,
+            ));
+        }
+        Ok(Timing::of(ms))
+    }
+
+    /// Median time of each launch over `reps` passes launched one by one
+    /// (no graph), milliseconds, in launch order with the kernel's name.
+    pub fn per_launch(&mut self, reps: usize) -> Result<Vec<(String, f64)>> {
+        let n = self.launches.len();
+        let mut samples = vec![Vec::with_capacity(reps); n];
+        for _ in 0..reps.max(1) {
+            let events = (0..=n).map(|_| self.event()).collect::<Result<Vec<_>>>()?;
+            events[0]
+                .record(&self.stream)
+                .map_err(driver("recording an event"))?;
+            for i in 0..n {
+                self.enqueue(i).map_err(driver("launching"))?;
+                events[i + 1]
+                    .record(&self.stream)
+                    .map_err(driver("recording an event"))?;
+            }
+            events[n]
+                .synchronize()
+                .map_err(driver("running the forward pass"))?;
+            for i in 0..n {
+                let t = events[i]
+                    .elapsed_ms(&events[i + 1])
+                    .map_err(driver("reading an event"))?;
+                samples[i].push(f64::from(t));
+            }
+        }
+        Ok(samples
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let name = self.kernel_names[self.launches[i].kernel].clone();
+                (name, Timing::of(s).median_ms)
+            })
+            .collect())
+    }
+
+    /// The bytes of graph output `index`.
+    pub fn read_output(&self, index: usize) -> Result<Vec<u8>> {
+        let &(id, size) = self
+            .outputs
+            .get(index)
+            .ok_or_else(|| RuntimeError::Signature(format!("the graph has no output {index}")))?;
+        let mut host = vec![0u8; size as usize];
+        let src = self.owned[id as usize].as_ref().expect("outputs are owned");
+        self.stream
+            .memcpy_dtoh(&src.slice(0..size as usize), &mut host)
+            .map_err(driver(format!("downloading output {index}")))?;
+        self.stream
+            .synchronize()
+            .map_err(driver(format!("downloading output {index}")))?;
+        Ok(host)
+    }
+
+    fn event(&self) -> Result<cudarc::driver::CudaEvent> {
+        self.ctx
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(driver("creating an event"))
+    }
+
+    fn enqueue_all(&mut self) -> Result<()> {
+        match &self.graph {
+            Some(g) => g.launch().map_err(driver("replaying the graph")),
+            None => (0..self.launches.len()).try_for_each(|i| {
+                self.enqueue(i).map_err(|e| RuntimeError::Launch {
+                    kernel: self.kernel_names[self.launches[i].kernel].clone(),
+                    error: format!("{e:?}"),
+                })
+            }),
+        }
+    }
+
+    fn enqueue(&self, i: usize) -> std::result::Result<(), cudarc::driver::DriverError> {
+        let l = &self.launches[i];
+        let mut builder = self.stream.launch_builder(&self.functions[l.kernel]);
+        for a in &l.args {
+            builder.arg(a);
+        }
+        // SAFETY: the artifact's kernels take one pointer parameter per
+        // launch argument, in order (dcir-cuda's contract, checked when the
+        // artifact was built); each pointer is the start of a live buffer of
+        // this executor of the size the artifact gives that value (own
+        // allocations, or arena offsets the memory plan keeps disjoint from
+        // every buffer live at the same launch), and the kernels stay inside
+        // their buffers. The launch shape passed `check_function`.
+        #[allow(unsafe_code)]
+        unsafe { builder.launch(l.config) }.map(|_| ())
+    }
+}
+
+/// The device pointer of `slice` (event tracking is off: no sync object).
+fn ptr_of(slice: &CudaSlice<u8>, stream: &CudaStream) -> u64 {
+    let (ptr, _sync) = slice.device_ptr(stream);
+    ptr
+}
+
+fn device_info(ctx: &Arc<CudaContext>) -> Result<DeviceInfo> {
+    let attr = |a| {
+        ctx.attribute(a)
+            .map_err(driver("reading device attributes"))
+    };
+    Ok(DeviceInfo {
+        name: ctx.name().map_err(driver("reading the device name"))?,
+        compute_capability: ctx
+            .compute_capability()
+            .map_err(driver("reading the compute capability"))?,
+        sm_count: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
+        max_shared_per_block: attr(
+            CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )? as u64,
+        total_memory: ctx.total_mem().map_err(driver("reading the memory size"))? as u64,
+    })
+}
+
+/// Checks a loaded kernel's shared memory and block size against the device,
+/// and raises its dynamic shared-memory limit when it needs more than 48 KiB.
+fn check_function(
+    f: &CudaFunction,
+    k: &dcir_artifact::KernelEntry,
+    info: &DeviceInfo,
+) -> Result<()> {
+    let attr = |a| {
+        f.get_attribute(a).map_err(|e| RuntimeError::Load {
+            kernel: k.name.clone(),
+            error: format!("{e:?}"),
+        })
+    };
+    let static_shared = attr(CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)? as u64;
+    let needed = static_shared + u64::from(k.dynamic_shared);
+    if needed > info.max_shared_per_block {
+        return Err(RuntimeError::SharedMemory {
+            kernel: k.name.clone(),
+            needed,
+            limit: info.max_shared_per_block,
+        });
+    }
+    if k.dynamic_shared > 48 * 1024 {
+        f.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            k.dynamic_shared as i32,
+        )
+        .map_err(|e| RuntimeError::Load {
+            kernel: k.name.clone(),
+            error: format!("raising the dynamic shared-memory limit: {e:?}"),
+        })?;
+    }
+    let max_threads = attr(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)? as u32;
+    let threads = k.block.iter().product::<u32>();
+    if threads > max_threads {
+        return Err(RuntimeError::Launch {
+            kernel: k.name.clone(),
+            error: format!("block of {threads} threads, the kernel allows at most {max_threads}"),
+        });
+    }
+    Ok(())
+}

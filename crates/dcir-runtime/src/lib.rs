@@ -1,0 +1,16 @@
+//! The dcir runtime: runs a compiled [`dcir_artifact::Artifact`] on a CUDA GPU.
+//!
+//! It depends on the artifact format and cudarc only, never on the compiler.
+//! [`plan_memory`] lays the intermediates out in one arena by liveness;
+//! [`Executor`] loads the PTX, allocates, uploads inputs, poisons outputs,
+//! runs launch by launch or as one CUDA graph, times runs and reads outputs
+//! back. Missing drivers, devices or resources are [`RuntimeError`]s, never
+//! panics. See `docs/runtime.md`.
+
+mod error;
+mod executor;
+mod plan;
+
+pub use error::RuntimeError;
+pub use executor::{DeviceInfo, Executor, Timing, driver_present};
+pub use plan::{ALIGN, MemoryPlan, plan_memory};
