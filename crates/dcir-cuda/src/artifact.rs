@@ -8,12 +8,15 @@
 //! per root buffer: the first and last launch that reads or writes it or any
 //! view of it; graph outputs live to the end. Launch arguments follow the
 //! kernel's parameter order: the group's operands, then its results.
+//! Groups that lower to the same kernel up to the names it declares (BERT's
+//! twelve layers) share one kernel entry: compiled once, loaded once.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use dcir_artifact::{Artifact, Buffer, BufferKind, KernelEntry, KernelParam, Launch};
 use dcir_ir::{Graph, OpKind, ValueId};
 
+use crate::kir::{Kernel, Stmt};
 use crate::{lower_fused, nvrtc, print_kernel};
 
 /// How to build an artifact.
@@ -43,6 +46,8 @@ pub fn build_artifact(g: &Graph, options: &BuildOptions) -> Result<Artifact, Str
         ..Artifact::default()
     };
     let mut buffer_of: HashMap<ValueId, u32> = HashMap::new();
+    // A kernel's source with its declared names canonical → its index in `a.kernels`.
+    let mut kernel_of: HashMap<String, u32> = HashMap::new();
     let new_buffer = |a: &mut Artifact, v: ValueId, kind: BufferKind, view_of: Option<u32>| {
         let ty = g.ty(v);
         let id = a.buffers.len() as u32;
@@ -79,10 +84,15 @@ pub fn build_artifact(g: &Graph, options: &BuildOptions) -> Result<Artifact, Str
             OpKind::Fused => {
                 let kernel = lower_fused(g, op).map_err(|e| e.to_string())?;
                 let source = print_kernel(&kernel);
-                let ptx = if options.compile {
-                    Some(nvrtc::compile(&source, &kernel.name, &options.arch)?.ptx)
-                } else {
-                    None
+                let key = canonical_source(&kernel, &source);
+                let index = match kernel_of.get(&key) {
+                    Some(&i) => i,
+                    None => {
+                        let i = a.kernels.len() as u32;
+                        kernel_of.insert(key, i);
+                        a.kernels.push(kernel_entry(&kernel, source, options)?);
+                        i
+                    }
                 };
                 let mut args: Vec<u32> = data.operands.iter().map(|v| buffer_of[v]).collect();
                 for &r in &data.results {
@@ -91,25 +101,8 @@ pub fn build_artifact(g: &Graph, options: &BuildOptions) -> Result<Artifact, Str
                     args.push(id);
                 }
                 a.launches.push(Launch {
-                    kernel: a.kernels.len() as u32,
+                    kernel: index,
                     args,
-                });
-                a.kernels.push(KernelEntry {
-                    name: kernel.name.clone(),
-                    source,
-                    ptx,
-                    block: [kernel.block, 1, 1],
-                    grid: [kernel.grid, 1, 1],
-                    dynamic_shared: kernel.dynamic_shared as u32,
-                    params: kernel
-                        .params
-                        .iter()
-                        .map(|p| KernelParam {
-                            name: p.name.clone(),
-                            dtype: p.dtype.to_string(),
-                            output: p.output,
-                        })
-                        .collect(),
                 });
             }
             OpKind::Reshape => {
@@ -131,6 +124,84 @@ pub fn build_artifact(g: &Graph, options: &BuildOptions) -> Result<Artifact, Str
     a.outputs = returned.iter().map(|v| buffer_of[v]).collect();
     set_liveness(&mut a);
     Ok(a)
+}
+
+/// `source` (the printed `kernel`) with every name the kernel declares — its
+/// entry point, parameters, shared arrays, locals and loop variables —
+/// replaced by `$n` in order of first appearance: equal for two groups that
+/// compute the same thing on values named differently.
+fn canonical_source(kernel: &Kernel, source: &str) -> String {
+    fn declared(body: &[Stmt], names: &mut HashSet<String>) {
+        for s in body {
+            match s {
+                Stmt::Let { name, .. } | Stmt::LocalArray { name, .. } => {
+                    names.insert(name.clone());
+                }
+                Stmt::For { var, body, .. } => {
+                    names.insert(var.clone());
+                    declared(body, names);
+                }
+                Stmt::If(_, body) => declared(body, names),
+                _ => {}
+            }
+        }
+    }
+    let mut names: HashSet<String> = kernel.params.iter().map(|p| p.name.clone()).collect();
+    names.extend(kernel.shared.iter().map(|a| a.name.clone()));
+    names.insert(kernel.name.clone());
+    declared(&kernel.body, &mut names);
+    let mut renamed: HashMap<&str, usize> = HashMap::new();
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(start) = rest.find(|c: char| c.is_ascii_alphabetic() || c == '_') {
+        let (before, from) = rest.split_at(start);
+        // An identifier glued to a number (`1.0e5f`) is not a name.
+        let in_number = before.ends_with(|c: char| c.is_ascii_digit() || c == '.');
+        let end = from
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(from.len());
+        let (word, after) = from.split_at(end);
+        out.push_str(before);
+        if !in_number && names.contains(word) {
+            let next = renamed.len();
+            out.push_str(&format!("${}", *renamed.entry(word).or_insert(next)));
+        } else {
+            out.push_str(word);
+        }
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The artifact entry of `kernel`, compiled when `options` ask for it.
+fn kernel_entry(
+    kernel: &Kernel,
+    source: String,
+    options: &BuildOptions,
+) -> Result<KernelEntry, String> {
+    let ptx = if options.compile {
+        Some(nvrtc::compile(&source, &kernel.name, &options.arch)?.ptx)
+    } else {
+        None
+    };
+    Ok(KernelEntry {
+        name: kernel.name.clone(),
+        source,
+        ptx,
+        block: [kernel.block, 1, 1],
+        grid: [kernel.grid, 1, 1],
+        dynamic_shared: kernel.dynamic_shared as u32,
+        params: kernel
+            .params
+            .iter()
+            .map(|p| KernelParam {
+                name: p.name.clone(),
+                dtype: p.dtype.to_string(),
+                output: p.output,
+            })
+            .collect(),
+    })
 }
 
 /// Fills `first_use`/`last_use` of every buffer from the launches, on root
@@ -218,6 +289,28 @@ mod tests {
             (Some(1), Some(1))
         );
         assert!(a.kernels.iter().all(|k| k.ptx.is_none()));
+    }
+
+    #[test]
+    fn identical_groups_share_one_kernel() {
+        let a = artifact(
+            "graph @g(%x: f32[64]) -> (f32[64]) {\n\
+             \x20 %y = fused @g0(%x.in = %x) {kind = \"elementwise\", threads = 128} : f32[64] {\n\
+             \x20   %y.r = relu %x.in : f32[64]\n\
+             \x20   yield %y.r\n\
+             \x20 }\n\
+             \x20 %z = fused @g1(%y.in = %y) {kind = \"elementwise\", threads = 128} : f32[64] {\n\
+             \x20   %z.r = relu %y.in : f32[64]\n\
+             \x20   yield %z.r\n\
+             \x20 }\n\
+             \x20 return %z\n\
+             }\n",
+        );
+        assert_eq!(a.kernels.len(), 1, "{:?}", a.kernels);
+        assert_eq!(a.kernels[0].name, "g_g0");
+        assert_eq!(a.launches.len(), 2);
+        assert_eq!(a.launches[1].kernel, 0);
+        assert_eq!(a.launches[1].args, vec![1, 2]);
     }
 
     #[test]
