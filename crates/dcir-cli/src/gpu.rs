@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use dcir_artifact::Artifact;
-use dcir_fusion::{CostModel, DeviceSpec, apply_plan, plan_graph};
+use dcir_fusion::{CostModel, DeviceSpec, LiveDevice, apply_plan, plan_graph};
 use dcir_interp::{Tensor, io};
 use dcir_ir::{Graph, Module, OpKind, verify_module};
 use dcir_passes::{Instrumentation, PassManager, build_pipeline};
@@ -53,12 +53,7 @@ pub(crate) fn compile(graph: &Graph, device: &str) -> Result<Artifact, String> {
         PassManager::new(passes, Instrumentation::default())
             .run(&mut module, &mut std::io::sink())
             .map_err(|e| e.to_string())?;
-        let spec = DeviceSpec::preset(device).ok_or_else(|| {
-            format!(
-                "unknown device `{device}` (presets: {})",
-                DeviceSpec::PRESETS.join(", ")
-            )
-        })?;
+        let spec = device_spec(device)?;
         let model = CostModel::new(spec);
         let g = &mut module.graphs[0];
         let plan = plan_graph(g, &model).map_err(|e| format!("cannot fuse @{}: {e}", g.name()))?;
@@ -67,6 +62,43 @@ pub(crate) fn compile(graph: &Graph, device: &str) -> Result<Artifact, String> {
             .map_err(|e| format!("the fused IR does not verify (a fusion bug): {e:?}"))?;
     }
     dcir_cuda::build_artifact(&module.graphs[0], &dcir_cuda::BuildOptions::default())
+}
+
+/// The cost model's device: `live` reads GPU 0 (`DeviceSpec::from_live`),
+/// anything else names a preset.
+fn device_spec(device: &str) -> Result<DeviceSpec, String> {
+    if device == "live" {
+        let d = dcir_runtime::query_device(0).map_err(|e| e.to_string())?;
+        let live = LiveDevice {
+            name: d.name.clone(),
+            compute_capability: (d.compute_capability.0 * 10 + d.compute_capability.1) as u32,
+            sm_count: d.sm_count,
+            max_threads_per_block: d.max_threads_per_block,
+            max_threads_per_sm: d.max_threads_per_sm,
+            max_blocks_per_sm: d.max_blocks_per_sm,
+            shared_per_block: d.max_shared_per_block as u32,
+            shared_per_sm: d.shared_per_sm as u32,
+            registers_per_sm: d.registers_per_sm,
+            l2_bytes: d.l2_bytes,
+            clock_hz: d.clock_hz,
+            theoretical_bandwidth: d.theoretical_bandwidth,
+        };
+        return DeviceSpec::from_live(&live).ok_or_else(|| {
+            format!(
+                "{} (compute capability {}.{}) has no cost-model preset of its architecture; pass --device with one of {}",
+                d.name,
+                d.compute_capability.0,
+                d.compute_capability.1,
+                DeviceSpec::PRESETS.join(", ")
+            )
+        });
+    }
+    DeviceSpec::preset(device).ok_or_else(|| {
+        format!(
+            "unknown device `{device}` (live or a preset: {})",
+            DeviceSpec::PRESETS.join(", ")
+        )
+    })
 }
 
 /// Reads a prebuilt artifact directory and checks it against `graph`'s signature.

@@ -74,8 +74,8 @@ pub struct RunArgs {
     /// (cuda) Run the artifact in DIR (from `dcir-opt --emit artifact -o DIR`) instead of compiling FILE's graph.
     #[arg(long, value_name = "DIR")]
     pub artifact: Option<PathBuf>,
-    /// (cuda) Device preset the fusion cost model uses when compiling.
-    #[arg(long, value_name = "NAME", default_value = "h200")]
+    /// (cuda) The device the fusion cost model plans for: `live` (GPU 0, queried) or a preset (h200, h100, a100, v100, rtx2080).
+    #[arg(long, value_name = "NAME", default_value = "live")]
     pub device: String,
 }
 

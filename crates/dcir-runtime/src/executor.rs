@@ -28,7 +28,7 @@ use crate::plan::{MemoryPlan, plan_memory};
 type Result<T> = std::result::Result<T, RuntimeError>;
 
 /// What the runtime read off the device.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct DeviceInfo {
     /// The device's name.
     pub name: String,
@@ -40,6 +40,34 @@ pub struct DeviceInfo {
     pub max_shared_per_block: u64,
     /// Device memory, bytes.
     pub total_memory: u64,
+    /// Most threads in one block.
+    pub max_threads_per_block: u32,
+    /// Most resident threads on one SM.
+    pub max_threads_per_sm: u32,
+    /// Most resident blocks on one SM.
+    pub max_blocks_per_sm: u32,
+    /// Shared memory per SM, bytes.
+    pub shared_per_sm: u64,
+    /// 32-bit registers per SM.
+    pub registers_per_sm: u32,
+    /// L2 cache, bytes.
+    pub l2_bytes: u64,
+    /// Peak SM clock, Hz.
+    pub clock_hz: f64,
+    /// Memory clock × bus width × 2 (DDR), bytes per second.
+    pub theoretical_bandwidth: f64,
+}
+
+/// Opens device `ordinal` and reads its properties (no artifact needed).
+pub fn query_device(ordinal: usize) -> Result<DeviceInfo> {
+    if !driver_present() {
+        return Err(RuntimeError::NoDriver);
+    }
+    let ctx = CudaContext::new(ordinal).map_err(|e| RuntimeError::NoDevice {
+        ordinal,
+        error: format!("{e:?}"),
+    })?;
+    device_info(&ctx)
 }
 
 /// Latency statistics of repeated runs, milliseconds.
@@ -434,20 +462,30 @@ fn ptr_of(slice: &CudaSlice<u8>, stream: &CudaStream) -> u64 {
 }
 
 fn device_info(ctx: &Arc<CudaContext>) -> Result<DeviceInfo> {
+    use CUdevice_attribute as A;
     let attr = |a| {
         ctx.attribute(a)
             .map_err(driver("reading device attributes"))
     };
+    let memory_clock_hz = attr(A::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)? as f64 * 1e3;
+    let bus_bytes = attr(A::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH)? as f64 / 8.0;
     Ok(DeviceInfo {
         name: ctx.name().map_err(driver("reading the device name"))?,
         compute_capability: ctx
             .compute_capability()
             .map_err(driver("reading the compute capability"))?,
-        sm_count: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
-        max_shared_per_block: attr(
-            CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-        )? as u64,
+        sm_count: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
+        max_shared_per_block: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
+            as u64,
         total_memory: ctx.total_mem().map_err(driver("reading the memory size"))? as u64,
+        max_threads_per_block: attr(A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)? as u32,
+        max_threads_per_sm: attr(A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)? as u32,
+        max_blocks_per_sm: attr(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR)? as u32,
+        shared_per_sm: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)? as u64,
+        registers_per_sm: attr(A::CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR)? as u32,
+        l2_bytes: attr(A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as u64,
+        clock_hz: attr(A::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)? as f64 * 1e3,
+        theoretical_bandwidth: memory_clock_hz * bus_bytes * 2.0,
     })
 }
 
