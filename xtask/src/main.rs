@@ -6,6 +6,7 @@
 mod bench;
 mod bless;
 mod chaingen;
+mod gpu;
 mod layering;
 mod pipeline;
 
@@ -37,6 +38,8 @@ enum Cli {
     /// Compile every kernel of the CUDA snapshots with NVRTC; report registers,
     /// shared memory and spills; fail on a spill or a compile error.
     ValidateCuda,
+    /// Build the release drivers and kernel_check, stripped, with the GPU scripts, into target/gpu/.
+    GpuBundle,
 }
 
 fn main() -> ExitCode {
@@ -46,6 +49,7 @@ fn main() -> ExitCode {
         Cli::Bless => bless::run(),
         Cli::Bench => bench::run(),
         Cli::ValidateCuda => validate_cuda(),
+        Cli::GpuBundle => gpu::run(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,50 @@
+//! `cargo xtask gpu-bundle`: everything the GPU machine needs, in one folder.
+//!
+//! The device machine has CUDA but no Rust: this builds the release drivers
+//! and `kernel_check` here, strips them (the device tool carries at most
+//! 64 MiB), and copies them with the scripts of `xtask/gpu/` into
+//! `target/gpu/`. Then, with the device tool, from the repository root:
+//! `run(carry = ["target/gpu"], command = "bash target/gpu/run.sh kernels examples perf peers")`.
+
+use std::fs;
+use std::process::Command;
+
+use anyhow::{Context, Result};
+
+/// Release binaries of the bundle: (cargo arguments, built file under target/release).
+const BINARIES: &[(&[&str], &str)] = &[
+    (&["--bin", "dcir-run"], "dcir-run"),
+    (&["--bin", "dcir-opt"], "dcir-opt"),
+    (&["--bin", "dcir-import"], "dcir-import"),
+    (
+        &["-p", "dcir-cuda", "--example", "kernel_check"],
+        "examples/kernel_check",
+    ),
+];
+
+/// Scripts copied from `xtask/gpu/`.
+const SCRIPTS: &[&str] = &["run.sh", "family_peers.py"];
+
+pub fn run() -> Result<()> {
+    let target = crate::target_dir()?;
+    let bundle = target.join("gpu");
+    fs::create_dir_all(&bundle).with_context(|| format!("cannot create {}", bundle.display()))?;
+    for (args, built) in BINARIES {
+        crate::run_checked(crate::cargo().args(["build", "--release"]).args(*args))?;
+        let from = target.join("release").join(built);
+        let name = from.file_name().context("a binary has a name")?;
+        let to = bundle.join(name);
+        fs::copy(&from, &to).with_context(|| format!("cannot copy {}", from.display()))?;
+        crate::run_checked(Command::new("strip").arg(&to))?;
+    }
+    for script in SCRIPTS {
+        let from = crate::workspace_root().join("xtask/gpu").join(script);
+        fs::copy(&from, bundle.join(script))
+            .with_context(|| format!("cannot copy {}", from.display()))?;
+    }
+    println!(
+        "{}: carry it to the GPU machine and run `bash target/gpu/run.sh kernels examples perf peers`",
+        bundle.display()
+    );
+    Ok(())
+}
