@@ -10,6 +10,7 @@
 #             --check (whole graph, memory plan, CUDA graph) and --bench
 #   perf      the kernel families at real sizes (kernel_check --no-check)
 #   peers     PyTorch (cuBLAS/cuDNN) at the perf shapes (family_peers.py)
+#   test      the GPU test target (crates/dcir-cli/tests/gpu_check.rs)
 #
 # Logs go to $OUT (the device tool fetches it); the last lines printed are a
 # summary. Exit code 1 when any check failed.
@@ -54,9 +55,14 @@ peers() {
     python3 "$B/family_peers.py" 2>&1 | tee "$OUT/peers.log" | tail -25
 }
 
+test() {
+    if "$B/gpu_check" --nocapture >"$OUT/gpu_check.log" 2>&1; then summary+=("gpu_check: ok"); else status=1; summary+=("gpu_check: FAILED"); fi
+    grep -E "test result|SKIP|FAIL" "$OUT/gpu_check.log" | tail -5
+}
+
 for step in "$@"; do
     case $step in
-        kernels|examples|perf|peers) $step ;;
+        kernels|examples|perf|peers|test) $step ;;
         *) echo "unknown step $step"; exit 2 ;;
     esac
 done

@@ -3,7 +3,7 @@
 //! The device machine has CUDA but no Rust: this builds the release drivers
 //! and `kernel_check` here, strips them (the device tool carries at most
 //! 64 MiB), and copies them with the scripts of `xtask/gpu/` into
-//! `target/gpu/`. Then, with the device tool, from the repository root:
+//! `target/gpu/`, with the GPU test binary `gpu_check`. Then, with the device tool, from the repository root:
 //! `run(carry = ["target/gpu"], command = "bash target/gpu/run.sh kernels examples perf peers")`.
 
 use std::fs;
@@ -37,6 +37,28 @@ pub fn run() -> Result<()> {
         fs::copy(&from, &to).with_context(|| format!("cannot copy {}", from.display()))?;
         crate::run_checked(Command::new("strip").arg(&to))?;
     }
+    // The GPU test target (`crates/dcir-cli/tests/gpu_check.rs`), as `gpu_check`.
+    let out = crate::cargo()
+        .args([
+            "test",
+            "--release",
+            "-p",
+            "dcir-cli",
+            "--test",
+            "gpu_check",
+            "--no-run",
+        ])
+        .args(["--message-format", "json"])
+        .output()
+        .context("cannot run cargo test --no-run")?;
+    let executable = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find_map(|m| m["executable"].as_str().map(str::to_string))
+        .context("cargo built no gpu_check test binary")?;
+    let to = bundle.join("gpu_check");
+    fs::copy(&executable, &to).with_context(|| format!("cannot copy {executable}"))?;
+    crate::run_checked(Command::new("strip").arg(&to))?;
     for script in SCRIPTS {
         let from = crate::workspace_root().join("xtask/gpu").join(script);
         fs::copy(&from, bundle.join(script))

@@ -1,0 +1,69 @@
+//! On a machine with a GPU: every ir-example, in f32 and in f16, through
+//! `dcir-run --backend cuda --check` (fuse, compile with NVRTC, run with the
+//! memory plan on NaN-poisoned outputs, compare with the interpreter).
+//! Without a GPU or NVRTC it prints `SKIP: no GPU: ...` and passes.
+//!
+//! On the GPU machine (no cargo there), build the binary here with
+//! `cargo test --release -p dcir-cli --test gpu_check --no-run`, carry it,
+//! and run it from the repository root.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// The repository root: the working directory when it holds `ir-examples/`
+/// (a test binary carried to another machine), else the source tree's.
+fn repo_root() -> PathBuf {
+    let cwd = std::env::current_dir().expect("a working directory");
+    if cwd.join("ir-examples").is_dir() {
+        return cwd;
+    }
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+#[test]
+fn every_example_passes_check_on_the_gpu() {
+    if !dcir_runtime::driver_present() || dcir_cuda::nvrtc::unavailable_reason().is_some() {
+        println!("SKIP: no GPU: no CUDA driver or no NVRTC on this machine");
+        return;
+    }
+    if let Err(e) = dcir_runtime::query_device(0) {
+        println!("SKIP: no GPU: {e}");
+        return;
+    }
+    let root = repo_root();
+    let mut examples: Vec<PathBuf> = std::fs::read_dir(root.join("ir-examples"))
+        .expect("ir-examples/")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "dcir"))
+        .collect();
+    examples.sort();
+    let scratch = std::env::temp_dir().join(format!("dcir-gpu-check-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).expect("scratch dir");
+    let mut failures = Vec::new();
+    for path in &examples {
+        let stem = path
+            .file_stem()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .to_string();
+        let f32_source = std::fs::read_to_string(path).expect("readable example");
+        for dtype in ["f32", "f16"] {
+            let file = scratch.join(format!("{stem}_{dtype}.dcir"));
+            std::fs::write(&file, f32_source.replace("f32", dtype)).expect("scratch file");
+            let args = [
+                "dcir-run",
+                file.to_str().expect("utf-8 path"),
+                "--backend",
+                "cuda",
+                "--check",
+            ];
+            println!("== {stem} {dtype}");
+            let code = dcir_cli::run::main_with("dcir-run", args.iter().map(Into::into));
+            if code != ExitCode::SUCCESS {
+                failures.push(format!("{stem} {dtype}"));
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+    assert!(failures.is_empty(), "--check failed: {failures:?}");
+}
