@@ -54,6 +54,7 @@ pub fn run() -> Result<()> {
     let executable = String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|m| m["target"]["name"] == "gpu_check" && m["target"]["kind"][0] == "test")
         .find_map(|m| m["executable"].as_str().map(str::to_string))
         .context("cargo built no gpu_check test binary")?;
     let to = bundle.join("gpu_check");
