@@ -236,7 +236,7 @@ impl Problem<'_> {
 pub(super) type EpilogueFn<'a> = dyn Fn(&mut Lower, Expr, Expr, Expr) -> Result<()> + 'a;
 
 /// Names the kernel body declares; reserved before the parameters are named.
-const LOCALS: [&str; 24] = [
+const LOCALS: &[&str] = &[
     "tile",
     "bz",
     "group",
@@ -253,7 +253,6 @@ const LOCALS: [&str; 24] = [
     "acc",
     "kt",
     "fetch",
-    "kk",
     "i",
     "j",
     "h",
@@ -263,14 +262,14 @@ const LOCALS: [&str; 24] = [
     "col",
 ];
 /// Per-operand names, each prefixed by `a_` and `b_`.
-const OPERAND_LOCALS: [&str; 18] = [
+const OPERAND_LOCALS: &[&str] = &[
     "row", "col", "src", "dst", "ld_row", "ld_chunk", "ld_sw", "ld", "stage", "frag0", "frag1",
-    "first", "tile", "next", "wtile", "r", "k", "frag",
+    "first", "tile", "next", "wtile", "r", "k",
 ];
 
 /// Reserves the kernel's local names (call before [`params`]).
 pub(super) fn reserve_names(l: &mut Lower) {
-    for n in LOCALS {
+    for &n in LOCALS {
         l.used_names.insert(n.into());
     }
     for p in ["a", "b"] {
@@ -399,8 +398,7 @@ impl TileLayout {
     /// consecutive rows at one logical chunk fall in 8 distinct bank groups.
     /// It has period 8 in `row`.
     fn swizzle(&self, row: Expr) -> Expr {
-        let rows_per_line = (8 / self.row_chunks).max(1);
-        let values = self.row_chunks.min(8);
+        let (rows_per_line, values) = swizzle_shape(self.row_chunks);
         rem(div(row, rows_per_line as i64), values as i64)
     }
 
@@ -414,145 +412,190 @@ impl TileLayout {
     }
 }
 
-/// Emits the kernel for `p` with blocking `c`; returns its body.
+/// The swizzle of a tile with `row_chunks` 16-byte chunks per row is
+/// `(row / rows_per_line) % values`: rows sharing a 128-byte line
+/// (`rows_per_line` of them) differ in the line's half or quarter, the next
+/// ones in the xor.
+fn swizzle_shape(row_chunks: usize) -> (usize, usize) {
+    ((8 / row_chunks).max(1), row_chunks.min(8))
+}
+
+/// Emits the kernel for `p` with blocking `c`; returns its body. The
+/// kernel wants [`Config::threads`] threads, [`Problem::blocks`] blocks and
+/// [`Config::shared_bytes`] of dynamic shared memory; call [`reserve_names`]
+/// before naming its parameters.
 pub(super) fn emit(
     l: &mut Lower,
     p: &Problem,
     c: &Config,
     epilogue: &EpilogueFn,
 ) -> Result<Vec<Stmt>> {
-    let (tm, tn, tk) = (c.tm, c.tn, c.tk);
-    let (wm, wn) = (c.wm(), c.wn());
-    let (grid_m, grid_n) = (p.m.div_ceil(tm), p.n.div_ceil(tn));
-    let tiles = grid_m * grid_n;
-    let kt_count = p.k.div_ceil(tk);
-    let a = TileLayout::new("a", p.a.k_inner, tm, c, 0);
-    let b = TileLayout::new("b", p.b.k_inner, tn, c, c.stages * a.stage_bytes);
+    let a = TileLayout::new("a", p.a.k_inner, c.tm, c, 0);
+    let b = TileLayout::new("b", p.b.k_inner, c.tn, c, c.stages * a.stage_bytes);
     l.helpers.extend([Helper::CpAsync, Helper::Ldmatrix]);
-    let mma = match p.dtype {
-        DType::BF16 => {
-            l.helpers.insert(Helper::MmaBf16);
-            "dcir_mma_bf16"
-        }
-        _ => {
-            l.helpers.insert(Helper::MmaF16);
-            "dcir_mma_f16"
-        }
+    let mma = if p.dtype == DType::BF16 {
+        l.helpers.insert(Helper::MmaBf16);
+        "dcir_mma_bf16"
+    } else {
+        l.helpers.insert(Helper::MmaF16);
+        "dcir_mma_f16"
     };
+    let mut body = block_setup(p, c);
+    for (t, op, r0, warp_r0) in [(&a, &p.a, "m0", "warp_m0"), (&b, &p.b, "n0", "warp_n0")] {
+        body.extend(thread_setup(t, op, var(r0)));
+        body.extend(ldmatrix_setup(t, warp_r0));
+    }
+    body.extend(registers(p, c, &a, &b));
+    body.extend(prologue(l, p, c, &a, &b)?);
+    body.push(main_loop(l, p, c, &a, &b, mma)?);
+    body.extend(epilogue_loops(l, p, c, epilogue)?);
+    Ok(body)
+}
 
+/// The block's batch entry and tile origin (`bz`, `m0`, `n0`), the warp's
+/// sub-tile origin (`warp_m0`, `warp_n0`), `lane`, and the shared base `smem`.
+fn block_setup(p: &Problem, c: &Config) -> Vec<Stmt> {
+    let (grid_m, grid_n) = (p.m.div_ceil(c.tm), p.n.div_ceil(c.tn));
+    let tiles = (grid_m * grid_n) as i64;
     let bid = Expr::Builtin(Builtin::BlockX);
     let tid = Expr::Builtin(Builtin::ThreadX);
-    let mut body = vec![Stmt::Comment(format!(
-        "block tile {tm}x{tn}x{tk}: {}x{} warps of {wm}x{wn} ({}x{} mma.m16n8k16 each), {} shared-memory stages",
-        c.warps_m,
-        c.warps_n,
-        wm / 16,
-        wn / 8,
-        c.stages
-    ))];
-    body.push(let_int("tile", rem(bid.clone(), tiles as i64)));
-    body.push(let_int("bz", div(bid, tiles as i64)));
-    body.extend(block_order(grid_m, grid_n));
-    body.extend([
-        let_int("m0", mul(var("tile_m"), int(tm as i64))),
-        let_int("n0", mul(var("tile_n"), int(tn as i64))),
+    let mut out = vec![
+        Stmt::Comment(format!(
+            "block tile {}x{}x{}: {}x{} warps of {}x{} ({}x{} mma.m16n8k16 each), {} shared-memory stages",
+            c.tm,
+            c.tn,
+            c.tk,
+            c.warps_m,
+            c.warps_n,
+            c.wm(),
+            c.wn(),
+            c.wm() / 16,
+            c.wn() / 8,
+            c.stages
+        )),
+        let_int("tile", rem(bid.clone(), tiles)),
+        let_int("bz", div(bid, tiles)),
+    ];
+    out.extend(block_order(grid_m, grid_n));
+    out.extend([
+        let_int("m0", mul(var("tile_m"), int(c.tm as i64))),
+        let_int("n0", mul(var("tile_n"), int(c.tn as i64))),
         let_int("warp", div(tid.clone(), 32)),
-        let_int("lane", rem(tid.clone(), 32)),
+        let_int("lane", rem(tid, 32)),
         let_int(
             "warp_m0",
-            mul(div(var("warp"), c.warps_n as i64), int(wm as i64)),
+            mul(div(var("warp"), c.warps_n as i64), int(c.wm() as i64)),
         ),
         let_int(
             "warp_n0",
-            mul(rem(var("warp"), c.warps_n as i64), int(wn as i64)),
+            mul(rem(var("warp"), c.warps_n as i64), int(c.wn() as i64)),
         ),
         let_u32("smem", call("dcir_smem_u32", vec![var("dcir_smem")])),
     ]);
-    for (t, op, r0) in [(&a, &p.a, var("m0")), (&b, &p.b, var("n0"))] {
-        body.extend(thread_setup(t, op, r0, tid.clone()));
-        body.extend(ldmatrix_setup(
-            t,
-            if t.p == "a" { "warp_m0" } else { "warp_n0" },
-        ));
-    }
-    let acc_len = wm * wn / 32;
-    body.push(Stmt::LocalArray {
+    out
+}
+
+/// The thread's register arrays: accumulators (zeroed), the element path's
+/// staging chunks, two buffers of A and B fragments.
+fn registers(p: &Problem, c: &Config, a: &TileLayout, b: &TileLayout) -> Vec<Stmt> {
+    let acc_len = c.wm() * c.wn() / 32;
+    let mut out = vec![Stmt::LocalArray {
         name: "acc".into(),
         ty: Ty::F32,
         len: acc_len,
-    });
-    body.extend(unrolled("i", acc_len, |i| {
+    }];
+    out.extend(unrolled("i", acc_len, |i| {
         vec![Stmt::Store(array("acc", Ty::F32), i, Expr::F32(0.0))]
     }));
-
-    for (t, op) in [(&a, &p.a), (&b, &p.b)] {
+    for (t, op) in [(a, &p.a), (b, &p.b)] {
         if op.strided.is_none() {
-            body.push(Stmt::LocalArray {
+            out.push(Stmt::LocalArray {
                 name: t.name("stage"),
                 ty: Ty::Uint4,
                 len: t.per_thread,
             });
         }
     }
-    let frag_blocks = [(&a, wm / 16), (&b, wn / 16)];
-    for (t, blocks) in frag_blocks {
+    for (t, blocks) in [(a, c.wm() / 16), (b, c.wn() / 16)] {
         for buf in 0..2 {
-            body.push(Stmt::LocalArray {
+            out.push(Stmt::LocalArray {
                 name: format!("{}{buf}", t.name("frag")),
                 ty: Ty::U32,
                 len: 4 * blocks,
             });
         }
     }
+    out
+}
 
-    // Prologue: the first `stages - 1` k-tiles in flight, one commit group
-    // each (empty groups past the last tile keep the count), then the
-    // fragments of tile 0's first k slice.
+/// The first `stages - 1` k-tiles in flight, one commit group each (empty
+/// groups past the last tile keep the count), then tile 0's first fragments.
+fn prologue(
+    l: &mut Lower,
+    p: &Problem,
+    c: &Config,
+    a: &TileLayout,
+    b: &TileLayout,
+) -> Result<Vec<Stmt>> {
+    let kt_count = p.k.div_ceil(c.tk);
     let ahead = c.stages - 1;
     let loaded = ahead.min(kt_count);
-    body.push(Stmt::Comment(format!(
-        "{kt_count} k-tile(s) of {tk} ({} slice(s) of 16); the first {loaded} in flight before the loop",
-        tk / 16
-    )));
-    let mut prologue = Vec::new();
-    for (t, op) in [(&a, &p.a), (&b, &p.b)] {
+    let mut out = vec![Stmt::Comment(format!(
+        "{kt_count} k-tile(s) of {} ({} slice(s) of 16); the first {loaded} in flight before the loop",
+        c.tk,
+        c.tk / 16
+    ))];
+    let mut copies = Vec::new();
+    for (t, op) in [(a, &p.a), (b, &p.b)] {
         let copy = copy_tile(l, t, op, p, c, var("kt"), var("kt"))?;
-        prologue.push(copy.wtile);
-        prologue.extend(copy.issue);
-        prologue.extend(copy.deferred);
+        copies.push(copy.wtile);
+        copies.extend(copy.issue);
+        copies.extend(copy.deferred);
     }
-    prologue.push(Stmt::Call("dcir_cp_async_commit".into(), vec![]));
+    copies.push(Stmt::Call("dcir_cp_async_commit".into(), vec![]));
     if loaded > 0 {
-        body.push(Stmt::For {
+        out.push(Stmt::For {
             var: "kt".into(),
             start: int(0),
             end: int(loaded as i64),
             step: int(1),
             unroll: true,
-            body: prologue,
+            body: copies,
         });
     }
     for _ in loaded..ahead {
-        body.push(Stmt::Call("dcir_cp_async_commit".into(), vec![]));
+        out.push(Stmt::Call("dcir_cp_async_commit".into(), vec![]));
     }
-    body.push(Stmt::Call(
+    out.push(Stmt::Call(
         format!("dcir_cp_async_wait<{}>", c.stages - 2),
         vec![],
     ));
-    body.push(Stmt::Barrier);
-    for (t, blocks) in frag_blocks {
-        body.push(tile_address(t, "first", int(0), c));
-        body.extend(load_fragments(t, "first", blocks, 0, 0));
+    out.push(Stmt::Barrier);
+    for (t, blocks) in [(a, c.wm() / 16), (b, c.wn() / 16)] {
+        out.push(tile_address(t, "first", int(0), c));
+        out.extend(load_fragments(t, "first", blocks, 0, 0));
     }
+    Ok(out)
+}
 
-    // Main loop. With an odd number of k slices per tile (one), the fragment
-    // buffers alternate between tiles, so the loop takes two tiles a step.
-    let slices = tk / 16;
+/// The loop over k-tiles ([`main_step`] each). With an odd number of k
+/// slices per tile (one), the fragment buffers alternate between tiles, so
+/// the loop takes two tiles a step.
+fn main_loop(
+    l: &mut Lower,
+    p: &Problem,
+    c: &Config,
+    a: &TileLayout,
+    b: &TileLayout,
+    mma: &str,
+) -> Result<Stmt> {
+    let kt_count = p.k.div_ceil(c.tk);
+    let slices = c.tk / 16;
     let per_step = if slices % 2 == 1 { 2 } else { 1 };
     let mut step = Vec::new();
     for parity in 0..per_step {
         let kt = add(var("kt"), int(parity as i64));
-        let tile_step = main_step(l, p, c, &a, &b, kt, parity * slices, mma)?;
+        let tile_step = main_step(l, p, c, a, b, kt, parity * slices, mma)?;
         if parity == 0 {
             step.extend(tile_step);
         } else {
@@ -562,17 +605,27 @@ pub(super) fn emit(
             ));
         }
     }
-    body.push(Stmt::For {
+    Ok(Stmt::For {
         var: "kt".into(),
         start: int(0),
         end: int(kt_count as i64),
         step: int(per_step as i64),
         unroll: false,
         body: step,
-    });
+    })
+}
 
-    // Epilogue: every accumulator, through the group's tail.
-    let (frag_m, frag_n) = (wm / 16, wn / 8);
+/// The epilogue: for every accumulator of the thread, in range, the
+/// stores of `epilogue`. Accumulator `(i, j, h, e)` (fragment `(i, j)` of
+/// the warp tile, register `2h + e`) is row `lane/4 + 8h`, column
+/// `2(lane%4) + e` of the fragment.
+fn epilogue_loops(
+    l: &mut Lower,
+    p: &Problem,
+    c: &Config,
+    epilogue: &EpilogueFn,
+) -> Result<Vec<Stmt>> {
+    let (frag_m, frag_n) = (c.wm() / 16, c.wn() / 8);
     let acc = at(
         "acc",
         Ty::F32,
@@ -614,10 +667,6 @@ pub(super) fn emit(
             stores,
         ),
     ];
-    body.push(Stmt::Comment(
-        "epilogue: accumulator (i, j, h, e) is row lane/4 + 8h, column 2(lane%4) + e of fragment (i, j)"
-            .into(),
-    ));
     let mut nest = element;
     for (v, n) in [("e", 2), ("h", 2), ("j", frag_n), ("i", frag_m)] {
         nest = vec![Stmt::For {
@@ -629,8 +678,12 @@ pub(super) fn emit(
             body: nest,
         }];
     }
-    body.extend(nest);
-    Ok(body)
+    let mut out = vec![Stmt::Comment(
+        "epilogue: accumulator (i, j, h, e) is row lane/4 + 8h, column 2(lane%4) + e of fragment (i, j)"
+            .into(),
+    )];
+    out.extend(nest);
+    Ok(out)
 }
 
 /// `tile_m`, `tile_n` of block-in-batch `tile`: tile rows fastest, in
@@ -682,7 +735,8 @@ fn block_order(grid_m: usize, grid_n: usize) -> Vec<Stmt> {
 /// Per-thread constants of the tile copy: the stored row and chunk of the
 /// thread's first chunk (`X_row`, `X_col`), its byte offset in a stage
 /// (`X_dst`), and for `cp.async` its element offset at k-tile 0 (`X_src`).
-fn thread_setup(t: &TileLayout, op: &Operand, r0: Expr, tid: Expr) -> Vec<Stmt> {
+fn thread_setup(t: &TileLayout, op: &Operand, r0: Expr) -> Vec<Stmt> {
+    let tid = Expr::Builtin(Builtin::ThreadX);
     let mut out = vec![Stmt::Comment(format!(
         "{}: {} x {} per stage, {}, {} 16-byte chunk(s) per thread by {}",
         t.p.to_uppercase(),
@@ -1438,4 +1492,132 @@ fn forward_coords(
         }
         _ => c,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::emit_module_source;
+
+    #[test]
+    fn config_honours_valid_blockings_and_falls_back() {
+        let c = Config::new([128, 256, 32], 256, 3);
+        assert_eq!(
+            (c.tm, c.tn, c.tk, c.warps_m, c.warps_n, c.stages),
+            (128, 256, 32, 2, 4, 3)
+        );
+        assert_eq!((c.wm(), c.wn()), (64, 64));
+        // The planner's small tiles: 8 warps of 32x16; one stage runs as two.
+        let c = Config::new([64, 64, 16], 256, 1);
+        assert_eq!(
+            (c.warps_m, c.warps_n, c.wm(), c.wn(), c.stages),
+            (2, 4, 32, 16, 2)
+        );
+        // 256x256 needs 256 accumulators a thread with 8 warps: tm halves.
+        let c = Config::new([256, 256, 64], 256, 4);
+        assert_eq!(
+            (c.tm, c.tn, c.wm(), c.wn(), c.stages),
+            (128, 256, 64, 64, 4)
+        );
+        // Extents round up to powers of two, tk to at least 16; too many
+        // warps for the tile: fewer.
+        let c = Config::new([16, 24, 8], 256, 2);
+        assert_eq!((c.tm, c.tn, c.tk, c.threads()), (16, 32, 16, 64));
+        // Too few: more, up to 8.
+        let c = Config::new([128, 128, 32], 32, 3);
+        assert_eq!((c.threads(), c.wm() * c.wn() / 32), (128, 128));
+        // Shared memory past 227 KiB: fewer stages.
+        let c = Config::new([128, 256, 64], 256, 4);
+        assert_eq!(c.stages, 4);
+        assert!(c.shared_bytes() <= MAX_SHARED);
+    }
+
+    /// The 8 rows one `ldmatrix` matrix reads (8 consecutive stored rows
+    /// from a multiple of 8, one logical chunk) and the 8 chunks a quarter
+    /// warp copies (8 consecutive chunks in row-major order) each hit 8
+    /// distinct 16-byte bank groups.
+    #[test]
+    fn swizzle_is_conflict_free() {
+        for row_chunks in [2usize, 4, 8, 16, 32] {
+            let (per_line, values) = swizzle_shape(row_chunks);
+            let group = |row: usize, chunk: usize| {
+                let sw = (row / per_line) % values;
+                (row * row_chunks + (chunk ^ sw)) % 8
+            };
+            for row0 in (0..64).step_by(8) {
+                for chunk in 0..row_chunks {
+                    let mut groups: Vec<usize> =
+                        (row0..row0 + 8).map(|r| group(r, chunk)).collect();
+                    groups.sort_unstable();
+                    groups.dedup();
+                    assert_eq!(
+                        groups.len(),
+                        8,
+                        "{row_chunks} chunks a row, rows {row0}.., chunk {chunk}"
+                    );
+                }
+            }
+            for first in (0..64 * row_chunks).step_by(8) {
+                let mut groups: Vec<usize> = (first..first + 8)
+                    .map(|c| group(c / row_chunks, c % row_chunks))
+                    .collect();
+                groups.sort_unstable();
+                groups.dedup();
+                assert_eq!(
+                    groups.len(),
+                    8,
+                    "{row_chunks} chunks a row, chunks {first}.."
+                );
+            }
+        }
+    }
+
+    /// The CUDA source of `a @ b` (+ `r`) as one gemm group.
+    fn gemm_source(dtype: &str, a: &str, b: &str, out: &str, attrs: &str, math: &str) -> String {
+        let src = format!(
+            "graph @g(%a: {dtype}[{a}], %b: {dtype}[{b}]) -> ({dtype}[{out}]) {{\n\
+             \x20 %y = fused @g0(%a.in = %a, %b.in = %b) {{kind = \"gemm\", level = \"register\", math = \"{math}\", {attrs}}} : {dtype}[{out}] {{\n\
+             \x20   %y.r = matmul %a.in, %b.in : {dtype}[{out}]\n\
+             \x20   yield %y.r\n\
+             \x20 }}\n\
+             \x20 return %y\n\
+             }}\n"
+        );
+        let module = dcir_reader::parse_module(&src).expect("parses");
+        emit_module_source(&module).expect("lowers")
+    }
+
+    #[test]
+    fn aligned_operands_copy_with_cp_async() {
+        let attrs = "stages = 3, threads = 256, tile = [128, 128, 32]";
+        let s = gemm_source("f16", "256,64", "64,256", "256,256", attrs, "tensor_core");
+        assert!(s.contains("A by cp.async, B by cp.async"), "{s}");
+        assert!(
+            s.contains("dcir_mma_f16(") && s.contains("dcir_cp_async_wait<1>()"),
+            "{s}"
+        );
+        // A is k-contiguous (plain ldmatrix), B row-contiguous (transposed).
+        assert!(
+            s.contains("dcir_ldmatrix_x4(a_frag") && s.contains("dcir_ldmatrix_x4_trans(b_frag")
+        );
+        assert!(s.contains("dynamic shared 49152 bytes"), "{s}");
+    }
+
+    #[test]
+    fn odd_sizes_read_through_index_maps_with_bounds() {
+        let attrs = "stages = 2, threads = 128, tile = [64, 64, 16]";
+        let s = gemm_source("bf16", "17,783", "783,33", "17,33", attrs, "tensor_core");
+        assert!(s.contains("A by index maps, B by index maps"), "{s}");
+        assert!(s.contains("dcir_mma_bf16("), "{s}");
+        assert!(s.contains("if (a_r < 17 && a_k + 7 < 783)"), "{s}");
+        assert!(s.contains("if (b_r + 7 < 33 && b_k < 783)"), "{s}");
+        assert!(s.contains("if (row < 17 && col < 33)"), "{s}");
+    }
+
+    #[test]
+    fn fma_groups_keep_the_simt_kernel() {
+        let attrs = "stages = 1, threads = 256, tile = [64, 64, 8]";
+        let s = gemm_source("f16", "64,64", "64,64", "64,64", attrs, "fma");
+        assert!(!s.contains("tensor cores") && s.contains("fma"), "{s}");
+    }
 }

@@ -366,6 +366,34 @@ mod tests {
     }
 
     #[test]
+    fn xor_binds_between_and_and_or() {
+        let e = bin(
+            BinOp::Shl,
+            bin(BinOp::BitXor, add(var("a"), var("b")), var("c")),
+            int(4),
+        );
+        assert_eq!(expr(&e), "(a + b ^ c) << 4");
+        let e = bin(
+            BinOp::BitXor,
+            bin(BinOp::BitAnd, var("a"), var("b")),
+            var("c"),
+        );
+        assert_eq!(expr(&e), "a & b ^ c");
+        let e = bin(
+            BinOp::BitAnd,
+            bin(BinOp::BitXor, var("a"), var("b")),
+            var("c"),
+        );
+        assert_eq!(expr(&e), "(a ^ b) & c");
+        let e = bin(
+            BinOp::BitOr,
+            bin(BinOp::BitXor, var("a"), var("b")),
+            var("c"),
+        );
+        assert_eq!(expr(&e), "a ^ b | c");
+    }
+
+    #[test]
     fn floats_read_back() {
         assert_eq!(float_literal(1.0), "1.0f");
         assert_eq!(float_literal(0.1), "0.1f");
