@@ -22,12 +22,18 @@
 //!   8-element aligned contiguous runs is copied with 16-byte `cp.async`
 //!   (zero-filled past M, N, K); any other operand is read element by
 //!   element through the index maps ([`Operand::element`]) into registers
-//!   while the tensor cores work, and stored to shared memory after.
-//! - **K loop**: `stages - 1` k-tiles are in flight before the loop; each
-//!   step waits for tile `kt`, issues tile `kt + stages - 1` into the buffer
-//!   freed by step `kt - 1`, then for each 16-wide k slice loads fragments
-//!   with `ldmatrix` (`.trans` for row-contiguous tiles) and issues the
-//!   warp's mma grid.
+//!   while the tensor cores work, and stored to shared memory one step later
+//!   (before the step's barrier with 2 stages; right after loading when the
+//!   staging registers would not fit beside the accumulators).
+//! - **K loop**: the first `stages - 1` k-tiles are in flight before the
+//!   loop. Step `kt` walks tile `kt`'s 16-wide k slices; each slice first
+//!   loads the next slice's fragments with `ldmatrix` (`.trans` for
+//!   row-contiguous tiles) into the other of two register buffers, then
+//!   issues the warp's mma grid on its own. The first slice also issues the
+//!   copy of tile `kt + stages - 1` into the stage tile `kt - 1` used; the
+//!   last waits for tile `kt + 1` (`cp.async.wait_group stages - 2`) and
+//!   passes the step's one barrier before loading that tile's first
+//!   fragments.
 //! - **Epilogue**: each accumulator goes through the group's elementwise
 //!   tail (index maps, with the matmul bound to the accumulator, rounded once
 //!   to its dtype) and is stored where the views after the matmul put it,
@@ -55,6 +61,9 @@ const ELEM: usize = 2;
 const CHUNK: usize = 8;
 /// Most accumulator floats per thread (a 64 × 64 warp tile).
 const MAX_ACC: usize = 128;
+/// Most accumulator floats per thread when an operand takes the element
+/// path, whose per-chunk addresses and staging also live in registers.
+const MAX_ACC_ELEMENT_PATH: usize = 64;
 /// Most warps per block.
 const MAX_WARPS: usize = 8;
 /// Shared memory a block may use on sm_90.
@@ -95,10 +104,16 @@ impl Config {
     /// rounded up to powers of two (`tm`, `tn` in 16..=256, `tk` in 16..=64);
     /// `threads / 32` warps (a power of two, at most 8) when they split the
     /// tile into warp tiles of at least 16 × 16 with at most 128
-    /// accumulators per thread, else the nearest warp count that does
-    /// (more first), else the larger of `tm`, `tn` halved; `stages` clamped
-    /// to 2..=4 and lowered while the buffers exceed 227 KiB.
-    pub(super) fn new(tile: [i64; 3], threads: i64, stages: i64) -> Config {
+    /// accumulators per thread (64 when an operand takes the element path,
+    /// `element_path`), else the nearest warp count that does (more first),
+    /// else the larger of `tm`, `tn` halved; `stages` clamped to 2..=4 and
+    /// lowered while the buffers exceed 227 KiB.
+    pub(super) fn new(tile: [i64; 3], threads: i64, stages: i64, element_path: bool) -> Config {
+        let max_acc = if element_path {
+            MAX_ACC_ELEMENT_PATH
+        } else {
+            MAX_ACC
+        };
         let pow2 =
             |x: i64, lo: usize, hi: usize| (x.max(1) as usize).next_power_of_two().clamp(lo, hi);
         let (mut tm, mut tn, tk) = (
@@ -112,7 +127,10 @@ impl Config {
         let fewer = std::iter::successors(Some(asked / 2), |w| Some(w / 2)).take_while(|&w| w >= 1);
         let warp_counts: Vec<usize> = more.chain(fewer).collect();
         let (warps_m, warps_n) = loop {
-            if let Some(split) = warp_counts.iter().find_map(|&w| warp_split(tm, tn, w)) {
+            if let Some(split) = warp_counts
+                .iter()
+                .find_map(|&w| warp_split(tm, tn, w, max_acc))
+            {
                 break split;
             }
             if tm >= tn {
@@ -153,9 +171,9 @@ impl Config {
 }
 
 /// Splits `warps` into `warps_m × warps_n` with warp tiles of at least
-/// 16 × 16 and at most [`MAX_ACC`] accumulators per thread, the warp tile
-/// as square as possible (taller on a tie).
-fn warp_split(tm: usize, tn: usize, warps: usize) -> Option<(usize, usize)> {
+/// 16 × 16 and at most `max_acc` accumulators per thread, the warp tile as
+/// square as possible (taller on a tie).
+fn warp_split(tm: usize, tn: usize, warps: usize, max_acc: usize) -> Option<(usize, usize)> {
     (0..=warps.trailing_zeros())
         .map(|e| (1usize << e, warps >> e))
         .filter(|&(wm_n, wn_n)| {
@@ -164,7 +182,7 @@ fn warp_split(tm: usize, tn: usize, warps: usize) -> Option<(usize, usize)> {
                 && tn.is_multiple_of(wn_n)
                 && wm >= 16
                 && wn >= 16
-                && wm * wn / 32 <= MAX_ACC
+                && wm * wn / 32 <= max_acc
         })
         .min_by_key(|&(wm_n, wn_n)| {
             let (wm, wn) = ((tm / wm_n) as i64, (tn / wn_n) as i64);
@@ -1036,6 +1054,25 @@ fn mma_slice(c: &Config, buf: usize, mma: &str) -> Vec<Stmt> {
     })
 }
 
+/// Registers a thread needs besides accumulators, fragments and staging
+/// chunks (indices, addresses, epilogue temporaries), for [`defer_element_stores`].
+const OTHER_REGISTERS: usize = 48;
+
+/// Whether the element path keeps its loads in registers across a step's
+/// mma (hiding their latency), which it does when accumulators, both
+/// fragment buffers and the staging chunks fit in 255 registers; else it
+/// stores each chunk to shared memory right after loading it.
+fn defer_element_stores(p: &Problem, c: &Config, a: &TileLayout, b: &TileLayout) -> bool {
+    let staging: usize = [(a, &p.a), (b, &p.b)]
+        .iter()
+        .filter(|(_, op)| op.strided.is_none())
+        .map(|(t, _)| 4 * t.per_thread)
+        .sum();
+    let acc = c.wm() * c.wn() / 32;
+    let frags = 2 * 4 * (c.wm() / 16 + c.wn() / 16);
+    acc + frags + staging + OTHER_REGISTERS <= 255
+}
+
 /// One k-tile `kt` of the main loop, its slice `s` using fragment buffer
 /// `(first_slice + s) % 2`. Each slice loads the next slice's fragments
 /// (past the last, the next tile's first, after waiting for that tile and a
@@ -1044,7 +1081,7 @@ fn mma_slice(c: &Config, buf: usize, mma: &str) -> Vec<Stmt> {
 /// `kt + stages - 1` into the stage tile `kt - 1` used, which the previous
 /// step's barrier freed. Element-path loads are stored to shared memory one
 /// step later (the tile is first read `stages - 2` steps after that), or
-/// before the barrier with 2 stages.
+/// before the barrier with 2 stages, or at once ([`defer_element_stores`]).
 #[allow(clippy::too_many_arguments)]
 fn main_step(
     l: &mut Lower,
@@ -1060,6 +1097,7 @@ fn main_step(
     let slices = c.tk / 16;
     let frag_blocks = [(a, c.wm() / 16), (b, c.wn() / 16)];
     let ahead = (c.stages - 1) as i64;
+    let defer = defer_element_stores(p, c, a, b);
     let mut out = vec![let_int("fetch", add(kt.clone(), int(ahead)))];
     let mut issue = Vec::new();
     let mut deferred = Vec::new();
@@ -1073,11 +1111,13 @@ fn main_step(
             var("fetch"),
             rem(var("fetch"), c.stages as i64),
         )?;
-        if op.strided.is_some() {
+        if op.strided.is_some() || !defer {
             issue.push(copy.wtile.clone());
         }
         issue.extend(copy.issue);
-        if !copy.deferred.is_empty() {
+        if !defer {
+            issue.extend(copy.deferred);
+        } else if !copy.deferred.is_empty() {
             // The stage of the tile being stored (fetched a step earlier with 3+ stages).
             let stored = if c.stages > 2 {
                 bin(BinOp::Sub, var("fetch"), int(1))
@@ -1205,12 +1245,6 @@ pub(super) fn gemm(l: &mut Lower, op: OpId) -> Result<Kernel> {
         Some(&[tm, tn, tk]) => [tm, tn, tk],
         _ => [128, 128, 32],
     };
-    let cfg = Config::new(
-        tile,
-        attr_int(g, op, "threads", 256),
-        attr_int(g, op, "stages", 3),
-    );
-
     let batch_coords = Index::linear(&batch_dims, var("bz")).get_coords();
     // A is [.., M, K] ([.., K, M] with transpose_a); B is [.., K, N] ([.., N, K] with transpose_b).
     let problem = Problem {
@@ -1222,6 +1256,12 @@ pub(super) fn gemm(l: &mut Lower, op: OpId) -> Result<Kernel> {
         a: matmul_operand(l, a, !ta, m, k, &batch_coords),
         b: matmul_operand(l, b, tb, n, k, &batch_coords),
     };
+    let cfg = Config::new(
+        tile,
+        attr_int(g, op, "threads", 256),
+        attr_int(g, op, "stages", 3),
+        problem.a.strided.is_none() || problem.b.strided.is_none(),
+    );
     let outputs: Vec<_> = params.iter().filter(|p| p.output).cloned().collect();
     let ys = yields(g, op);
     let results = g.op(op).results.clone();
@@ -1501,35 +1541,38 @@ mod tests {
 
     #[test]
     fn config_honours_valid_blockings_and_falls_back() {
-        let c = Config::new([128, 256, 32], 256, 3);
+        let c = Config::new([128, 256, 32], 256, 3, false);
         assert_eq!(
             (c.tm, c.tn, c.tk, c.warps_m, c.warps_n, c.stages),
             (128, 256, 32, 2, 4, 3)
         );
         assert_eq!((c.wm(), c.wn()), (64, 64));
         // The planner's small tiles: 8 warps of 32x16; one stage runs as two.
-        let c = Config::new([64, 64, 16], 256, 1);
+        let c = Config::new([64, 64, 16], 256, 1, false);
         assert_eq!(
             (c.warps_m, c.warps_n, c.wm(), c.wn(), c.stages),
             (2, 4, 32, 16, 2)
         );
         // 256x256 needs 256 accumulators a thread with 8 warps: tm halves.
-        let c = Config::new([256, 256, 64], 256, 4);
+        let c = Config::new([256, 256, 64], 256, 4, false);
         assert_eq!(
             (c.tm, c.tn, c.wm(), c.wn(), c.stages),
             (128, 256, 64, 64, 4)
         );
         // Extents round up to powers of two, tk to at least 16; too many
         // warps for the tile: fewer.
-        let c = Config::new([16, 24, 8], 256, 2);
+        let c = Config::new([16, 24, 8], 256, 2, false);
         assert_eq!((c.tm, c.tn, c.tk, c.threads()), (16, 32, 16, 64));
         // Too few: more, up to 8.
-        let c = Config::new([128, 128, 32], 32, 3);
+        let c = Config::new([128, 128, 32], 32, 3, false);
         assert_eq!((c.threads(), c.wm() * c.wn() / 32), (128, 128));
         // Shared memory past 227 KiB: fewer stages.
-        let c = Config::new([128, 256, 64], 256, 4);
+        let c = Config::new([128, 256, 64], 256, 4, false);
         assert_eq!(c.stages, 4);
         assert!(c.shared_bytes() <= MAX_SHARED);
+        // An element-path operand: warp tiles of at most 64 accumulators.
+        let c = Config::new([128, 256, 64], 256, 4, true);
+        assert_eq!((c.tm, c.tn, c.wm(), c.wn()), (128, 128, 64, 32));
     }
 
     /// The 8 rows one `ldmatrix` matrix reads (8 consecutive stored rows
