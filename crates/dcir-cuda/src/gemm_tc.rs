@@ -23,8 +23,7 @@
 //!   (zero-filled past M, N, K); any other operand is read element by
 //!   element through the index maps ([`Operand::element`]) into registers
 //!   while the tensor cores work, and stored to shared memory one step later
-//!   (before the step's barrier with 2 stages; right after loading when the
-//!   staging registers would not fit beside the accumulators).
+//!   (before the step's barrier with 2 stages).
 //! - **K loop**: the first `stages - 1` k-tiles are in flight before the
 //!   loop. Step `kt` walks tile `kt`'s 16-wide k slices; each slice first
 //!   loads the next slice's fragments with `ldmatrix` (`.trans` for
@@ -64,6 +63,9 @@ const MAX_ACC: usize = 128;
 /// Most accumulator floats per thread when an operand takes the element
 /// path, whose per-chunk addresses and staging also live in registers.
 const MAX_ACC_ELEMENT_PATH: usize = 64;
+/// Most 16-byte chunks of a k-tile (A and B) per thread when an operand
+/// takes the element path.
+const MAX_ELEMENT_CHUNKS: usize = 8;
 /// Most warps per block.
 const MAX_WARPS: usize = 8;
 /// Shared memory a block may use on sm_90.
@@ -106,8 +108,10 @@ impl Config {
     /// tile into warp tiles of at least 16 × 16 with at most 128
     /// accumulators per thread (64 when an operand takes the element path,
     /// `element_path`), else the nearest warp count that does (more first),
-    /// else the larger of `tm`, `tn` halved; `stages` clamped to 2..=4 and
-    /// lowered while the buffers exceed 227 KiB.
+    /// else the larger of `tm`, `tn` halved; with `element_path`, `tk`
+    /// halved (down to 16) while a thread would copy more than 8 chunks of a
+    /// k-tile; `stages` clamped to 2..=4 and lowered while the buffers
+    /// exceed 227 KiB.
     pub(super) fn new(tile: [i64; 3], threads: i64, stages: i64, element_path: bool) -> Config {
         let max_acc = if element_path {
             MAX_ACC_ELEMENT_PATH
@@ -116,7 +120,7 @@ impl Config {
         };
         let pow2 =
             |x: i64, lo: usize, hi: usize| (x.max(1) as usize).next_power_of_two().clamp(lo, hi);
-        let (mut tm, mut tn, tk) = (
+        let (mut tm, mut tn, mut tk) = (
             pow2(tile[0], 16, 256),
             pow2(tile[1], 16, 256),
             pow2(tile[2], 16, 64),
@@ -139,6 +143,10 @@ impl Config {
                 tn /= 2;
             }
         };
+        let threads = warps_m * warps_n * 32;
+        while element_path && tk > 16 && (tm + tn) * tk / CHUNK > MAX_ELEMENT_CHUNKS * threads {
+            tk /= 2;
+        }
         let mut stages = stages.clamp(2, 4) as usize;
         while stages > 2 && stages * (tm + tn) * tk * ELEM > MAX_SHARED {
             stages -= 1;
@@ -1054,25 +1062,6 @@ fn mma_slice(c: &Config, buf: usize, mma: &str) -> Vec<Stmt> {
     })
 }
 
-/// Registers a thread needs besides accumulators, fragments and staging
-/// chunks (indices, addresses, epilogue temporaries), for [`defer_element_stores`].
-const OTHER_REGISTERS: usize = 48;
-
-/// Whether the element path keeps its loads in registers across a step's
-/// mma (hiding their latency), which it does when accumulators, both
-/// fragment buffers and the staging chunks fit in 255 registers; else it
-/// stores each chunk to shared memory right after loading it.
-fn defer_element_stores(p: &Problem, c: &Config, a: &TileLayout, b: &TileLayout) -> bool {
-    let staging: usize = [(a, &p.a), (b, &p.b)]
-        .iter()
-        .filter(|(_, op)| op.strided.is_none())
-        .map(|(t, _)| 4 * t.per_thread)
-        .sum();
-    let acc = c.wm() * c.wn() / 32;
-    let frags = 2 * 4 * (c.wm() / 16 + c.wn() / 16);
-    acc + frags + staging + OTHER_REGISTERS <= 255
-}
-
 /// One k-tile `kt` of the main loop, its slice `s` using fragment buffer
 /// `(first_slice + s) % 2`. Each slice loads the next slice's fragments
 /// (past the last, the next tile's first, after waiting for that tile and a
@@ -1081,7 +1070,7 @@ fn defer_element_stores(p: &Problem, c: &Config, a: &TileLayout, b: &TileLayout)
 /// `kt + stages - 1` into the stage tile `kt - 1` used, which the previous
 /// step's barrier freed. Element-path loads are stored to shared memory one
 /// step later (the tile is first read `stages - 2` steps after that), or
-/// before the barrier with 2 stages, or at once ([`defer_element_stores`]).
+/// before the barrier with 2 stages.
 #[allow(clippy::too_many_arguments)]
 fn main_step(
     l: &mut Lower,
@@ -1097,7 +1086,6 @@ fn main_step(
     let slices = c.tk / 16;
     let frag_blocks = [(a, c.wm() / 16), (b, c.wn() / 16)];
     let ahead = (c.stages - 1) as i64;
-    let defer = defer_element_stores(p, c, a, b);
     let mut out = vec![let_int("fetch", add(kt.clone(), int(ahead)))];
     let mut issue = Vec::new();
     let mut deferred = Vec::new();
@@ -1111,13 +1099,11 @@ fn main_step(
             var("fetch"),
             rem(var("fetch"), c.stages as i64),
         )?;
-        if op.strided.is_some() || !defer {
+        if op.strided.is_some() {
             issue.push(copy.wtile.clone());
         }
         issue.extend(copy.issue);
-        if !defer {
-            issue.extend(copy.deferred);
-        } else if !copy.deferred.is_empty() {
+        if !copy.deferred.is_empty() {
             // The stage of the tile being stored (fetched a step earlier with 3+ stages).
             let stored = if c.stages > 2 {
                 bin(BinOp::Sub, var("fetch"), int(1))
@@ -1572,7 +1558,10 @@ mod tests {
         assert!(c.shared_bytes() <= MAX_SHARED);
         // An element-path operand: warp tiles of at most 64 accumulators.
         let c = Config::new([128, 256, 64], 256, 4, true);
-        assert_eq!((c.tm, c.tn, c.wm(), c.wn()), (128, 128, 64, 32));
+        assert_eq!((c.tm, c.tn, c.tk, c.wm(), c.wn()), (128, 128, 64, 64, 32));
+        // ... and at most 8 chunks of a k-tile to copy per thread.
+        let c = Config::new([32, 64, 64], 32, 3, true);
+        assert_eq!((c.tm, c.tn, c.tk, c.threads()), (32, 64, 16, 32));
     }
 
     /// The 8 rows one `ldmatrix` matrix reads (8 consecutive stored rows
