@@ -1,16 +1,1655 @@
-//! The tensor-core `gemm` path: f16/bf16 operands on `mma.sync`, f32 accumulation.
+//! The tensor-core path of the `gemm` family: one batched `matmul` with f16
+//! or bf16 operands on `mma.sync.aligned.m16n8k16` with f32 accumulators,
+//! view prologues and an elementwise epilogue (the groups [`super::gemm`]
+//! takes, when `math = "tensor_core"`).
+//!
+//! Shape of the kernel:
+//!
+//! - **Block**: a `tm × tn` output tile of one batch entry; the 1-D grid is
+//!   split into batch entry and tile, tiles ordered in groups of 8 tile rows
+//!   so the blocks in flight share operand panels in L2.
+//! - **Warps**: a `warps_m × warps_n` grid, each warp owning a `wm × wn`
+//!   sub-tile as `(wm/16)·(wn/8)` m16n8 accumulator fragments (4 floats per
+//!   thread each; thread `lane` holds rows `lane/4`, `lane/4 + 8` and
+//!   columns `2·(lane%4) + {0, 1}` of each).
+//! - **Shared memory**: a ring of `stages` buffers, each holding an A tile
+//!   (`tm × tk`) and a B tile (`tn × tk`) as rows of 16-byte chunks, either
+//!   k-contiguous (`rows × tk`) or row-contiguous (`tk × rows`), whichever
+//!   the operand is contiguous along in memory. Chunk `c` of stored row `r`
+//!   lives at chunk `c ^ swizzle(r)` so that the 8 rows an `ldmatrix` reads
+//!   hit 8 different bank groups.
+//! - **Loads**: an operand that is a strided view of a kernel parameter with
+//!   8-element aligned contiguous runs is copied with 16-byte `cp.async`
+//!   (zero-filled past M, N, K); any other operand is read element by
+//!   element through the index maps ([`Operand::element`]) into registers
+//!   while the tensor cores work, and stored to shared memory one step later
+//!   (before the step's barrier with 2 stages).
+//! - **K loop**: the first `stages - 1` k-tiles are in flight before the
+//!   loop. Step `kt` walks tile `kt`'s 16-wide k slices; each slice first
+//!   loads the next slice's fragments with `ldmatrix` (`.trans` for
+//!   row-contiguous tiles) into the other of two register buffers, then
+//!   issues the warp's mma grid on its own. The first slice also issues the
+//!   copy of tile `kt + stages - 1` into the stage tile `kt - 1` used; the
+//!   last waits for tile `kt + 1` (`cp.async.wait_group stages - 2`) and
+//!   passes the step's one barrier before loading that tile's first
+//!   fragments.
+//! - **Epilogue**: each accumulator goes through the group's elementwise
+//!   tail (index maps, with the matmul bound to the accumulator, rounded once
+//!   to its dtype) and is stored where the views after the matmul put it,
+//!   bounds-checked.
+//!
+//! The kernel is described by a [`Problem`] (extents and one [`Operand`] per
+//! side) and an epilogue callback, so other contractions (an implicit-GEMM
+//! conv, whose A is an im2col view) can reuse [`emit`].
 
-use dcir_ir::{Graph, OpId};
+use std::collections::BTreeSet;
 
-use super::{EmitError, Lower};
-use crate::kir::Kernel;
+use dcir_ir::{Attr, DType, Graph, OpId, OpKind, ValueDef, ValueId};
+
+use super::{EmitError, Index, Lower, Reduced, attr_int, pack, params, store, yields};
+use crate::kir::{
+    ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Stmt, Ty, add, bin, call, div, int, mul, rem,
+    select, var,
+};
+
+type Result<T> = std::result::Result<T, EmitError>;
+
+/// Bytes of one operand element (f16 or bf16).
+const ELEM: usize = 2;
+/// Elements of a 16-byte chunk.
+const CHUNK: usize = 8;
+/// Most accumulator floats per thread (a 64 × 64 warp tile).
+const MAX_ACC: usize = 128;
+/// Most accumulator floats per thread when an operand takes the element
+/// path, whose per-chunk addresses and staging also live in registers.
+const MAX_ACC_ELEMENT_PATH: usize = 64;
+/// Most 16-byte chunks of a k-tile (A and B) per thread when an operand
+/// takes the element path.
+const MAX_ELEMENT_CHUNKS: usize = 8;
+/// Most warps per block.
+const MAX_WARPS: usize = 8;
+/// Shared memory a block may use on sm_90.
+const MAX_SHARED: usize = 227 * 1024;
+/// Tile rows per group of the block order.
+const GROUP_ROWS: usize = 8;
 
 /// Whether group `op` takes the tensor-core path (`math = "tensor_core"`, f16/bf16 operands).
-pub(super) fn applies(_g: &Graph, _op: OpId) -> bool {
-    false
+pub(super) fn applies(g: &Graph, op: OpId) -> bool {
+    let data = g.op(op);
+    if data.attrs.get("math").and_then(Attr::as_str) != Some("tensor_core") {
+        return false;
+    }
+    let Some(region) = data.region else {
+        return false;
+    };
+    g.block(region).ops.iter().any(|&o| {
+        let mm = g.op(o);
+        let dtypes: Vec<DType> = mm.operands.iter().map(|&v| g.ty(v).dtype).collect();
+        mm.kind == OpKind::Matmul
+            && matches!(dtypes[..], [a, b] if a == b && matches!(a, DType::F16 | DType::BF16))
+    })
 }
 
-/// Lowers a tensor-core `gemm` group.
-pub(super) fn gemm(l: &mut Lower, _op: OpId) -> Result<Kernel, EmitError> {
-    Err(l.unsupported("a tensor-core gemm"))
+/// The kernel's blocking, after the fallbacks of [`Config::new`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Config {
+    tm: usize,
+    tn: usize,
+    tk: usize,
+    warps_m: usize,
+    warps_n: usize,
+    stages: usize,
+}
+
+impl Config {
+    /// The blocking for attributes `tile`, `threads`, `stages`: tile extents
+    /// rounded up to powers of two (`tm`, `tn` in 16..=256, `tk` in 16..=64);
+    /// `threads / 32` warps (a power of two, at most 8) when they split the
+    /// tile into warp tiles of at least 16 × 16 with at most 128
+    /// accumulators per thread (64 when an operand takes the element path,
+    /// `element_path`), else the nearest warp count that does (more first),
+    /// else the larger of `tm`, `tn` halved; with `element_path`, `tk`
+    /// halved (down to 16) while a thread would copy more than 8 chunks of a
+    /// k-tile; `stages` clamped to 2..=4 and lowered while the buffers
+    /// exceed 227 KiB.
+    pub(super) fn new(tile: [i64; 3], threads: i64, stages: i64, element_path: bool) -> Config {
+        let max_acc = if element_path {
+            MAX_ACC_ELEMENT_PATH
+        } else {
+            MAX_ACC
+        };
+        let pow2 =
+            |x: i64, lo: usize, hi: usize| (x.max(1) as usize).next_power_of_two().clamp(lo, hi);
+        let (mut tm, mut tn, mut tk) = (
+            pow2(tile[0], 16, 256),
+            pow2(tile[1], 16, 256),
+            pow2(tile[2], 16, 64),
+        );
+        let asked = pow2(threads / 32, 1, MAX_WARPS);
+        let more =
+            std::iter::successors(Some(asked), |w| Some(w * 2)).take_while(|&w| w <= MAX_WARPS);
+        let fewer = std::iter::successors(Some(asked / 2), |w| Some(w / 2)).take_while(|&w| w >= 1);
+        let warp_counts: Vec<usize> = more.chain(fewer).collect();
+        let (warps_m, warps_n) = loop {
+            if let Some(split) = warp_counts
+                .iter()
+                .find_map(|&w| warp_split(tm, tn, w, max_acc))
+            {
+                break split;
+            }
+            if tm >= tn {
+                tm /= 2;
+            } else {
+                tn /= 2;
+            }
+        };
+        let threads = warps_m * warps_n * 32;
+        while element_path && tk > 16 && (tm + tn) * tk / CHUNK > MAX_ELEMENT_CHUNKS * threads {
+            tk /= 2;
+        }
+        let mut stages = stages.clamp(2, 4) as usize;
+        while stages > 2 && stages * (tm + tn) * tk * ELEM > MAX_SHARED {
+            stages -= 1;
+        }
+        Config {
+            tm,
+            tn,
+            tk,
+            warps_m,
+            warps_n,
+            stages,
+        }
+    }
+
+    fn threads(&self) -> usize {
+        self.warps_m * self.warps_n * 32
+    }
+
+    fn wm(&self) -> usize {
+        self.tm / self.warps_m
+    }
+
+    fn wn(&self) -> usize {
+        self.tn / self.warps_n
+    }
+
+    fn shared_bytes(&self) -> usize {
+        self.stages * (self.tm + self.tn) * self.tk * ELEM
+    }
+}
+
+/// Splits `warps` into `warps_m × warps_n` with warp tiles of at least
+/// 16 × 16 and at most `max_acc` accumulators per thread, the warp tile as
+/// square as possible (taller on a tie).
+fn warp_split(tm: usize, tn: usize, warps: usize, max_acc: usize) -> Option<(usize, usize)> {
+    (0..=warps.trailing_zeros())
+        .map(|e| (1usize << e, warps >> e))
+        .filter(|&(wm_n, wn_n)| {
+            let (wm, wn) = (tm / wm_n, tn / wn_n);
+            tm.is_multiple_of(wm_n)
+                && tn.is_multiple_of(wn_n)
+                && wm >= 16
+                && wn >= 16
+                && wm * wn / 32 <= max_acc
+        })
+        .min_by_key(|&(wm_n, wn_n)| {
+            let (wm, wn) = ((tm / wm_n) as i64, (tn / wn_n) as i64);
+            (wm.ilog2().abs_diff(wn.ilog2()), -wm)
+        })
+}
+
+/// An operand read as `param[offset + r * stride_r + k * stride_k]` for
+/// element `(r, k)` of batch entry `bz` (`offset` may read `bz`). One of the
+/// strides is 1; [`emit`] copies it in 16-byte chunks along that dim.
+pub(super) struct Strided {
+    /// The kernel parameter.
+    pub param: String,
+    /// Element offset of the batch entry's `(0, 0)`.
+    pub offset: Expr,
+    /// Elements between rows (along M for A, N for B).
+    pub stride_r: i64,
+    /// Elements between consecutive k.
+    pub stride_k: i64,
+}
+
+/// Computes element `(r, k)` of an operand (both in range) as an f32 local,
+/// emitting its loads into `l.body`.
+pub(super) type ElementFn<'a> = Box<dyn Fn(&mut Lower, Expr, Expr) -> Result<Expr> + 'a>;
+
+/// How the kernel reads one operand: element `(r, k)` of the current batch
+/// entry, `r` along M (operand A) or N (operand B).
+pub(super) struct Operand<'a> {
+    /// Extent along M or N.
+    pub rows: usize,
+    /// The `cp.async` path: `Some` only when the contiguous dim's extent, the
+    /// other strides and the offset are multiples of 8 elements, so every
+    /// 16-byte chunk is aligned and entirely in or out of range.
+    pub strided: Option<Strided>,
+    /// Whether the shared tile keeps k contiguous (else r); must be
+    /// `stride_k == 1` when `strided` is `Some`.
+    pub k_inner: bool,
+    /// The element path, used when `strided` is `None`.
+    pub element: ElementFn<'a>,
+}
+
+/// One batched contraction `C[bz] (M × N) = A[bz] (M × K) · B[bz] (K × N)`.
+pub(super) struct Problem<'a> {
+    /// Batch entries.
+    pub batch: usize,
+    /// Output rows.
+    pub m: usize,
+    /// Output columns.
+    pub n: usize,
+    /// Contraction extent.
+    pub k: usize,
+    /// Operand dtype (f16 or bf16).
+    pub dtype: DType,
+    /// A: `rows` = M.
+    pub a: Operand<'a>,
+    /// B: `rows` = N.
+    pub b: Operand<'a>,
+}
+
+impl Problem<'_> {
+    /// Blocks of the grid for blocking `c`.
+    pub(super) fn blocks(&self, c: &Config) -> usize {
+        self.batch * self.m.div_ceil(c.tm) * self.n.div_ceil(c.tn)
+    }
+}
+
+/// Emits the stores of output element `(row, col)` of batch entry `bz`
+/// (both in range) whose f32 accumulator is the given expression.
+pub(super) type EpilogueFn<'a> = dyn Fn(&mut Lower, Expr, Expr, Expr) -> Result<()> + 'a;
+
+/// Names the kernel body declares; reserved before the parameters are named.
+const LOCALS: &[&str] = &[
+    "tile",
+    "bz",
+    "group",
+    "group_rows",
+    "tile_m",
+    "tile_n",
+    "m0",
+    "n0",
+    "warp",
+    "lane",
+    "warp_m0",
+    "warp_n0",
+    "smem",
+    "acc",
+    "kt",
+    "fetch",
+    "i",
+    "j",
+    "h",
+    "e",
+    "s",
+    "row",
+    "col",
+];
+/// Per-operand names, each prefixed by `a_` and `b_`.
+const OPERAND_LOCALS: &[&str] = &[
+    "row", "col", "src", "dst", "ld_row", "ld_chunk", "ld_sw", "ld", "stage", "frag0", "frag1",
+    "first", "tile", "next", "wtile", "r", "k",
+];
+
+/// Reserves the kernel's local names (call before [`params`]).
+pub(super) fn reserve_names(l: &mut Lower) {
+    for &n in LOCALS {
+        l.used_names.insert(n.into());
+    }
+    for p in ["a", "b"] {
+        for n in OPERAND_LOCALS {
+            l.used_names.insert(format!("{p}_{n}"));
+        }
+        for e in 0..CHUNK {
+            l.used_names.insert(format!("{p}_v{e}"));
+        }
+    }
+}
+
+fn let_int(name: &str, value: Expr) -> Stmt {
+    Stmt::Let {
+        name: name.into(),
+        ty: Ty::I32,
+        value,
+        constant: true,
+    }
+}
+
+fn let_u32(name: &str, value: Expr) -> Stmt {
+    Stmt::Let {
+        name: name.into(),
+        ty: Ty::U32,
+        value,
+        constant: true,
+    }
+}
+
+fn lt(a: Expr, b: Expr) -> Expr {
+    bin(BinOp::Lt, a, b)
+}
+
+fn and(a: Expr, b: Expr) -> Expr {
+    match (a, b) {
+        (Expr::Bool(true), e) | (e, Expr::Bool(true)) => e,
+        (a, b) => bin(BinOp::And, a, b),
+    }
+}
+
+fn xor(a: Expr, b: Expr) -> Expr {
+    match b {
+        Expr::Int(0) => a,
+        b => bin(BinOp::BitXor, a, b),
+    }
+}
+
+fn array(name: &str, ty: Ty) -> ArrayRef {
+    ArrayRef {
+        name: name.into(),
+        ty,
+        reinterpret: false,
+    }
+}
+
+fn at(name: &str, ty: Ty, index: Expr) -> Expr {
+    Expr::Load(array(name, ty), Box::new(index))
+}
+
+/// `for (int v = 0; v < n; v += 1)`, unrolled; just `body` (with `v` = 0) when `n` is 1.
+fn unrolled(v: &str, n: usize, body: impl Fn(Expr) -> Vec<Stmt>) -> Vec<Stmt> {
+    if n == 1 {
+        return body(int(0));
+    }
+    vec![Stmt::For {
+        var: v.into(),
+        start: int(0),
+        end: int(n as i64),
+        step: int(1),
+        unroll: true,
+        body: body(var(v)),
+    }]
+}
+
+/// Where one operand's tiles live in shared memory and which chunks each thread copies.
+struct TileLayout {
+    /// Operand prefix: `a` or `b`.
+    p: &'static str,
+    k_inner: bool,
+    /// Rows of the stored tile (`rows` when k-inner, else `tk`).
+    stored_rows: usize,
+    /// 16-byte chunks per stored row.
+    row_chunks: usize,
+    /// Byte offset of stage 0.
+    base: usize,
+    /// Bytes per stage.
+    stage_bytes: usize,
+    /// Chunks each thread copies per tile.
+    per_thread: usize,
+    /// Stored rows between a thread's consecutive chunks.
+    row_step: usize,
+    /// Whether some threads copy nothing (fewer chunks than threads).
+    guard: bool,
+}
+
+impl TileLayout {
+    fn new(p: &'static str, k_inner: bool, rows: usize, c: &Config, base: usize) -> TileLayout {
+        let (stored_rows, row_len) = if k_inner { (rows, c.tk) } else { (c.tk, rows) };
+        let row_chunks = row_len / CHUNK;
+        let total = stored_rows * row_chunks;
+        let threads = c.threads();
+        TileLayout {
+            p,
+            k_inner,
+            stored_rows,
+            row_chunks,
+            base,
+            stage_bytes: rows * c.tk * ELEM,
+            per_thread: total.div_ceil(threads),
+            row_step: threads / row_chunks,
+            guard: total < threads,
+        }
+    }
+
+    fn name(&self, n: &str) -> String {
+        format!("{}_{n}", self.p)
+    }
+
+    fn row_bytes(&self) -> usize {
+        self.row_chunks * 16
+    }
+
+    /// The xor applied to the chunk index in stored row `row`: consecutive
+    /// groups of rows sharing a 128-byte line get different values, so any 8
+    /// consecutive rows at one logical chunk fall in 8 distinct bank groups.
+    /// It has period 8 in `row`.
+    fn swizzle(&self, row: Expr) -> Expr {
+        let (rows_per_line, values) = swizzle_shape(self.row_chunks);
+        rem(div(row, rows_per_line as i64), values as i64)
+    }
+
+    /// Byte offset within a stage of chunk `chunk` of stored row `row`.
+    fn offset(&self, row: Expr, chunk: Expr) -> Expr {
+        let sw = self.swizzle(row.clone());
+        add(
+            mul(row, int(self.row_bytes() as i64)),
+            bin(BinOp::Shl, xor(chunk, sw), int(4)),
+        )
+    }
+}
+
+/// The swizzle of a tile with `row_chunks` 16-byte chunks per row is
+/// `(row / rows_per_line) % values`: rows sharing a 128-byte line
+/// (`rows_per_line` of them) differ in the line's half or quarter, the next
+/// ones in the xor.
+fn swizzle_shape(row_chunks: usize) -> (usize, usize) {
+    ((8 / row_chunks).max(1), row_chunks.min(8))
+}
+
+/// Emits the kernel for `p` with blocking `c`; returns its body. The
+/// kernel wants [`Config::threads`] threads, [`Problem::blocks`] blocks and
+/// [`Config::shared_bytes`] of dynamic shared memory; call [`reserve_names`]
+/// before naming its parameters.
+pub(super) fn emit(
+    l: &mut Lower,
+    p: &Problem,
+    c: &Config,
+    epilogue: &EpilogueFn,
+) -> Result<Vec<Stmt>> {
+    let a = TileLayout::new("a", p.a.k_inner, c.tm, c, 0);
+    let b = TileLayout::new("b", p.b.k_inner, c.tn, c, c.stages * a.stage_bytes);
+    l.helpers.extend([Helper::CpAsync, Helper::Ldmatrix]);
+    let mma = if p.dtype == DType::BF16 {
+        l.helpers.insert(Helper::MmaBf16);
+        "dcir_mma_bf16"
+    } else {
+        l.helpers.insert(Helper::MmaF16);
+        "dcir_mma_f16"
+    };
+    let mut body = block_setup(p, c);
+    for (t, op, r0, warp_r0) in [(&a, &p.a, "m0", "warp_m0"), (&b, &p.b, "n0", "warp_n0")] {
+        body.extend(thread_setup(t, op, var(r0)));
+        body.extend(ldmatrix_setup(t, warp_r0));
+    }
+    body.extend(registers(p, c, &a, &b));
+    body.extend(prologue(l, p, c, &a, &b)?);
+    body.push(main_loop(l, p, c, &a, &b, mma)?);
+    body.extend(epilogue_loops(l, p, c, epilogue)?);
+    Ok(body)
+}
+
+/// The block's batch entry and tile origin (`bz`, `m0`, `n0`), the warp's
+/// sub-tile origin (`warp_m0`, `warp_n0`), `lane`, and the shared base `smem`.
+fn block_setup(p: &Problem, c: &Config) -> Vec<Stmt> {
+    let (grid_m, grid_n) = (p.m.div_ceil(c.tm), p.n.div_ceil(c.tn));
+    let tiles = (grid_m * grid_n) as i64;
+    let bid = Expr::Builtin(Builtin::BlockX);
+    let tid = Expr::Builtin(Builtin::ThreadX);
+    let mut out = vec![
+        Stmt::Comment(format!(
+            "block tile {}x{}x{}: {}x{} warps of {}x{} ({}x{} mma.m16n8k16 each), {} shared-memory stages",
+            c.tm,
+            c.tn,
+            c.tk,
+            c.warps_m,
+            c.warps_n,
+            c.wm(),
+            c.wn(),
+            c.wm() / 16,
+            c.wn() / 8,
+            c.stages
+        )),
+        let_int("tile", rem(bid.clone(), tiles)),
+        let_int("bz", div(bid, tiles)),
+    ];
+    out.extend(block_order(grid_m, grid_n));
+    out.extend([
+        let_int("m0", mul(var("tile_m"), int(c.tm as i64))),
+        let_int("n0", mul(var("tile_n"), int(c.tn as i64))),
+        let_int("warp", div(tid.clone(), 32)),
+        let_int("lane", rem(tid, 32)),
+        let_int(
+            "warp_m0",
+            mul(div(var("warp"), c.warps_n as i64), int(c.wm() as i64)),
+        ),
+        let_int(
+            "warp_n0",
+            mul(rem(var("warp"), c.warps_n as i64), int(c.wn() as i64)),
+        ),
+        let_u32("smem", call("dcir_smem_u32", vec![var("dcir_smem")])),
+    ]);
+    out
+}
+
+/// The thread's register arrays: accumulators (zeroed), the element path's
+/// staging chunks, two buffers of A and B fragments.
+fn registers(p: &Problem, c: &Config, a: &TileLayout, b: &TileLayout) -> Vec<Stmt> {
+    let acc_len = c.wm() * c.wn() / 32;
+    let mut out = vec![Stmt::LocalArray {
+        name: "acc".into(),
+        ty: Ty::F32,
+        len: acc_len,
+    }];
+    out.extend(unrolled("i", acc_len, |i| {
+        vec![Stmt::Store(array("acc", Ty::F32), i, Expr::F32(0.0))]
+    }));
+    for (t, op) in [(a, &p.a), (b, &p.b)] {
+        if op.strided.is_none() {
+            out.push(Stmt::LocalArray {
+                name: t.name("stage"),
+                ty: Ty::Uint4,
+                len: t.per_thread,
+            });
+        }
+    }
+    for (t, blocks) in [(a, c.wm() / 16), (b, c.wn() / 16)] {
+        for buf in 0..2 {
+            out.push(Stmt::LocalArray {
+                name: format!("{}{buf}", t.name("frag")),
+                ty: Ty::U32,
+                len: 4 * blocks,
+            });
+        }
+    }
+    out
+}
+
+/// The first `stages - 1` k-tiles in flight, one commit group each (empty
+/// groups past the last tile keep the count), then tile 0's first fragments.
+fn prologue(
+    l: &mut Lower,
+    p: &Problem,
+    c: &Config,
+    a: &TileLayout,
+    b: &TileLayout,
+) -> Result<Vec<Stmt>> {
+    let kt_count = p.k.div_ceil(c.tk);
+    let ahead = c.stages - 1;
+    let loaded = ahead.min(kt_count);
+    let mut out = vec![Stmt::Comment(format!(
+        "{kt_count} k-tile(s) of {} ({} slice(s) of 16); the first {loaded} in flight before the loop",
+        c.tk,
+        c.tk / 16
+    ))];
+    let mut copies = Vec::new();
+    for (t, op) in [(a, &p.a), (b, &p.b)] {
+        let copy = copy_tile(l, t, op, p, c, var("kt"), var("kt"))?;
+        copies.push(copy.wtile);
+        copies.extend(copy.issue);
+        copies.extend(copy.deferred);
+    }
+    copies.push(Stmt::Call("dcir_cp_async_commit".into(), vec![]));
+    if loaded > 0 {
+        out.push(Stmt::For {
+            var: "kt".into(),
+            start: int(0),
+            end: int(loaded as i64),
+            step: int(1),
+            unroll: true,
+            body: copies,
+        });
+    }
+    for _ in loaded..ahead {
+        out.push(Stmt::Call("dcir_cp_async_commit".into(), vec![]));
+    }
+    out.push(Stmt::Call(
+        format!("dcir_cp_async_wait<{}>", c.stages - 2),
+        vec![],
+    ));
+    out.push(Stmt::Barrier);
+    for (t, blocks) in [(a, c.wm() / 16), (b, c.wn() / 16)] {
+        out.push(tile_address(t, "first", int(0), c));
+        out.extend(load_fragments(t, "first", blocks, 0, 0));
+    }
+    Ok(out)
+}
+
+/// The loop over k-tiles ([`main_step`] each). With an odd number of k
+/// slices per tile (one), the fragment buffers alternate between tiles, so
+/// the loop takes two tiles a step.
+fn main_loop(
+    l: &mut Lower,
+    p: &Problem,
+    c: &Config,
+    a: &TileLayout,
+    b: &TileLayout,
+    mma: &str,
+) -> Result<Stmt> {
+    let kt_count = p.k.div_ceil(c.tk);
+    let slices = c.tk / 16;
+    let per_step = if slices % 2 == 1 { 2 } else { 1 };
+    let mut step = Vec::new();
+    for parity in 0..per_step {
+        let kt = add(var("kt"), int(parity as i64));
+        let tile_step = main_step(l, p, c, a, b, kt, parity * slices, mma)?;
+        if parity == 0 {
+            step.extend(tile_step);
+        } else {
+            step.push(Stmt::If(
+                lt(add(var("kt"), int(1)), int(kt_count as i64)),
+                tile_step,
+            ));
+        }
+    }
+    Ok(Stmt::For {
+        var: "kt".into(),
+        start: int(0),
+        end: int(kt_count as i64),
+        step: int(per_step as i64),
+        unroll: false,
+        body: step,
+    })
+}
+
+/// The epilogue: for every accumulator of the thread, in range, the
+/// stores of `epilogue`. Accumulator `(i, j, h, e)` (fragment `(i, j)` of
+/// the warp tile, register `2h + e`) is row `lane/4 + 8h`, column
+/// `2(lane%4) + e` of the fragment.
+fn epilogue_loops(
+    l: &mut Lower,
+    p: &Problem,
+    c: &Config,
+    epilogue: &EpilogueFn,
+) -> Result<Vec<Stmt>> {
+    let (frag_m, frag_n) = (c.wm() / 16, c.wn() / 8);
+    let acc = at(
+        "acc",
+        Ty::F32,
+        add(
+            mul(
+                add(
+                    mul(add(mul(var("i"), int(frag_n as i64)), var("j")), int(2)),
+                    var("h"),
+                ),
+                int(2),
+            ),
+            var("e"),
+        ),
+    );
+    let stores = l.scoped(|l| epilogue(l, var("row"), var("col"), acc))?;
+    let element = vec![
+        let_int(
+            "row",
+            add(
+                add(add(var("m0"), var("warp_m0")), div(var("lane"), 4)),
+                add(mul(var("i"), int(16)), mul(var("h"), int(8))),
+            ),
+        ),
+        let_int(
+            "col",
+            add(
+                add(
+                    add(var("n0"), var("warp_n0")),
+                    mul(rem(var("lane"), 4), int(2)),
+                ),
+                add(mul(var("j"), int(8)), var("e")),
+            ),
+        ),
+        Stmt::If(
+            and(
+                lt(var("row"), int(p.m as i64)),
+                lt(var("col"), int(p.n as i64)),
+            ),
+            stores,
+        ),
+    ];
+    let mut nest = element;
+    for (v, n) in [("e", 2), ("h", 2), ("j", frag_n), ("i", frag_m)] {
+        nest = vec![Stmt::For {
+            var: v.into(),
+            start: int(0),
+            end: int(n as i64),
+            step: int(1),
+            unroll: true,
+            body: nest,
+        }];
+    }
+    let mut out = vec![Stmt::Comment(
+        "epilogue: accumulator (i, j, h, e) is row lane/4 + 8h, column 2(lane%4) + e of fragment (i, j)"
+            .into(),
+    )];
+    out.extend(nest);
+    Ok(out)
+}
+
+/// `tile_m`, `tile_n` of block-in-batch `tile`: tile rows fastest, in
+/// groups of [`GROUP_ROWS`] tile rows, so the blocks in flight share the A
+/// panels of a group and the B panel of a tile column.
+fn block_order(grid_m: usize, grid_n: usize) -> Vec<Stmt> {
+    let g = GROUP_ROWS as i64;
+    if grid_m <= GROUP_ROWS {
+        return vec![
+            Stmt::Comment("tile rows fastest: consecutive blocks share a B panel".into()),
+            let_int("tile_m", rem(var("tile"), grid_m as i64)),
+            let_int("tile_n", div(var("tile"), grid_m as i64)),
+        ];
+    }
+    let per_group = g * grid_n as i64;
+    let mut out = vec![
+        Stmt::Comment(format!(
+            "tile rows fastest within groups of {g} tile rows: the blocks in flight share A and B panels"
+        )),
+        let_int("group", div(var("tile"), per_group)),
+    ];
+    let rows = if grid_m.is_multiple_of(GROUP_ROWS) {
+        int(g)
+    } else {
+        out.push(let_int(
+            "group_rows",
+            call(
+                "min",
+                vec![
+                    bin(BinOp::Sub, int(grid_m as i64), mul(var("group"), int(g))),
+                    int(g),
+                ],
+            ),
+        ));
+        var("group_rows")
+    };
+    let in_group = rem(var("tile"), per_group);
+    out.push(let_int(
+        "tile_m",
+        add(
+            mul(var("group"), int(g)),
+            bin(BinOp::Rem, in_group.clone(), rows.clone()),
+        ),
+    ));
+    out.push(let_int("tile_n", bin(BinOp::Div, in_group, rows)));
+    out
+}
+
+/// Per-thread constants of the tile copy: the stored row and chunk of the
+/// thread's first chunk (`X_row`, `X_col`), its byte offset in a stage
+/// (`X_dst`), and for `cp.async` its element offset at k-tile 0 (`X_src`).
+fn thread_setup(t: &TileLayout, op: &Operand, r0: Expr) -> Vec<Stmt> {
+    let tid = Expr::Builtin(Builtin::ThreadX);
+    let mut out = vec![Stmt::Comment(format!(
+        "{}: {} x {} per stage, {}, {} 16-byte chunk(s) per thread by {}",
+        t.p.to_uppercase(),
+        t.stored_rows,
+        t.row_chunks * CHUNK,
+        if t.k_inner {
+            "k contiguous"
+        } else {
+            "rows contiguous"
+        },
+        t.per_thread,
+        if op.strided.is_some() {
+            "cp.async"
+        } else {
+            "index maps"
+        },
+    ))];
+    out.push(let_int(
+        &t.name("row"),
+        div(tid.clone(), t.row_chunks as i64),
+    ));
+    out.push(let_int(&t.name("col"), rem(tid, t.row_chunks as i64)));
+    out.push(let_u32(
+        &t.name("dst"),
+        t.offset(var(t.name("row")), var(t.name("col"))),
+    ));
+    if let Some(s) = &op.strided {
+        let chunk0 = mul(var(t.name("col")), int(CHUNK as i64));
+        let src = if t.k_inner {
+            add(mul(add(r0, var(t.name("row"))), int(s.stride_r)), chunk0)
+        } else {
+            add(mul(var(t.name("row")), int(s.stride_k)), add(r0, chunk0))
+        };
+        out.push(let_int(&t.name("src"), add(s.offset.clone(), src)));
+    }
+    out
+}
+
+/// The copy of k-tile `kt` into stage `stage` of operand `t`.
+struct TileCopy {
+    /// `X_wtile`: the stage's shared address, which `issue` and `deferred` read.
+    wtile: Stmt,
+    /// Statements to run now: the `cp.async`s, or the element path's loads into `X_stage`.
+    issue: Vec<Stmt>,
+    /// Statements to run after the step's mma: the element path's stores to
+    /// shared memory (empty for `cp.async`).
+    deferred: Vec<Stmt>,
+}
+
+fn copy_tile(
+    l: &mut Lower,
+    t: &TileLayout,
+    op: &Operand,
+    p: &Problem,
+    c: &Config,
+    kt: Expr,
+    stage: Expr,
+) -> Result<TileCopy> {
+    let wtile = let_u32(
+        &t.name("wtile"),
+        add(
+            add(var("smem"), int(t.base as i64)),
+            mul(stage, int(t.stage_bytes as i64)),
+        ),
+    );
+    let row_of = |s: &Expr| add(var(t.name("row")), mul(s.clone(), int(t.row_step as i64)));
+    // Shared address of chunk `s`: a constant step from `X_dst` when the
+    // swizzle (period 8 rows) repeats every `row_step` rows.
+    let dst_of = |s: &Expr| {
+        let offset = if t.row_step.is_multiple_of(8) {
+            add(
+                var(t.name("dst")),
+                mul(s.clone(), int((t.row_step * t.row_bytes()) as i64)),
+            )
+        } else {
+            t.offset(row_of(s), var(t.name("col")))
+        };
+        add(var(t.name("wtile")), offset)
+    };
+    let guard = |s: &Expr, stmts: Vec<Stmt>| {
+        if t.guard {
+            vec![Stmt::If(lt(row_of(s), int(t.stored_rows as i64)), stmts)]
+        } else {
+            stmts
+        }
+    };
+    let r0 = if t.p == "a" { var("m0") } else { var("n0") };
+    let k0 = mul(kt, int(c.tk as i64));
+    let chunk0 = mul(var(t.name("col")), int(CHUNK as i64));
+    // (r, k) of the first element of chunk `s`; the chunk runs along k when
+    // the tile is k-inner, else along r.
+    let first = |s: &Expr| {
+        if t.k_inner {
+            (add(r0.clone(), row_of(s)), add(k0.clone(), chunk0.clone()))
+        } else {
+            (add(r0.clone(), chunk0.clone()), add(k0.clone(), row_of(s)))
+        }
+    };
+    let in_range = |r: Expr, k: Expr| and(lt(r, int(op.rows as i64)), lt(k, int(p.k as i64)));
+
+    if let Some(sv) = &op.strided {
+        // `X_src` is the element offset of the thread's first chunk at k-tile 0.
+        let issue = unrolled("s", t.per_thread, |s| {
+            let (r, k) = first(&s);
+            let full = in_range(r, k);
+            let rows_on = mul(s.clone(), int(t.row_step as i64));
+            let step = if t.k_inner {
+                add(mul(rows_on, int(sv.stride_r)), k0.clone())
+            } else {
+                mul(add(rows_on, k0.clone()), int(sv.stride_k))
+            };
+            let src = add(var(t.name("src")), step);
+            guard(
+                &s,
+                vec![Stmt::Call(
+                    "dcir_cp_async16".into(),
+                    vec![
+                        dst_of(&s),
+                        add(var(sv.param.clone()), select(full.clone(), src, int(0))),
+                        full,
+                    ],
+                )],
+            )
+        });
+        return Ok(TileCopy {
+            wtile,
+            issue,
+            deferred: Vec::new(),
+        });
+    }
+
+    // Element path: the 8 elements of each chunk through the index maps into
+    // `X_stage[s]` (zero out of range), stored to shared memory later.
+    let stage_arr = t.name("stage");
+    let chunk = |l: &mut Lower, s: Expr| -> Result<Vec<Stmt>> {
+        let (r, k) = first(&s);
+        let mut out = vec![let_int(&t.name("r"), r), let_int(&t.name("k"), k)];
+        let mut lanes = Vec::new();
+        for e in 0..CHUNK {
+            let (r, k) = if t.k_inner {
+                (var(t.name("r")), add(var(t.name("k")), int(e as i64)))
+            } else {
+                (add(var(t.name("r")), int(e as i64)), var(t.name("k")))
+            };
+            let v = format!("{}_v{e}", t.p);
+            let load = l.scoped(|l| {
+                let x = (op.element)(l, r.clone(), k.clone())?;
+                l.body.push(Stmt::Assign(v.clone(), x));
+                Ok(())
+            })?;
+            out.push(Stmt::Let {
+                name: v.clone(),
+                ty: Ty::F32,
+                value: Expr::F32(0.0),
+                constant: false,
+            });
+            out.push(Stmt::If(in_range(r, k), load));
+            lanes.push(l.narrow(p.dtype, var(v)));
+        }
+        out.push(Stmt::Store(
+            array(&stage_arr, Ty::Uint4),
+            s.clone(),
+            pack(p.dtype, lanes),
+        ));
+        Ok(guard(&s, out))
+    };
+    let issue = if t.per_thread == 1 {
+        chunk(l, int(0))?
+    } else {
+        vec![Stmt::For {
+            var: "s".into(),
+            start: int(0),
+            end: int(t.per_thread as i64),
+            step: int(1),
+            unroll: true,
+            body: chunk(l, var("s"))?,
+        }]
+    };
+    let deferred = unrolled("s", t.per_thread, |s| {
+        guard(
+            &s,
+            vec![Stmt::Call(
+                "dcir_st_shared16".into(),
+                vec![dst_of(&s), at(&stage_arr, Ty::Uint4, s.clone())],
+            )],
+        )
+    });
+    Ok(TileCopy {
+        wtile,
+        issue,
+        deferred,
+    })
+}
+
+/// Per-lane constants of the `ldmatrix` addresses. An x4 load covers a
+/// 16 (r) × 16 (k) block as four 8 × 8 matrices; lane `l` addresses row
+/// `l % 8` of matrix `l / 8`, whose (r, k) offset is, in fragment order,
+/// A: (0, 0), (8, 0), (0, 8), (8, 8) (registers a0..a3 of the mma) and
+/// B: (0, 0), (0, 8), (8, 0), (8, 8) (b0, b1 of two n8 tiles).
+fn ldmatrix_setup(t: &TileLayout, warp_r0: &str) -> Vec<Stmt> {
+    let lane = || var("lane");
+    // The lane's matrix offsets in units of 8 rows / 8 k.
+    let (r_off, k_off) = if t.p == "a" {
+        (rem(div(lane(), 8), 2), div(lane(), 16))
+    } else {
+        (div(lane(), 16), rem(div(lane(), 8), 2))
+    };
+    // The lane's stored row and 16-byte chunk at (i, kk) = (0, 0).
+    let (row, chunk) = if t.k_inner {
+        (
+            add(add(var(warp_r0), mul(r_off, int(8))), rem(lane(), 8)),
+            k_off,
+        )
+    } else {
+        (
+            add(mul(k_off, int(8)), rem(lane(), 8)),
+            add(div(var(warp_r0), CHUNK as i64), r_off),
+        )
+    };
+    vec![
+        let_int(&t.name("ld_row"), row),
+        let_int(&t.name("ld_chunk"), chunk),
+        let_int(&t.name("ld_sw"), t.swizzle(var(t.name("ld_row")))),
+        let_int(
+            &t.name("ld"),
+            mul(var(t.name("ld_row")), int(t.row_bytes() as i64)),
+        ),
+    ]
+}
+
+/// `X_<name>`: the shared address of operand `t`'s stage holding k-tile `kt`.
+fn tile_address(t: &TileLayout, name: &str, kt: Expr, c: &Config) -> Stmt {
+    let stage = rem(kt, c.stages as i64);
+    let_u32(
+        &t.name(name),
+        add(
+            add(var("smem"), int(t.base as i64)),
+            mul(stage, int(t.stage_bytes as i64)),
+        ),
+    )
+}
+
+/// The x4 `ldmatrix`s of k slice `kk` of the tile at `X_<tile>` into
+/// fragment buffer `buf`: one per 16-row block of the warp tile (for A the
+/// mma's a0..a3; for B b0, b1 of two n8 tiles). The swizzle of the lane's
+/// row is the same for every block and slice: they move it by multiples of
+/// 16 rows.
+fn load_fragments(t: &TileLayout, tile: &str, blocks: usize, kk: usize, buf: usize) -> Vec<Stmt> {
+    let frag = format!("{}{buf}", t.name("frag"));
+    let f = if t.k_inner {
+        "dcir_ldmatrix_x4"
+    } else {
+        "dcir_ldmatrix_x4_trans"
+    };
+    let rb = t.row_bytes() as i64;
+    unrolled("i", blocks, |i| {
+        let (rows_on, chunk) = if t.k_inner {
+            (
+                mul(i.clone(), int(16 * rb)),
+                add(int(2 * kk as i64), var(t.name("ld_chunk"))),
+            )
+        } else {
+            (
+                int(16 * kk as i64 * rb),
+                add(var(t.name("ld_chunk")), mul(i.clone(), int(2))),
+            )
+        };
+        let addr = add(
+            add(var(t.name(tile)), var(t.name("ld"))),
+            add(
+                rows_on,
+                bin(BinOp::Shl, xor(chunk, var(t.name("ld_sw"))), int(4)),
+            ),
+        );
+        let mut args: Vec<Expr> = (0..4)
+            .map(|q| at(&frag, Ty::U32, add(mul(i.clone(), int(4)), int(q))))
+            .collect();
+        args.push(addr);
+        vec![Stmt::Call(f.into(), args)]
+    })
+}
+
+/// The warp's mma grid on fragment buffer `buf`.
+fn mma_slice(c: &Config, buf: usize, mma: &str) -> Vec<Stmt> {
+    let (frag_m, frag_n) = (c.wm() / 16, c.wn() / 8);
+    let (a_frag, b_frag) = (format!("a_frag{buf}"), format!("b_frag{buf}"));
+    unrolled("i", frag_m, |i| {
+        unrolled("j", frag_n, |j| {
+            let tile = add(mul(i.clone(), int(frag_n as i64)), j.clone());
+            let mut args: Vec<Expr> = (0..4)
+                .map(|q| at("acc", Ty::F32, add(mul(tile.clone(), int(4)), int(q))))
+                .collect();
+            args.extend((0..4).map(|q| at(&a_frag, Ty::U32, add(mul(i.clone(), int(4)), int(q)))));
+            args.extend((0..2).map(|q| at(&b_frag, Ty::U32, add(mul(j.clone(), int(2)), int(q)))));
+            vec![Stmt::Call(mma.into(), args)]
+        })
+    })
+}
+
+/// One k-tile `kt` of the main loop, its slice `s` using fragment buffer
+/// `(first_slice + s) % 2`. Each slice loads the next slice's fragments
+/// (past the last, the next tile's first, after waiting for that tile and a
+/// barrier) and then issues its own mma, so `ldmatrix` latency hides behind
+/// tensor-core work. The first slice also issues the copy of tile
+/// `kt + stages - 1` into the stage tile `kt - 1` used, which the previous
+/// step's barrier freed. Element-path loads are stored to shared memory one
+/// step later (the tile is first read `stages - 2` steps after that), or
+/// before the barrier with 2 stages.
+#[allow(clippy::too_many_arguments)]
+fn main_step(
+    l: &mut Lower,
+    p: &Problem,
+    c: &Config,
+    a: &TileLayout,
+    b: &TileLayout,
+    kt: Expr,
+    first_slice: usize,
+    mma: &str,
+) -> Result<Vec<Stmt>> {
+    let kt_count = p.k.div_ceil(c.tk) as i64;
+    let slices = c.tk / 16;
+    let frag_blocks = [(a, c.wm() / 16), (b, c.wn() / 16)];
+    let ahead = (c.stages - 1) as i64;
+    let mut out = vec![let_int("fetch", add(kt.clone(), int(ahead)))];
+    let mut issue = Vec::new();
+    let mut deferred = Vec::new();
+    for (t, op) in [(a, &p.a), (b, &p.b)] {
+        let copy = copy_tile(
+            l,
+            t,
+            op,
+            p,
+            c,
+            var("fetch"),
+            rem(var("fetch"), c.stages as i64),
+        )?;
+        if op.strided.is_some() {
+            issue.push(copy.wtile.clone());
+        }
+        issue.extend(copy.issue);
+        if !copy.deferred.is_empty() {
+            // The stage of the tile being stored (fetched a step earlier with 3+ stages).
+            let stored = if c.stages > 2 {
+                bin(BinOp::Sub, var("fetch"), int(1))
+            } else {
+                var("fetch")
+            };
+            deferred.push(let_u32(
+                &t.name("wtile"),
+                add(
+                    add(var("smem"), int(t.base as i64)),
+                    mul(rem(stored, c.stages as i64), int(t.stage_bytes as i64)),
+                ),
+            ));
+            deferred.extend(copy.deferred);
+        }
+    }
+    let fetching = lt(var("fetch"), int(kt_count));
+    if c.stages > 2 && !deferred.is_empty() {
+        out.push(Stmt::Comment(
+            "element path: the loads of the previous step (tile fetch - 1) to shared memory".into(),
+        ));
+        out.push(Stmt::If(
+            and(
+                bin(BinOp::Ge, kt.clone(), int(1)),
+                lt(bin(BinOp::Sub, var("fetch"), int(1)), int(kt_count)),
+            ),
+            deferred.clone(),
+        ));
+    }
+    if slices > 1 {
+        for (t, _) in frag_blocks {
+            out.push(tile_address(t, "tile", kt.clone(), c));
+        }
+    }
+    for s in 0..slices {
+        let (cur, next) = ((first_slice + s) % 2, (first_slice + s + 1) % 2);
+        out.push(Stmt::Comment(if s + 1 < slices {
+            format!(
+                "k slice {s} (fragments in buffer {cur}); slice {} into buffer {next}",
+                s + 1
+            )
+        } else {
+            format!(
+                "k slice {s} (fragments in buffer {cur}); tile kt + 1's slice 0 into buffer {next}"
+            )
+        }));
+        if s + 1 < slices {
+            for (t, blocks) in frag_blocks {
+                out.extend(load_fragments(t, "tile", blocks, s + 1, next));
+            }
+        }
+        if s == 0 {
+            out.push(Stmt::If(fetching.clone(), issue.clone()));
+            out.push(Stmt::Call("dcir_cp_async_commit".into(), vec![]));
+        }
+        if s + 1 == slices {
+            if c.stages == 2 && !deferred.is_empty() {
+                out.push(Stmt::If(fetching.clone(), deferred.clone()));
+            }
+            out.push(Stmt::Comment(
+                "tile kt + 1 has landed; after the barrier no thread reads tile kt's stage again"
+                    .into(),
+            ));
+            out.push(Stmt::Call(
+                format!("dcir_cp_async_wait<{}>", c.stages - 2),
+                vec![],
+            ));
+            out.push(Stmt::Barrier);
+            for (t, blocks) in frag_blocks {
+                out.push(tile_address(t, "next", add(kt.clone(), int(1)), c));
+                out.extend(load_fragments(t, "next", blocks, 0, next));
+            }
+        }
+        out.extend(mma_slice(c, cur, mma));
+    }
+    Ok(out)
+}
+
+/// Lowers a tensor-core `gemm` group: its matmul as a [`Problem`] whose
+/// operands read through the prologue views, its tail as the epilogue.
+pub(super) fn gemm(l: &mut Lower, op: OpId) -> Result<Kernel> {
+    let g = l.g;
+    reserve_names(l);
+    let params = params(l, op);
+    let region = g.op(op).region.expect("a fused op has a region");
+    let matmuls: Vec<OpId> = g
+        .block(region)
+        .ops
+        .iter()
+        .copied()
+        .filter(|&o| g.op(o).kind == OpKind::Matmul)
+        .collect();
+    let [mm_op] = matmuls[..] else {
+        return Err(l.unsupported(format!("a gemm group with {} matmuls", matmuls.len())));
+    };
+    let mm_data = g.op(mm_op);
+    let (a, b) = (mm_data.operands[0], mm_data.operands[1]);
+    let mm = mm_data.results[0];
+    let flag = |name: &str| {
+        matches!(mm_data.attrs.get(name), Some(Attr::Bool(true)))
+            || mm_data.attrs.get(name).and_then(Attr::as_int) == Some(1)
+    };
+    let (ta, tb) = (flag("transpose_a"), flag("transpose_b"));
+    check_prologue(l, a, "A")?;
+    check_prologue(l, b, "B")?;
+    let tainted = check_epilogue(l, op, mm)?;
+
+    let out_dims = g.ty(mm).dims().to_vec();
+    let rank = out_dims.len();
+    if rank < 2 {
+        return Err(l.unsupported("a matmul of rank < 2"));
+    }
+    let (m, n) = (out_dims[rank - 2], out_dims[rank - 1]);
+    let k = g.ty(a).dims()[if ta { rank - 2 } else { rank - 1 }];
+    let batch_dims = out_dims[..rank - 2].to_vec();
+    let batch: usize = batch_dims.iter().product();
+    let largest = [m * n, m * k, k * n].into_iter().max().unwrap_or(0);
+    if batch * largest >= i32::MAX as usize {
+        return Err(l.unsupported("more than 2^31 elements"));
+    }
+    if batch * m * n == 0 {
+        return Err(l.unsupported("an empty matmul"));
+    }
+    let tile = match g.op(op).attrs.get("tile").and_then(Attr::as_ints) {
+        Some(&[tm, tn, tk]) => [tm, tn, tk],
+        _ => [128, 128, 32],
+    };
+    let batch_coords = Index::linear(&batch_dims, var("bz")).get_coords();
+    // A is [.., M, K] ([.., K, M] with transpose_a); B is [.., K, N] ([.., N, K] with transpose_b).
+    let problem = Problem {
+        batch,
+        m,
+        n,
+        k,
+        dtype: g.ty(a).dtype,
+        a: matmul_operand(l, a, !ta, m, k, &batch_coords),
+        b: matmul_operand(l, b, tb, n, k, &batch_coords),
+    };
+    let cfg = Config::new(
+        tile,
+        attr_int(g, op, "threads", 256),
+        attr_int(g, op, "stages", 3),
+        problem.a.strided.is_none() || problem.b.strided.is_none(),
+    );
+    let outputs: Vec<_> = params.iter().filter(|p| p.output).cloned().collect();
+    let ys = yields(g, op);
+    let results = g.op(op).results.clone();
+    let epilogue = |l: &mut Lower, row: Expr, col: Expr, acc: Expr| -> Result<()> {
+        l.reduced = Some((mm, Reduced::Row(acc), 0));
+        let mut mm_coords = batch_coords.clone();
+        mm_coords.extend([row, col]);
+        for ((p, &y), &res) in outputs.iter().zip(&ys).zip(&results) {
+            let Some(yc) = forward_coords(l, &tainted, mm, y, mm_coords.clone()) else {
+                return Err(l.unsupported("a result that does not derive from the matmul"));
+            };
+            let y_dims = g.ty(y).dims().to_vec();
+            let linear = Index::coords(&y_dims, yc.clone()).get_linear();
+            let idx = Index {
+                dims: y_dims,
+                linear: Some(linear.clone()),
+                coords: Some(yc),
+            };
+            let v = l.value_at(y, &idx)?;
+            store(l, p, g.ty(res).dtype, linear, v);
+        }
+        Ok(())
+    };
+    let body = emit(l, &problem, &cfg, &epilogue)?;
+    let path = |o: &Operand| {
+        if o.strided.is_some() {
+            "cp.async"
+        } else {
+            "index maps"
+        }
+    };
+    let summary = format!(
+        "gemm ({}, tensor cores): {batch} x [{m} x {k}]{} @ [{k} x {n}]{}, tile [{}, {}, {}], {}x{} warps of {}x{}, {} stages; A by {}, B by {}",
+        problem.dtype.name(),
+        if ta { "^T" } else { "" },
+        if tb { "^T" } else { "" },
+        cfg.tm,
+        cfg.tn,
+        cfg.tk,
+        cfg.warps_m,
+        cfg.warps_n,
+        cfg.wm(),
+        cfg.wn(),
+        cfg.stages,
+        path(&problem.a),
+        path(&problem.b),
+    );
+    Ok(Kernel {
+        name: super::kernel_name(g, op),
+        summary,
+        params,
+        shared: Vec::new(),
+        body,
+        helpers: std::mem::take(&mut l.helpers),
+        block: cfg.threads() as u32,
+        grid: problem.blocks(&cfg) as u32,
+        dynamic_shared: cfg.shared_bytes(),
+    })
+}
+
+/// Operand `v` of the matmul (`rows` × `k` per batch entry; its dim `rank - 2`
+/// is r when `r_first`, else k), read through its views.
+fn matmul_operand<'a>(
+    l: &Lower,
+    v: ValueId,
+    r_first: bool,
+    rows: usize,
+    k: usize,
+    batch_coords: &[Expr],
+) -> Operand<'a> {
+    let dims = l.g.ty(v).dims().to_vec();
+    let rank = dims.len();
+    let (r_dim, k_dim) = if r_first {
+        (rank - 2, rank - 1)
+    } else {
+        (rank - 1, rank - 2)
+    };
+    let view = strided_view(l, v).map(|(param, mut strides, offset)| {
+        // A dim of extent 1 is only ever read at 0.
+        for (s, &d) in strides.iter_mut().zip(&dims) {
+            if d == 1 {
+                *s = 0;
+            }
+        }
+        (param, strides, offset)
+    });
+    let k_inner = match &view {
+        Some((_, s, _)) if s[k_dim] == 1 => true,
+        Some((_, s, _)) if s[r_dim] == 1 => false,
+        _ => k_dim == rank - 1,
+    };
+    let strided = view.and_then(|(param, s, offset)| {
+        let aligned = offset % 8 == 0 && s[..rank - 2].iter().all(|x| x % 8 == 0);
+        let contiguous = if k_inner {
+            s[k_dim] == 1 && k.is_multiple_of(CHUNK) && s[r_dim] % 8 == 0
+        } else {
+            s[r_dim] == 1 && rows.is_multiple_of(CHUNK) && s[k_dim] % 8 == 0
+        };
+        (aligned && contiguous).then(|| Strided {
+            param,
+            offset: batch_coords
+                .iter()
+                .zip(&s)
+                .fold(int(offset), |acc, (c, &st)| {
+                    add(acc, mul(c.clone(), int(st)))
+                }),
+            stride_r: s[r_dim],
+            stride_k: s[k_dim],
+        })
+    });
+    let batch_coords = batch_coords.to_vec();
+    Operand {
+        rows,
+        strided,
+        k_inner,
+        element: Box::new(move |l: &mut Lower, r: Expr, kk: Expr| {
+            let mut c = batch_coords.clone();
+            c.extend(if r_first { [r, kk] } else { [kk, r] });
+            l.value_at(v, &Index::coords(&dims, c))
+        }),
+    }
+}
+
+/// Row-major strides of `dims`.
+fn row_major(dims: &[usize]) -> Vec<i64> {
+    let mut strides = vec![1i64; dims.len()];
+    for d in (0..dims.len().saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * dims[d + 1] as i64;
+    }
+    strides
+}
+
+/// `v` as `param[offset + Σ coord_d · strides_d]` when its views (transpose,
+/// broadcast, slice, reshape of a contiguous view) allow.
+fn strided_view(l: &Lower, v: ValueId) -> Option<(String, Vec<i64>, i64)> {
+    let g = l.g;
+    let dims = g.ty(v).dims().to_vec();
+    let ValueDef::OpResult { op, .. } = g.value(v).def else {
+        return Some((l.inputs.get(&v)?.clone(), row_major(&dims), 0));
+    };
+    let data = g.op(op);
+    let src = *data.operands.first()?;
+    let (param, s, offset) = strided_view(l, src)?;
+    let src_dims = g.ty(src).dims().to_vec();
+    let ints = |name: &str| data.attrs.get(name).and_then(Attr::as_ints);
+    match data.kind {
+        OpKind::Transpose => {
+            let perm = ints("perm")?;
+            Some((param, perm.iter().map(|&p| s[p as usize]).collect(), offset))
+        }
+        OpKind::Broadcast => {
+            let mut out = vec![0; dims.len()];
+            for (j, &d) in ints("dims")?.iter().enumerate() {
+                if src_dims[j] != 1 {
+                    out[d as usize] = s[j];
+                }
+            }
+            Some((param, out, offset))
+        }
+        OpKind::Slice => {
+            let starts = ints("starts")?;
+            let steps = ints("steps").unwrap_or(&[]);
+            let mut offset = offset;
+            let mut out = s.clone();
+            for d in 0..s.len() {
+                let step = steps.get(d).copied().unwrap_or(1);
+                if starts[d] < 0 || step < 1 {
+                    return None;
+                }
+                offset += starts[d] * s[d];
+                out[d] = s[d] * step;
+            }
+            Some((param, out, offset))
+        }
+        OpKind::Reshape => {
+            let contiguous =
+                (0..src_dims.len()).all(|d| src_dims[d] == 1 || s[d] == row_major(&src_dims)[d]);
+            contiguous.then(|| (param, row_major(&dims), offset))
+        }
+        _ => None,
+    }
+}
+
+/// The op defining `v` inside the group, if any.
+fn def_op(l: &Lower, v: ValueId) -> Option<OpId> {
+    match l.g.value(v).def {
+        ValueDef::OpResult { op, .. } => Some(op),
+        ValueDef::BlockArg { .. } => None,
+    }
+}
+
+/// Checks that `v` is a view (reshape, transpose, broadcast, slice) of a group input.
+fn check_prologue(l: &Lower, v: ValueId, which: &str) -> Result<()> {
+    let mut v = v;
+    while let Some(op) = def_op(l, v) {
+        let data = l.g.op(op);
+        if !matches!(
+            data.kind,
+            OpKind::Reshape | OpKind::Transpose | OpKind::Broadcast | OpKind::Slice
+        ) {
+            return Err(l.unsupported(format!(
+                "`{}` feeding operand {which} of the matmul (only reshape, transpose, broadcast and slice prologues)",
+                data.kind.name()
+            )));
+        }
+        v = data.operands[0];
+    }
+    Ok(())
+}
+
+/// Checks that everything computed from the matmul result is elementwise
+/// math, casts, reshapes or transposes of it (one output element per
+/// accumulator); returns the values derived from it.
+fn check_epilogue(l: &Lower, op: OpId, mm: ValueId) -> Result<BTreeSet<ValueId>> {
+    let g = l.g;
+    let region = g.op(op).region.expect("a fused op has a region");
+    let mut derived = BTreeSet::from([mm]);
+    for &o in &g.block(region).ops {
+        let data = g.op(o);
+        if data.kind == OpKind::Yield || !data.operands.iter().any(|v| derived.contains(v)) {
+            continue;
+        }
+        let ok = data.kind.is_elementwise_binary()
+            || data.kind.is_elementwise_unary()
+            || matches!(
+                data.kind,
+                OpKind::Cast | OpKind::Reshape | OpKind::Transpose
+            );
+        if !ok {
+            return Err(l.unsupported(format!(
+                "`{}` after the matmul (only elementwise, reshape and transpose epilogues)",
+                data.kind.name()
+            )));
+        }
+        derived.extend(data.results.iter().copied());
+    }
+    Ok(derived)
+}
+
+/// The coordinates in `y` of the matmul element at `coords`, following the
+/// views between them forward; `None` when `y` does not derive from the matmul.
+fn forward_coords(
+    l: &Lower,
+    derived: &BTreeSet<ValueId>,
+    mm: ValueId,
+    y: ValueId,
+    coords: Vec<Expr>,
+) -> Option<Vec<Expr>> {
+    if y == mm {
+        return Some(coords);
+    }
+    let data = l.g.op(def_op(l, y)?);
+    let src = *data.operands.iter().find(|v| derived.contains(v))?;
+    let c = forward_coords(l, derived, mm, src, coords)?;
+    let src_dims = l.g.ty(src).dims().to_vec();
+    let dims = l.g.ty(y).dims().to_vec();
+    Some(match data.kind {
+        OpKind::Reshape => {
+            Index::linear(&dims, Index::coords(&src_dims, c).get_linear()).get_coords()
+        }
+        OpKind::Transpose => {
+            let perm = data
+                .attrs
+                .get("perm")
+                .and_then(Attr::as_ints)
+                .unwrap_or(&[]);
+            perm.iter().map(|&p| c[p as usize].clone()).collect()
+        }
+        _ => c,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::emit_module_source;
+
+    #[test]
+    fn config_honours_valid_blockings_and_falls_back() {
+        let c = Config::new([128, 256, 32], 256, 3, false);
+        assert_eq!(
+            (c.tm, c.tn, c.tk, c.warps_m, c.warps_n, c.stages),
+            (128, 256, 32, 2, 4, 3)
+        );
+        assert_eq!((c.wm(), c.wn()), (64, 64));
+        // The planner's small tiles: 8 warps of 32x16; one stage runs as two.
+        let c = Config::new([64, 64, 16], 256, 1, false);
+        assert_eq!(
+            (c.warps_m, c.warps_n, c.wm(), c.wn(), c.stages),
+            (2, 4, 32, 16, 2)
+        );
+        // 256x256 needs 256 accumulators a thread with 8 warps: tm halves.
+        let c = Config::new([256, 256, 64], 256, 4, false);
+        assert_eq!(
+            (c.tm, c.tn, c.wm(), c.wn(), c.stages),
+            (128, 256, 64, 64, 4)
+        );
+        // Extents round up to powers of two, tk to at least 16; too many
+        // warps for the tile: fewer.
+        let c = Config::new([16, 24, 8], 256, 2, false);
+        assert_eq!((c.tm, c.tn, c.tk, c.threads()), (16, 32, 16, 64));
+        // Too few: more, up to 8.
+        let c = Config::new([128, 128, 32], 32, 3, false);
+        assert_eq!((c.threads(), c.wm() * c.wn() / 32), (128, 128));
+        // Shared memory past 227 KiB: fewer stages.
+        let c = Config::new([128, 256, 64], 256, 4, false);
+        assert_eq!(c.stages, 4);
+        assert!(c.shared_bytes() <= MAX_SHARED);
+        // An element-path operand: warp tiles of at most 64 accumulators.
+        let c = Config::new([128, 256, 64], 256, 4, true);
+        assert_eq!((c.tm, c.tn, c.tk, c.wm(), c.wn()), (128, 128, 64, 64, 32));
+        // ... and at most 8 chunks of a k-tile to copy per thread.
+        let c = Config::new([32, 64, 64], 32, 3, true);
+        assert_eq!((c.tm, c.tn, c.tk, c.threads()), (32, 64, 16, 32));
+    }
+
+    /// The 8 rows one `ldmatrix` matrix reads (8 consecutive stored rows
+    /// from a multiple of 8, one logical chunk) and the 8 chunks a quarter
+    /// warp copies (8 consecutive chunks in row-major order) each hit 8
+    /// distinct 16-byte bank groups.
+    #[test]
+    fn swizzle_is_conflict_free() {
+        for row_chunks in [2usize, 4, 8, 16, 32] {
+            let (per_line, values) = swizzle_shape(row_chunks);
+            let group = |row: usize, chunk: usize| {
+                let sw = (row / per_line) % values;
+                (row * row_chunks + (chunk ^ sw)) % 8
+            };
+            for row0 in (0..64).step_by(8) {
+                for chunk in 0..row_chunks {
+                    let mut groups: Vec<usize> =
+                        (row0..row0 + 8).map(|r| group(r, chunk)).collect();
+                    groups.sort_unstable();
+                    groups.dedup();
+                    assert_eq!(
+                        groups.len(),
+                        8,
+                        "{row_chunks} chunks a row, rows {row0}.., chunk {chunk}"
+                    );
+                }
+            }
+            for first in (0..64 * row_chunks).step_by(8) {
+                let mut groups: Vec<usize> = (first..first + 8)
+                    .map(|c| group(c / row_chunks, c % row_chunks))
+                    .collect();
+                groups.sort_unstable();
+                groups.dedup();
+                assert_eq!(
+                    groups.len(),
+                    8,
+                    "{row_chunks} chunks a row, chunks {first}.."
+                );
+            }
+        }
+    }
+
+    /// The CUDA source of `a @ b` (+ `r`) as one gemm group.
+    fn gemm_source(dtype: &str, a: &str, b: &str, out: &str, attrs: &str, math: &str) -> String {
+        let src = format!(
+            "graph @g(%a: {dtype}[{a}], %b: {dtype}[{b}]) -> ({dtype}[{out}]) {{\n\
+             \x20 %y = fused @g0(%a.in = %a, %b.in = %b) {{kind = \"gemm\", level = \"register\", math = \"{math}\", {attrs}}} : {dtype}[{out}] {{\n\
+             \x20   %y.r = matmul %a.in, %b.in : {dtype}[{out}]\n\
+             \x20   yield %y.r\n\
+             \x20 }}\n\
+             \x20 return %y\n\
+             }}\n"
+        );
+        let module = dcir_reader::parse_module(&src).expect("parses");
+        emit_module_source(&module).expect("lowers")
+    }
+
+    #[test]
+    fn aligned_operands_copy_with_cp_async() {
+        let attrs = "stages = 3, threads = 256, tile = [128, 128, 32]";
+        let s = gemm_source("f16", "256,64", "64,256", "256,256", attrs, "tensor_core");
+        assert!(s.contains("A by cp.async, B by cp.async"), "{s}");
+        assert!(
+            s.contains("dcir_mma_f16(") && s.contains("dcir_cp_async_wait<1>()"),
+            "{s}"
+        );
+        // A is k-contiguous (plain ldmatrix), B row-contiguous (transposed).
+        assert!(
+            s.contains("dcir_ldmatrix_x4(a_frag") && s.contains("dcir_ldmatrix_x4_trans(b_frag")
+        );
+        assert!(s.contains("dynamic shared 49152 bytes"), "{s}");
+    }
+
+    #[test]
+    fn odd_sizes_read_through_index_maps_with_bounds() {
+        let attrs = "stages = 2, threads = 128, tile = [64, 64, 16]";
+        let s = gemm_source("bf16", "17,783", "783,33", "17,33", attrs, "tensor_core");
+        assert!(s.contains("A by index maps, B by index maps"), "{s}");
+        assert!(s.contains("dcir_mma_bf16("), "{s}");
+        assert!(s.contains("if (a_r < 17 && a_k + 7 < 783)"), "{s}");
+        assert!(s.contains("if (b_r + 7 < 33 && b_k < 783)"), "{s}");
+        assert!(s.contains("if (row < 17 && col < 33)"), "{s}");
+    }
+
+    #[test]
+    fn fma_groups_keep_the_simt_kernel() {
+        let attrs = "stages = 1, threads = 256, tile = [64, 64, 8]";
+        let s = gemm_source("f16", "64,64", "64,64", "64,64", attrs, "fma");
+        assert!(!s.contains("tensor cores") && s.contains("fma"), "{s}");
+    }
 }

@@ -89,6 +89,8 @@ pub enum BinOp {
     BitOr,
     /// `&`
     BitAnd,
+    /// `^`
+    BitXor,
     /// `<<`
     Shl,
     /// `>>`
@@ -148,6 +150,9 @@ pub enum Stmt {
     Assign(String, Expr),
     /// `array[index] = value;`
     Store(ArrayRef, Expr, Expr),
+    /// `f(args..);`: a call for its effect (a `void` helper of [`Helper`],
+    /// whose reference parameters may write the lvalues passed).
+    Call(String, Vec<Expr>),
     /// `for (int var = start; var < end; var += step) { body }`
     For {
         /// The induction variable.
@@ -200,6 +205,7 @@ impl Stmt {
                     || body.iter().any(|s| s.reads(name))
             }
             Stmt::If(cond, body) => cond.reads(name) || body.iter().any(|s| s.reads(name)),
+            Stmt::Call(_, args) => args.iter().any(|a| a.reads(name)),
         }
     }
 }
@@ -233,6 +239,19 @@ pub enum Helper {
     Gelu,
     /// `dcir_sigmoid`.
     Sigmoid,
+    /// Shared-memory addressing and asynchronous copies (inline PTX):
+    /// `dcir_smem_u32` (a shared pointer's 32-bit address), `dcir_st_shared16`
+    /// (a 16-byte store at one), `dcir_cp_async16` (`cp.async.cg` of 16 bytes,
+    /// zero-filled when not `full`), `dcir_cp_async_commit` and
+    /// `dcir_cp_async_wait<N>` (commit and wait on groups of copies).
+    CpAsync,
+    /// `dcir_ldmatrix_x4` and `dcir_ldmatrix_x4_trans`: four 8x8 b16 matrices
+    /// from shared memory into a warp's fragments (`ldmatrix.sync`).
+    Ldmatrix,
+    /// `dcir_mma_f16`: `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`.
+    MmaF16,
+    /// `dcir_mma_bf16`: the same with bf16 operands.
+    MmaBf16,
 }
 
 /// A pointer parameter of a kernel.

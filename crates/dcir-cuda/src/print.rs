@@ -49,6 +49,28 @@ __device__ __forceinline__ float dcir_gelu_tanh(float x) {\n  return 0.5f * x * 
         Helper::Sigmoid => {
             "__device__ __forceinline__ float dcir_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }\n"
         }
+        Helper::CpAsync => {
+            "__device__ __forceinline__ unsigned dcir_smem_u32(const void* p) {\n  unsigned a;\n  asm(\"{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }\" : \"=r\"(a) : \"l\"(p));\n  return a;\n}\n\
+__device__ __forceinline__ void dcir_st_shared16(unsigned addr, uint4 v) {\n  asm volatile(\"st.shared.v4.b32 [%0], {%1, %2, %3, %4};\" :: \"r\"(addr), \"r\"(v.x), \"r\"(v.y), \"r\"(v.z), \"r\"(v.w) : \"memory\");\n}\n\
+// 16 bytes global -> shared, asynchronous; zeros (and no read) when !full.\n\
+__device__ __forceinline__ void dcir_cp_async16(unsigned dst, const void* src, bool full) {\n  asm volatile(\"cp.async.cg.shared.global [%0], [%1], 16, %2;\" :: \"r\"(dst), \"l\"(src), \"r\"(full ? 16 : 0) : \"memory\");\n}\n\
+__device__ __forceinline__ void dcir_cp_async_commit() { asm volatile(\"cp.async.commit_group;\" ::: \"memory\"); }\n\
+// Waits until at most N committed groups of this thread are still in flight.\n\
+template <int N> __device__ __forceinline__ void dcir_cp_async_wait() { asm volatile(\"cp.async.wait_group %0;\" :: \"n\"(N) : \"memory\"); }\n"
+        }
+        Helper::Ldmatrix => {
+            "// Lane l gives the address of row l % 8 of 8x8 matrix l / 8; r_i receives matrix i.\n\
+__device__ __forceinline__ void dcir_ldmatrix_x4(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, unsigned addr) {\n  asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\" : \"=r\"(r0), \"=r\"(r1), \"=r\"(r2), \"=r\"(r3) : \"r\"(addr));\n}\n\
+__device__ __forceinline__ void dcir_ldmatrix_x4_trans(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, unsigned addr) {\n  asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\" : \"=r\"(r0), \"=r\"(r1), \"=r\"(r2), \"=r\"(r3) : \"r\"(addr));\n}\n"
+        }
+        Helper::MmaF16 => {
+            "// d += a (16x16, row) * b (16x8, col), f16 operands, f32 accumulators.\n\
+__device__ __forceinline__ void dcir_mma_f16(float& d0, float& d1, float& d2, float& d3, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {\n  asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\"\n               : \"+f\"(d0), \"+f\"(d1), \"+f\"(d2), \"+f\"(d3) : \"r\"(a0), \"r\"(a1), \"r\"(a2), \"r\"(a3), \"r\"(b0), \"r\"(b1));\n}\n"
+        }
+        Helper::MmaBf16 => {
+            "// d += a (16x16, row) * b (16x8, col), bf16 operands, f32 accumulators.\n\
+__device__ __forceinline__ void dcir_mma_bf16(float& d0, float& d1, float& d2, float& d3, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {\n  asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\"\n               : \"+f\"(d0), \"+f\"(d1), \"+f\"(d2), \"+f\"(d3) : \"r\"(a0), \"r\"(a1), \"r\"(a2), \"r\"(a3), \"r\"(b0), \"r\"(b1));\n}\n"
+        }
     }
 }
 
@@ -158,6 +180,9 @@ fn print_stmt(out: &mut String, s: &Stmt, depth: usize) {
         Stmt::Barrier => {
             let _ = writeln!(out, "{pad}__syncthreads();");
         }
+        Stmt::Call(f, args) => {
+            let _ = writeln!(out, "{pad}{};", expr(&Expr::Call(f.clone(), args.clone())));
+        }
         Stmt::LocalArray { name, ty, len } => {
             let _ = writeln!(out, "{pad}{} {name}[{len}];", c_type(*ty));
         }
@@ -185,23 +210,29 @@ pub fn expr(e: &Expr) -> String {
     s
 }
 
+/// Precedence of unary operators and casts.
+const UNARY: u8 = 11;
+/// Precedence of names, literals, calls, indexing and member access.
+const ATOM: u8 = 12;
+
 fn prec(e: &Expr) -> u8 {
     match e {
         Expr::Select(..) => 1,
         Expr::Bin(op, ..) => match op {
             BinOp::And => 2,
             BinOp::BitOr => 3,
-            BinOp::BitAnd => 4,
-            BinOp::Eq | BinOp::Ne => 5,
-            BinOp::Lt | BinOp::Ge => 6,
-            BinOp::Shl | BinOp::Shr => 7,
-            BinOp::Add | BinOp::Sub => 8,
-            BinOp::Mul | BinOp::Div | BinOp::Rem => 9,
+            BinOp::BitXor => 4,
+            BinOp::BitAnd => 5,
+            BinOp::Eq | BinOp::Ne => 6,
+            BinOp::Lt | BinOp::Ge => 7,
+            BinOp::Shl | BinOp::Shr => 8,
+            BinOp::Add | BinOp::Sub => 9,
+            BinOp::Mul | BinOp::Div | BinOp::Rem => 10,
         },
-        Expr::Neg(_) | Expr::Not(_) | Expr::Cast(..) => 10,
-        Expr::Int(v) if *v < 0 => 10,
-        Expr::F32(v) if v.is_sign_negative() => 10,
-        _ => 11,
+        Expr::Neg(_) | Expr::Not(_) | Expr::Cast(..) => UNARY,
+        Expr::Int(v) if *v < 0 => UNARY,
+        Expr::F32(v) if v.is_sign_negative() => UNARY,
+        _ => ATOM,
     }
 }
 
@@ -219,6 +250,7 @@ fn op_str(op: BinOp) -> &'static str {
         BinOp::And => "&&",
         BinOp::BitOr => "|",
         BinOp::BitAnd => "&",
+        BinOp::BitXor => "^",
         BinOp::Shl => "<<",
         BinOp::Shr => ">>",
     }
@@ -272,11 +304,11 @@ fn write_expr(out: &mut String, e: &Expr, min_prec: u8) {
         }
         Expr::Neg(a) => {
             out.push('-');
-            write_expr(out, a, 11);
+            write_expr(out, a, ATOM);
         }
         Expr::Not(a) => {
             out.push('!');
-            write_expr(out, a, 11);
+            write_expr(out, a, ATOM);
         }
         Expr::Select(c, a, b) => {
             write_expr(out, c, 2);
@@ -287,7 +319,7 @@ fn write_expr(out: &mut String, e: &Expr, min_prec: u8) {
         }
         Expr::Cast(ty, a) => {
             let _ = write!(out, "({})", c_type(*ty));
-            write_expr(out, a, 11);
+            write_expr(out, a, ATOM);
         }
         Expr::Call(f, args) => {
             out.push_str(f);
@@ -302,7 +334,7 @@ fn write_expr(out: &mut String, e: &Expr, min_prec: u8) {
         }
         Expr::Load(array, index) => out.push_str(&access(array, index, false)),
         Expr::Field(v, f) => {
-            write_expr(out, v, 11);
+            write_expr(out, v, ATOM);
             let _ = write!(out, ".{f}");
         }
         Expr::ShflXor(v, mask) => {
@@ -331,6 +363,34 @@ mod tests {
         assert_eq!(expr(&e), "a * 3 + b");
         let e = select(bin(BinOp::Lt, var("i"), int(4)), var("x"), Expr::F32(-1.5));
         assert_eq!(expr(&e), "i < 4 ? x : -1.5f");
+    }
+
+    #[test]
+    fn xor_binds_between_and_and_or() {
+        let e = bin(
+            BinOp::Shl,
+            bin(BinOp::BitXor, add(var("a"), var("b")), var("c")),
+            int(4),
+        );
+        assert_eq!(expr(&e), "(a + b ^ c) << 4");
+        let e = bin(
+            BinOp::BitXor,
+            bin(BinOp::BitAnd, var("a"), var("b")),
+            var("c"),
+        );
+        assert_eq!(expr(&e), "a & b ^ c");
+        let e = bin(
+            BinOp::BitAnd,
+            bin(BinOp::BitXor, var("a"), var("b")),
+            var("c"),
+        );
+        assert_eq!(expr(&e), "(a ^ b) & c");
+        let e = bin(
+            BinOp::BitOr,
+            bin(BinOp::BitXor, var("a"), var("b")),
+            var("c"),
+        );
+        assert_eq!(expr(&e), "a ^ b | c");
     }
 
     #[test]
