@@ -34,8 +34,11 @@
 use dcir_ir::{DType, OpId, OpKind, ValueId};
 
 use super::gemm::thread_grid;
-use super::pool::{Window, and_opt, in_range, let_int, per_element_after, result_index, unrolled};
-use super::{EmitError, Index, Lower, Reduced, attr_int, kernel_name, params, store, yields};
+use super::pool::{
+    Window, and_opt, in_range, let_int, per_element_after, per_output_results, result_index,
+    unrolled,
+};
+use super::{EmitError, Index, Lower, Reduced, attr_int, kernel_name, params, store};
 use crate::kir::{
     ArrayRef, BinOp, Builtin, Expr, Kernel, SharedArray, Stmt, Ty, add, bin, call, div, int, mul,
     rem, select, var,
@@ -47,6 +50,8 @@ type Result<T> = std::result::Result<T, EmitError>;
 const MAX_STATIC_SHARED: usize = 48 * 1024;
 /// Most bytes of dynamic shared memory a block may use on sm_90.
 const MAX_DYNAMIC_SHARED: usize = 227 * 1024;
+/// Most steps of a block-strided loop that are unrolled.
+const MAX_UNROLLED_STEPS: usize = 16;
 /// Most depthwise channels a `depthwise_pointwise` block stages at once.
 const MAX_CHUNK: usize = 32;
 
@@ -164,15 +169,36 @@ fn clamp_high(e: Expr, extent: usize, may_leave: bool) -> Expr {
     }
 }
 
-/// `for (int var = threadIdx.x; var < len; var += threads)`.
-fn block_loop(var_name: &str, len: usize, threads: usize, body: Vec<Stmt>) -> Stmt {
+/// Element `s = threadIdx.x + u * threads` of `0 .. len` at each step `u`
+/// (see [`strided`]): a loop of the whole block over a shared buffer.
+fn block_loop(len: usize, threads: usize, body: Vec<Stmt>) -> Stmt {
+    strided("s", Expr::Builtin(Builtin::ThreadX), threads, len, body)
+}
+
+/// `index = first + u * stride` below `len` at each step `u` of a loop with
+/// a constant trip count, unrolled when short so that the loads of every
+/// step can be in flight at once; `if (index < len)` only where the last
+/// step may be partial (`first < stride` is assumed).
+fn strided(index: &str, first: Expr, stride: usize, len: usize, body: Vec<Stmt>) -> Stmt {
+    let steps = len.div_ceil(stride);
+    let mut inner = vec![Stmt::Let {
+        name: index.into(),
+        ty: Ty::I32,
+        value: add(first, mul(var("u"), int(stride as i64))),
+        constant: true,
+    }];
+    if len.is_multiple_of(stride) {
+        inner.extend(body);
+    } else {
+        inner.push(Stmt::If(lt(var(index), len), body));
+    }
     Stmt::For {
-        var: var_name.into(),
-        start: Expr::Builtin(Builtin::ThreadX),
-        end: int(len as i64),
-        step: int(threads as i64),
-        unroll: len.is_multiple_of(threads),
-        body,
+        var: "u".into(),
+        start: int(0),
+        end: int(steps as i64),
+        step: int(1),
+        unroll: steps <= MAX_UNROLLED_STEPS,
+        body: inner,
     }
 }
 
@@ -303,7 +329,7 @@ fn stage_patch(
             .push(Stmt::Store(shared.clone(), var("s"), var("s_val")));
         Ok(())
     })?;
-    Ok(block_loop("s", kc * ph * pw, threads, body))
+    Ok(block_loop(kc * ph * pw, threads, body))
 }
 
 /// The depthwise sum of output pixel (`py`, `px`) of the tile for the
@@ -389,16 +415,9 @@ pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
         return Err(l.unsupported("a direct conv group with several convs"));
     };
     let dw = Depthwise::of(l, conv)?;
-    let tainted = per_element_after(l, op, dw.out, None, "conv")?;
-    let ys = yields(g, op);
+    per_element_after(l, op, dw.out, None, "conv")?;
     let out_dims = g.ty(dw.out).dims().to_vec();
-    let total = out_dims.iter().product::<usize>();
-    if ys
-        .iter()
-        .any(|y| !tainted.contains(y) || g.ty(*y).num_elements() != Some(total))
-    {
-        return Err(l.unsupported("a result that is not per conv output element"));
-    }
+    let ys = per_output_results(l, op, out_dims.iter().product())?;
     let tile = tile_attr(l, op, [8, 8])?;
     let cb = attr_int(g, op, "channels", 1).max(1) as usize;
     let threads = attr_int(g, op, "threads", 128).clamp(32, 1024) as usize;
@@ -501,14 +520,7 @@ pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
         }
         Ok(())
     })?;
-    body.push(Stmt::For {
-        var: "p".into(),
-        start: lane,
-        end: int(pixels as i64),
-        step: int(tpc as i64),
-        unroll: false,
-        body: pixel,
-    });
+    body.push(strided("p", lane, tpc, pixels, pixel));
 
     let (shared, dynamic_shared) = if dynamic {
         (Vec::new(), patch_bytes)
@@ -522,10 +534,11 @@ pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
     };
     let [h, w] = dw.win.input;
     let summary = format!(
-        "depthwise conv ({}): {}x{}x{h}x{w} -> {}x{oh}x{ow}, window {kh}x{kw} stride {}x{} pad {}x{} dilation {}x{}, tile [{}, {}], {cb} channels per block, {threads} threads, direct",
+        "depthwise conv ({}): {}x{}x{h}x{w} -> {}x{}x{oh}x{ow}, window {kh}x{kw} stride {}x{} pad {}x{} dilation {}x{}, tile [{}, {}], {cb} channels per block, {threads} threads, direct",
         dw.dtype.name(),
         dw.n,
         dw.c,
+        dw.n,
         dw.channels,
         dw.win.stride[0],
         dw.win.stride[1],
@@ -620,15 +633,9 @@ pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
     if !mid_values.contains(&mid) {
         return Err(l.unsupported("a pointwise conv that does not read the depthwise result"));
     }
-    let tainted = per_element_after(l, op, pw_out, None, "pointwise conv")?;
-    let ys = yields(g, op);
+    per_element_after(l, op, pw_out, None, "pointwise conv")?;
     let total = out_dims.iter().product::<usize>();
-    if ys
-        .iter()
-        .any(|y| !tainted.contains(y) || g.ty(*y).num_elements() != Some(total))
-    {
-        return Err(l.unsupported("a result that is not per pointwise output element"));
-    }
+    let ys = per_output_results(l, op, total)?;
     if total >= i32::MAX as usize {
         return Err(l.unsupported("more than 2^31 elements"));
     }
@@ -714,7 +721,7 @@ pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
         l.body.push(Stmt::Store(array("dw_w"), var("s"), v));
         Ok(())
     })?;
-    chunk.push(block_loop("s", kc * taps, threads, stage_dw));
+    chunk.push(block_loop(kc * taps, threads, stage_dw));
     let stage_pw = l.scoped(|l| {
         let mut b = Vec::new();
         let o = let_int(&mut b, "s_o", div(var("s"), kc as i64));
@@ -748,7 +755,7 @@ pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
         l.body.push(Stmt::Store(array("pw_w"), slot, var("s_val")));
         Ok(())
     })?;
-    chunk.push(block_loop("s", kc * tile_n, threads, stage_pw));
+    chunk.push(block_loop(kc * tile_n, threads, stage_pw));
     chunk.push(Stmt::Barrier);
 
     chunk.push(Stmt::Comment(
@@ -791,7 +798,7 @@ pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
         l.body.push(Stmt::Store(array("mid"), var("s"), v));
         Ok(())
     })?;
-    chunk.push(block_loop("s", kc * pixels, threads, mid_body));
+    chunk.push(block_loop(kc * pixels, threads, mid_body));
     chunk.push(Stmt::Barrier);
 
     chunk.push(Stmt::Comment(

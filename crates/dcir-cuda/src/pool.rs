@@ -24,8 +24,8 @@ use super::{
     store, yields,
 };
 use crate::kir::{
-    BinOp, Expr, Helper, Kernel, Stmt, Ty, add, bin, call, clamp, div, int, mul, rem, select, sub,
-    var,
+    BinOp, Expr, Helper, Kernel, Param, Stmt, Ty, add, bin, call, clamp, div, int, mul, rem,
+    select, sub, var,
 };
 
 type Result<T> = std::result::Result<T, EmitError>;
@@ -166,6 +166,18 @@ pub(super) fn per_element_after(
     Ok(tainted)
 }
 
+/// The results of group `op`, each computed and stored at the linear index
+/// of the anchor's output element a thread holds: any value with `total`
+/// elements qualifies (the anchor's epilogue, a reshape of it, or a
+/// broadcast parameter the group also yields).
+pub(super) fn per_output_results(l: &Lower, op: OpId, total: usize) -> Result<Vec<ValueId>> {
+    let ys = yields(l.g, op);
+    if ys.iter().any(|&y| l.g.ty(y).num_elements() != Some(total)) {
+        return Err(l.unsupported("a result with fewer or more elements than the output"));
+    }
+    Ok(ys)
+}
+
 /// The index of element `linear` of result `y`: with `coords` when `y` has
 /// the anchor's dims `dims`, else (a reshape of it) from the linear index.
 pub(super) fn result_index(
@@ -198,6 +210,21 @@ pub(super) fn let_int(body: &mut Vec<Stmt>, name: &str, value: Expr) -> Expr {
     var(name)
 }
 
+/// Removes the `const` lets of `names` (in this order) from `body` where no
+/// later statement reads them.
+fn drop_unread(body: &mut Vec<Stmt>, names: &[&str]) {
+    for name in names {
+        let defined = body
+            .iter()
+            .position(|s| matches!(s, Stmt::Let { name: n, .. } if n == name));
+        if let Some(at) = defined
+            && !body[at + 1..].iter().any(|s| s.reads(name))
+        {
+            body.remove(at);
+        }
+    }
+}
+
 /// `for (int v = 0; v < end; v += 1)`, unrolled.
 pub(super) fn unrolled(v: &str, end: usize, body: Vec<Stmt>) -> Stmt {
     Stmt::For {
@@ -214,8 +241,7 @@ pub(super) fn unrolled(v: &str, end: usize, body: Vec<Stmt>) -> Stmt {
 pub(super) fn pool(l: &mut Lower, op: OpId) -> Result<Kernel> {
     let g = l.g;
     for name in [
-        "i", "ox", "oy", "plane", "n", "c", "ki", "kj", "iy", "ix", "inside", "acc", "y0", "x0",
-        "rows", "cols", "result",
+        "i", "j", "ox", "oy", "plane", "n", "c", "ki", "kj", "iy", "ix", "acc",
     ] {
         l.used_names.insert(name.into());
     }
@@ -251,13 +277,26 @@ pub(super) fn pool(l: &mut Lower, op: OpId) -> Result<Kernel> {
     let count_pad = !maxpool && data.attrs.get("count_include_pad") == Some(&Attr::Bool(true));
     let tainted = per_element_after(l, op, pooled, None, data.kind.name())?;
     let total = n * c * oh * ow;
-    let ys = yields(g, op);
-    for &y in &ys {
-        if !tainted.contains(&y) || g.ty(y).num_elements() != Some(total) {
-            return Err(l.unsupported("a result that is not per pooled element"));
-        }
+    // Results with an element per pooled element are stored by the pooling
+    // loop; others (a prologue value the group also yields) by a loop of their own.
+    let outputs: Vec<(Param, ValueId)> = params
+        .iter()
+        .filter(|p| p.output)
+        .cloned()
+        .zip(yields(g, op))
+        .collect();
+    let (per_pooled, others): (Vec<_>, Vec<_>) = outputs
+        .into_iter()
+        .partition(|(_, y)| g.ty(*y).num_elements() == Some(total));
+    if others.iter().any(|(_, y)| tainted.contains(y)) {
+        return Err(l.unsupported("a result of another shape computed from the pooled value"));
     }
-    if x_dims.iter().product::<usize>() >= i32::MAX as usize || total >= i32::MAX as usize {
+    let largest = others
+        .iter()
+        .filter_map(|(_, y)| g.ty(*y).num_elements())
+        .chain([total, x_dims.iter().product()])
+        .max();
+    if largest.unwrap_or(0) >= i32::MAX as usize {
         return Err(l.unsupported("more than 2^31 elements"));
     }
     if total == 0 {
@@ -266,6 +305,23 @@ pub(super) fn pool(l: &mut Lower, op: OpId) -> Result<Kernel> {
     let threads = attr_int(g, op, "threads", 256).clamp(32, 1024) as usize;
     let items = attr_int(g, op, "items", 1).clamp(1, 64) as usize;
 
+    let mut other_loops = Vec::new();
+    for (param, y) in &others {
+        let dims = g.ty(*y).dims().to_vec();
+        let store_y = l.scoped(|l| {
+            let v = l.value_at(*y, &Index::linear(&dims, var("j")))?;
+            store(l, param, g.ty(*y).dtype, var("j"), v);
+            Ok(())
+        })?;
+        other_loops.push(Stmt::For {
+            var: "j".into(),
+            start: global_thread(),
+            end: int(dims.iter().product::<usize>() as i64),
+            step: grid_stride(),
+            unroll: false,
+            body: store_y,
+        });
+    }
     let body = l.scoped(|l| {
         let mut b = Vec::new();
         let ox = let_int(&mut b, "ox", rem(var("i"), ow as i64));
@@ -351,13 +407,14 @@ pub(super) fn pool(l: &mut Lower, op: OpId) -> Result<Kernel> {
             l.bind("result", Ty::F32, bin(BinOp::Div, var("acc"), count))
         };
         l.reduced = Some((pooled, Reduced::Row(result), 0));
-        let outputs: Vec<_> = params.iter().filter(|p| p.output).cloned().collect();
-        for (param, &y) in outputs.iter().zip(&ys) {
+        for (param, y) in &per_pooled {
+            let y = *y;
             let coords = vec![nn.clone(), cc.clone(), oy.clone(), ox.clone()];
             let idx = result_index(l, y, &out_dims, var("i"), coords);
             let v = l.value_at(y, &idx)?;
             store(l, param, g.ty(y).dtype, var("i"), v);
         }
+        drop_unread(&mut l.body, &["c", "n", "plane"]);
         Ok(())
     })?;
 
@@ -385,14 +442,17 @@ pub(super) fn pool(l: &mut Lower, op: OpId) -> Result<Kernel> {
         summary,
         params,
         shared: Vec::new(),
-        body: vec![Stmt::For {
+        body: [Stmt::For {
             var: "i".into(),
             start: global_thread(),
             end: int(total as i64),
             step: grid_stride(),
             unroll: false,
             body,
-        }],
+        }]
+        .into_iter()
+        .chain(other_loops)
+        .collect(),
         helpers: std::mem::take(&mut l.helpers),
         block: threads as u32,
         grid: grid as u32,
