@@ -79,7 +79,9 @@ impl Depthwise {
         let (x, w, out) = (data.operands[0], data.operands[1], data.results[0]);
         let (xd, wd, od) = (g.ty(x).dims(), g.ty(w).dims(), g.ty(out).dims());
         let (&[n, c, h, wi], &[k, 1, kh, kw], &[_, channels, oh, ow]) = (xd, wd, od) else {
-            return Err(l.unsupported("a conv whose weights have several input channels per group"));
+            return Err(
+                l.unsupported("a conv that is not depthwise (weights [C*m, 1, KH, KW] over NCHW)")
+            );
         };
         let groups = data.attrs.int("groups").unwrap_or(1);
         if groups != c as i64 || k != channels || !channels.is_multiple_of(c) {
@@ -108,6 +110,7 @@ impl Depthwise {
         })
     }
 
+    /// Taps of the window.
     fn taps(&self) -> usize {
         self.win.kernel[0] * self.win.kernel[1]
     }
@@ -123,7 +126,7 @@ impl Depthwise {
     }
 }
 
-/// The only conv2d ops of group `op`, in body order.
+/// The conv2d ops of group `op`, in body order.
 fn convs(l: &Lower, op: OpId) -> Vec<OpId> {
     let g = l.g;
     let region = g.op(op).region.expect("a fused op has a region");
@@ -202,9 +205,10 @@ fn strided(index: &str, first: Expr, stride: usize, len: usize, body: Vec<Stmt>)
     }
 }
 
-/// Where a block's output tile lies: its image, the tile's first output
-/// pixel and the first input pixel of its patch.
-struct Origin {
+/// A block's output tile: its extent, its image, its first output pixel and
+/// the first input pixel of its patch.
+struct Tile {
+    size: [usize; 2],
     n: Expr,
     oy0: Expr,
     ox0: Expr,
@@ -214,14 +218,14 @@ struct Origin {
 
 /// Splits `blockIdx.x` into (image, channel block, tile row, tile column),
 /// tile column fastest, or the channel block fastest when
-/// `channel_fastest`; returns the tile's origin and the channel block.
-fn block_origin(
+/// `channel_fastest`; returns the block's `tile`-sized tile and its channel block.
+fn block_tile(
     body: &mut Vec<Stmt>,
     dw: &Depthwise,
     tile: [usize; 2],
     channel_blocks: usize,
     channel_fastest: bool,
-) -> (Origin, Expr) {
+) -> (Tile, Expr) {
     let (ty_n, tx_n) = (dw.tiles(0, tile[0]), dw.tiles(1, tile[1]));
     let bid = Expr::Builtin(Builtin::BlockX);
     // Extents from fastest to slowest: each index is blockIdx.x / stride % extent.
@@ -252,29 +256,30 @@ fn block_origin(
     let ox0 = let_int(body, "ox0", mul(get("tile_x"), int(tile[1] as i64)));
     let iy0 = let_int(body, "iy0", dw.win.tap(0, oy0.clone(), int(0)));
     let ix0 = let_int(body, "ix0", dw.win.tap(1, ox0.clone(), int(0)));
-    let origin = Origin {
+    let block = Tile {
+        size: tile,
         n: get("n"),
         oy0,
         ox0,
         iy0,
         ix0,
     };
-    (origin, get("chan_block"))
+    (block, get("chan_block"))
 }
 
-/// Stages the input patches of `kc` depthwise channels from `ch0` on into
-/// `shared[kc][ph][pw]` for the tile at (`oy0`, `ox0`) of image `n`: input
-/// channel `min(ch0 + k, channels - 1) / m`, zero outside the image.
+/// Stages the input patches of `kc` depthwise channels from `ch0` on under
+/// the `block`'s tile into `shared[kc][ph][pw]`: input channel
+/// `min(ch0 + k, channels - 1) / m`, zero outside the image.
 fn stage_patch(
     l: &mut Lower,
     dw: &Depthwise,
-    tile: [usize; 2],
-    origin: &Origin,
+    block: &Tile,
     kc: usize,
     threads: usize,
     ch0: Expr,
     shared: &ArrayRef,
 ) -> Result<Stmt> {
+    let tile = block.size;
     let [ph, pw] = dw.patch(tile);
     // Does some tile's patch (partial edge tiles included) leave the image?
     let padded_out = [
@@ -292,12 +297,12 @@ fn stage_patch(
         let iy = let_int(
             &mut b,
             "s_y",
-            add(origin.iy0.clone(), rem(div(var("s"), pw as i64), ph as i64)),
+            add(block.iy0.clone(), rem(div(var("s"), pw as i64), ph as i64)),
         );
         let ix = let_int(
             &mut b,
             "s_x",
-            add(origin.ix0.clone(), rem(var("s"), pw as i64)),
+            add(block.ix0.clone(), rem(var("s"), pw as i64)),
         );
         l.body.extend(b);
         l.body.push(Stmt::Let {
@@ -310,7 +315,7 @@ fn stage_patch(
         let ic = div(ch, dw.mult as i64);
         let idx = Index::coords(
             &[dw.n, dw.c, h, w],
-            vec![origin.n.clone(), ic, iy.clone(), ix.clone()],
+            vec![block.n.clone(), ic, iy.clone(), ix.clone()],
         );
         let inside = and_opt(
             in_range(&iy, h, reach.leaves(0)),
@@ -378,36 +383,11 @@ fn depthwise_sum(
 /// Lowers a `conv` group whose `algorithm` is `direct`: a depthwise conv2d.
 pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
     let g = l.g;
-    for name in [
-        "tile_x",
-        "tile_y",
-        "chan_block",
-        "n",
-        "oy0",
-        "ox0",
-        "iy0",
-        "ix0",
-        "o0",
-        "cl",
-        "lane",
-        "oc",
-        "wk",
-        "s",
-        "s_ch",
-        "s_y",
-        "s_x",
-        "s_val",
-        "patch",
-        "p",
-        "py",
-        "px",
-        "oy",
-        "ox",
-        "ki",
-        "kj",
-        "acc",
-        "dcir_smem",
-    ] {
+    // Locals of the kernel, so that no parameter takes their names.
+    for name in "tile_x tile_y chan_block n oy0 ox0 iy0 ix0 o0 cl lane oc wk u s s_ch s_y s_x \
+         s_val patch p py px oy ox ki kj acc dcir_smem"
+        .split_whitespace()
+    {
         l.used_names.insert(name.into());
     }
     let params = params(l, op);
@@ -440,7 +420,7 @@ pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
         "{cb} channels x {}x{} output pixels per block; {tpc} threads per channel",
         tile[0], tile[1]
     ))];
-    let (origin, chan_block) = block_origin(&mut body, &dw, tile, dw.channels.div_ceil(cb), false);
+    let (block, chan_block) = block_tile(&mut body, &dw, tile, dw.channels.div_ceil(cb), false);
     let o0 = let_int(&mut body, "o0", mul(chan_block, int(cb as i64)));
     let cl = let_int(
         &mut body,
@@ -480,15 +460,15 @@ pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
     } else {
         array("patch")
     };
-    body.push(stage_patch(l, &dw, tile, &origin, cb, threads, o0, &patch)?);
+    body.push(stage_patch(l, &dw, &block, cb, threads, o0, &patch)?);
     body.push(Stmt::Barrier);
 
     let pixel = l.scoped(|l| {
         let mut b = Vec::new();
         let py = let_int(&mut b, "py", div(var("p"), tile[1] as i64));
         let px = let_int(&mut b, "px", rem(var("p"), tile[1] as i64));
-        let oy = let_int(&mut b, "oy", add(origin.oy0.clone(), py.clone()));
-        let ox = let_int(&mut b, "ox", add(origin.ox0.clone(), px.clone()));
+        let oy = let_int(&mut b, "oy", add(block.oy0.clone(), py.clone()));
+        let ox = let_int(&mut b, "ox", add(block.ox0.clone(), px.clone()));
         l.body.extend(b);
         let weight = |ki: Expr, kj: Expr| load("wk", add(mul(ki, int(kw as i64)), kj));
         let at = (cl.clone(), py, px);
@@ -504,7 +484,7 @@ pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
         .reduce(|a, b| bin(BinOp::And, a, b));
         let stores = l.scoped(|l| {
             l.reduced = Some((dw.out, Reduced::Row(var("acc")), 0));
-            let coords = vec![origin.n.clone(), oc.clone(), oy.clone(), ox.clone()];
+            let coords = vec![block.n.clone(), oc.clone(), oy.clone(), ox.clone()];
             let linear = Index::coords(&out_dims, coords.clone()).get_linear();
             let outputs: Vec<_> = params.iter().filter(|p| p.output).cloned().collect();
             for (param, &y) in outputs.iter().zip(&ys) {
@@ -566,49 +546,12 @@ pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
 /// Lowers a `depthwise_pointwise` group.
 pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
     let g = l.g;
-    for name in [
-        "tile_x",
-        "tile_y",
-        "chan_block",
-        "n",
-        "oy0",
-        "ox0",
-        "iy0",
-        "ix0",
-        "o0",
-        "tp",
-        "tn",
-        "k0",
-        "s",
-        "s_ch",
-        "s_y",
-        "s_x",
-        "s_val",
-        "s_k",
-        "s_o",
-        "s_t",
-        "patch",
-        "dw_w",
-        "mid",
-        "pw_w",
-        "kl",
-        "kg",
-        "p",
-        "py",
-        "px",
-        "oy",
-        "ox",
-        "o",
-        "ki",
-        "kj",
-        "kk",
-        "i",
-        "j",
-        "dw_acc",
-        "acc",
-        "a_frag",
-        "b_frag",
-    ] {
+    // Locals of the kernel, so that no parameter takes their names.
+    for name in "tile_x tile_y chan_block n oy0 ox0 iy0 ix0 o0 tp tn k0 u s s_ch s_y s_x s_val \
+         s_k s_o s_t patch dw_w mid pw_w kl kg p py px oy ox o ki kj kk i j dw_acc acc \
+         a_frag b_frag"
+        .split_whitespace()
+    {
         l.used_names.insert(name.into());
     }
     let params = params(l, op);
@@ -620,7 +563,15 @@ pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
     let (mid, wp, pw_out) = (pdata.operands[0], pdata.operands[1], pdata.results[0]);
     let [oh, ow] = dw.win.output;
     let (wp_dims, out_dims) = (g.ty(wp).dims().to_vec(), g.ty(pw_out).dims().to_vec());
+    let all = |name: &str, v: i64| {
+        pdata
+            .attrs
+            .ints(name)
+            .is_none_or(|xs| xs.iter().all(|&x| x == v))
+    };
     let pointwise = pdata.attrs.int("groups").unwrap_or(1) == 1
+        && all("stride", 1)
+        && all("pad", 0)
         && wp_dims.len() == 4
         && wp_dims[1..] == [dw.channels, 1, 1]
         && out_dims == [dw.n, wp_dims[0], oh, ow]
@@ -676,7 +627,7 @@ pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
         "{}x{} output pixels x {tile_n} output channels per block; depthwise channels in chunks of {kc}; {threads_p}x{threads_n} threads, each a {mt}x{nt} micro-tile",
         tile[0], tile[1]
     ))];
-    let (origin, chan_block) = block_origin(&mut body, &dw, tile, o_total.div_ceil(tile_n), true);
+    let (block, chan_block) = block_tile(&mut body, &dw, tile, o_total.div_ceil(tile_n), true);
     let o0 = let_int(&mut body, "o0", mul(chan_block, int(tile_n as i64)));
     let tid = Expr::Builtin(Builtin::ThreadX);
     let tp = let_int(&mut body, "tp", rem(tid.clone(), threads_p as i64));
@@ -699,8 +650,7 @@ pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
     chunk.push(stage_patch(
         l,
         &dw,
-        tile,
-        &origin,
+        &block,
         kc,
         threads,
         var("k0"),
@@ -784,10 +734,10 @@ pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
         // Pixels past the image compute (unused) values at clamped coordinates.
         l.reduced = Some((dw.out, Reduced::Row(var("dw_acc")), 0));
         let coords = vec![
-            origin.n.clone(),
+            block.n.clone(),
             clamp_high(kg.clone(), dw.channels, partial_k),
-            clamp_high(add(origin.oy0.clone(), py), oh, !oh.is_multiple_of(tile[0])),
-            clamp_high(add(origin.ox0.clone(), px), ow, !ow.is_multiple_of(tile[1])),
+            clamp_high(add(block.oy0.clone(), py), oh, !oh.is_multiple_of(tile[0])),
+            clamp_high(add(block.ox0.clone(), px), ow, !ow.is_multiple_of(tile[1])),
         ];
         let v = l.value_at(mid, &Index::coords(&[dw.n, dw.channels, oh, ow], coords))?;
         let v = if partial_k {
@@ -872,12 +822,12 @@ pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
     let oy = let_int(
         &mut pixel,
         "oy",
-        add(origin.oy0.clone(), div(p.clone(), tile[1] as i64)),
+        add(block.oy0.clone(), div(p.clone(), tile[1] as i64)),
     );
     let ox = let_int(
         &mut pixel,
         "ox",
-        add(origin.ox0.clone(), rem(p, tile[1] as i64)),
+        add(block.ox0.clone(), rem(p, tile[1] as i64)),
     );
     let stores = l.scoped(|l| {
         let o = let_int(
@@ -898,7 +848,7 @@ pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
         .reduce(|a, b| bin(BinOp::And, a, b));
         let each = l.scoped(|l| {
             l.reduced = Some((pw_out, Reduced::Row(load("acc", acc_ij.clone())), 0));
-            let coords = vec![origin.n.clone(), o.clone(), oy.clone(), ox.clone()];
+            let coords = vec![block.n.clone(), o.clone(), oy.clone(), ox.clone()];
             let linear = Index::coords(&out_dims, coords.clone()).get_linear();
             let outputs: Vec<_> = params.iter().filter(|p| p.output).cloned().collect();
             for (param, &y) in outputs.iter().zip(&ys) {
@@ -961,4 +911,86 @@ pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
         grid: grid as u32,
         dynamic_shared: 0,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::kir::Kernel;
+    use crate::lower::{EmitError, lower_graph};
+    use crate::print::print_kernel;
+
+    fn lower(src: &str) -> Result<Kernel, EmitError> {
+        let module = dcir_reader::parse_module(src).expect("parses");
+        lower_graph(&module.graphs[0]).map(|mut k| k.remove(0))
+    }
+
+    /// A direct conv group: `x: f32[1,c,17,17]`, weights `[o,cg,3,3]`, stride 2, pad 1.
+    fn direct(c: usize, o: usize, groups: usize, attrs: &str) -> Result<Kernel, EmitError> {
+        let cg = c / groups;
+        lower(&format!(
+            "graph @g(%x: f32[1,{c},17,17], %w: f32[{o},{cg},3,3]) -> (f32[1,{o},9,9]) {{\n\
+             \x20 %y = fused @g0(%x.in = %x, %w.in = %w) {{algorithm = \"direct\", kind = \"conv\", level = \"register\", {attrs}}} : f32[1,{o},9,9] {{\n\
+             \x20   %y.r = conv2d %x.in, %w.in {{stride = [2, 2], pad = [1, 1, 1, 1], groups = {groups}}} : f32[1,{o},9,9]\n\
+             \x20   yield %y.r\n\
+             \x20 }}\n\
+             \x20 return %y\n\
+             }}\n"
+        ))
+    }
+
+    #[test]
+    fn direct_checks_partial_tiles_and_channel_blocks() {
+        let k = direct(5, 5, 5, "channels = 2, threads = 64, tile = [4, 8]").expect("lowers");
+        let s = print_kernel(&k);
+        assert!(s.contains("if (oc < 5 && oy < 9 && ox < 9)"), "{s}");
+        // Patch rows (4-1)*2 + 3 = 9, columns (8-1)*2 + 3 = 17, for 2 channels.
+        assert!(s.contains("__shared__ float patch[306]"), "{s}");
+        assert_eq!(k.dynamic_shared, 0);
+        // 3 channels x 3 tile rows x 2 tile columns.
+        assert_eq!(k.grid, 18);
+    }
+
+    #[test]
+    fn large_patches_go_to_dynamic_shared_memory() {
+        let k = direct(8, 8, 8, "channels = 8, threads = 256, tile = [16, 32]").expect("lowers");
+        // 8 channels x 33 x 65 floats.
+        assert_eq!(k.dynamic_shared, 8 * 33 * 65 * 4);
+        assert!(k.shared.is_empty());
+        assert!(print_kernel(&k).contains("reinterpret_cast<float*>(dcir_smem)[s]"));
+    }
+
+    #[test]
+    fn direct_takes_depthwise_convs_only() {
+        let e = direct(4, 4, 2, "channels = 2, threads = 64, tile = [8, 8]").unwrap_err();
+        assert!(e.to_string().contains("not depthwise"), "{e}");
+    }
+
+    /// A depthwise_pointwise group: `c` depthwise channels at 56x56 into `o` channels.
+    fn dwpw(c: usize, o: usize) -> Kernel {
+        lower(&format!(
+            "graph @g(%x: f32[1,{c},56,56], %w: f32[{c},1,3,3], %wp: f32[{o},{c},1,1]) -> (f32[1,{o},56,56]) {{\n\
+             \x20 %y = fused @g0(%x.in = %x, %w.in = %w, %wp.in = %wp) {{kind = \"depthwise_pointwise\", level = \"shared\", math = \"fma\", threads = 256, tile = [8, 8], tile_n = 32}} : f32[1,{o},56,56] {{\n\
+             \x20   %d = conv2d %x.in, %w.in {{pad = [1, 1, 1, 1], groups = {c}}} : f32[1,{c},56,56]\n\
+             \x20   %r = relu %d : f32[1,{c},56,56]\n\
+             \x20   %y.r = conv2d %r, %wp.in : f32[1,{o},56,56]\n\
+             \x20   yield %y.r\n\
+             \x20 }}\n\
+             \x20 return %y\n\
+             }}\n"
+        ))
+        .expect("lowers")
+    }
+
+    #[test]
+    fn depthwise_channels_go_in_equal_chunks() {
+        // 144 channels: 5 chunks of 29, the last padded with a zero channel.
+        let s = print_kernel(&dwpw(144, 24));
+        assert!(s.contains("k0 += 29"), "{s}");
+        assert!(s.contains("mid[s] = kg < 144 ? v_r : 0.0f"), "{s}");
+        // tile_n = 32 is capped at the 24 output channels: no channel check.
+        assert!(s.contains("tile_n 24") && !s.contains("o < 24"), "{s}");
+        // 5 channels: one chunk, no padding.
+        let s = print_kernel(&dwpw(5, 24));
+        assert!(s.contains("k0 += 5") && !s.contains("kg < 5"), "{s}");
+    }
 }

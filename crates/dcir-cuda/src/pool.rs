@@ -482,3 +482,50 @@ fn covered(l: &mut Lower, win: &Window, axis: usize, start: &str, name: &str, o:
     };
     l.bind(name, Ty::I32, sub(end, begin))
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::{emit_module_source, lower::EmitError};
+
+    /// The CUDA source of one `pool` group over `x: f32[1,3,size,size]`.
+    fn pool(size: usize, op: &str, attrs: &str, out: usize) -> Result<String, EmitError> {
+        let src = format!(
+            "graph @g(%x: f32[1,3,{size},{size}]) -> (f32[1,3,{out},{out}]) {{\n\
+             \x20 %y = fused @g0(%x.in = %x) {{items = 1, kind = \"pool\", level = \"register\", threads = 128}} : f32[1,3,{out},{out}] {{\n\
+             \x20   %r = relu %x.in : f32[1,3,{size},{size}]\n\
+             \x20   %y.r = {op} %r {{{attrs}}} : f32[1,3,{out},{out}]\n\
+             \x20   yield %y.r\n\
+             \x20 }}\n\
+             \x20 return %y\n\
+             }}\n"
+        );
+        let module = dcir_reader::parse_module(&src).expect("parses");
+        emit_module_source(&module)
+    }
+
+    #[test]
+    fn windows_inside_the_image_load_without_checks() {
+        let s = pool(16, "maxpool2d", "kernel = [2, 2], stride = [2, 2]", 8).expect("lowers");
+        assert!(!s.contains("min(max(") && !s.contains("inside"), "{s}");
+        let s = pool(16, "avgpool2d", "kernel = [2, 2], stride = [2, 2]", 8).expect("lowers");
+        assert!(s.contains("acc / 4.0f"), "{s}");
+    }
+
+    #[test]
+    fn padded_windows_clamp_their_loads_and_mask_the_padding() {
+        let window = "kernel = [3, 3], stride = [2, 2], pad = [1, 1, 1, 1]";
+        let s = pool(17, "maxpool2d", window, 9).expect("lowers");
+        assert!(s.contains("min(max(iy, 0), 16)"), "{s}");
+        assert!(
+            s.contains("v_inside ? v_r : __int_as_float(0xff800000)"),
+            "{s}"
+        );
+        // The average divides by the taps inside the image.
+        let s = pool(17, "avgpool2d", window, 9).expect("lowers");
+        assert!(s.contains("min(v_y0 + 3, 17) - max(v_y0, 0)"), "{s}");
+        // ...or by the whole window, padding counted.
+        let counted = format!("{window}, count_include_pad = true");
+        let s = pool(17, "avgpool2d", &counted, 9).expect("lowers");
+        assert!(s.contains("acc / 9.0f"), "{s}");
+    }
+}
