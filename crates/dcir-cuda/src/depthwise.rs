@@ -612,7 +612,9 @@ pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
     let fit = (MAX_STATIC_SHARED / per_channel)
         .min(MAX_CHUNK)
         .min(dw.channels);
-    if fit == 0 || mt * nt > 128 {
+    // At most half of a thread's share of the 64K registers hold accumulators.
+    let max_acc = (32 * 1024 / threads).min(128);
+    if fit == 0 || mt * nt > max_acc {
         return Err(l.unsupported(format!(
             "{per_channel} bytes of shared memory per channel or a {mt}x{nt} micro-tile"
         )));

@@ -14,6 +14,9 @@
 //! `count_include_pad`, by the whole window; the sum is in f32 (the
 //! interpreter's in f64, within tolerance). The pooled value is rounded to
 //! its dtype and the epilogue applied as in the elementwise family.
+//!
+//! The window geometry ([`Window`]) and the checks and helpers of per-output
+//! epilogues here are shared with the direct convolutions (`depthwise.rs`).
 
 use std::collections::BTreeSet;
 
