@@ -1,17 +1,998 @@
 //! Direct convolution kernels: depthwise `conv` groups (`algorithm =
 //! "direct"`) and `depthwise_pointwise` groups (depthwise conv → 1×1 conv).
+//!
+//! A depthwise conv2d reads x[N, C, H, W] with weights w[C·m, 1, KH, KW]
+//! (`groups = C`, channel multiplier m) into [N, C·m, OH, OW]; output channel
+//! `k` reads input channel `k / m`. Both kernels stage, per channel, the
+//! input patch under an output tile — `(th-1)·sh + (kh-1)·dh + 1` rows by
+//! `(tw-1)·sw + (kw-1)·dw + 1` columns — in shared memory, loaded through
+//! the index maps (so view prologues such as `pad` work) with zeros outside
+//! the image, then compute each output pixel from shared memory.
+//!
+//! **direct**: a block owns `channels` output channels × a `tile = [th, tw]`
+//! output tile of one image (the 1-D grid is split into image, channel block,
+//! tile row, tile column). The block's `threads` are split evenly over its
+//! channels; each thread keeps its channel's `kh·kw` weights in registers
+//! and computes pixels `lane, lane + threads/channels, ...` of the tile (so a
+//! warp reads consecutive shared addresses), then the elementwise epilogue
+//! (batchnorm, bias, clip ...) per pixel, bounds-checked on partial tiles.
+//!
+//! **depthwise_pointwise**: a block owns a `tile = [th, tw]` output tile of
+//! one image and `tile_n` output channels of the pointwise conv (capped at
+//! its channel count). It walks the depthwise channels in chunks of `kc`
+//! (chosen so the chunk's buffers fit 48 KiB of static shared memory, at most
+//! 32): stage the chunk's input patches and both weight slices, barrier;
+//! compute the depthwise result with its epilogue (rounded to the
+//! intermediate's dtype, as the interpreter does) for every (channel, pixel)
+//! into `mid[kc][th·tw]`, barrier; accumulate the 1×1 conv as a small GEMM
+//! (`th·tw × tile_n × kc`, register micro-tiles as in the gemm family)
+//! from shared memory, barrier. The pointwise epilogue (bias, batchnorm,
+//! residual add) runs per accumulator. Channels past the last chunk's end
+//! are zeros in both `mid` and the weights. `math = "tensor_core"` is served
+//! by the same f32 SIMT kernel (f16/bf16 widen to f32).
 
-use dcir_ir::OpId;
+use dcir_ir::{DType, OpId, OpKind, ValueId};
 
-use super::{EmitError, Lower};
-use crate::kir::Kernel;
+use super::gemm::thread_grid;
+use super::pool::{
+    Window, and_opt, in_range, let_int, per_element_after, per_output_results, result_index,
+    unrolled,
+};
+use super::{EmitError, Index, Lower, Reduced, attr_int, kernel_name, params, store};
+use crate::kir::{
+    ArrayRef, BinOp, Builtin, Expr, Kernel, SharedArray, Stmt, Ty, add, bin, call, div, int, mul,
+    rem, select, var,
+};
 
-/// Lowers a `conv` group whose `algorithm` is `direct`.
-pub(super) fn direct(l: &mut Lower, _op: OpId) -> Result<Kernel, EmitError> {
-    Err(l.unsupported("a direct conv"))
+type Result<T> = std::result::Result<T, EmitError>;
+
+/// Most bytes of static shared memory a kernel may declare.
+const MAX_STATIC_SHARED: usize = 48 * 1024;
+/// Most bytes of dynamic shared memory a block may use on sm_90.
+const MAX_DYNAMIC_SHARED: usize = 227 * 1024;
+/// Most steps of a block-strided loop that are unrolled.
+const MAX_UNROLLED_STEPS: usize = 16;
+/// Most depthwise channels a `depthwise_pointwise` block stages at once.
+const MAX_CHUNK: usize = 32;
+
+/// A depthwise conv2d of a group.
+struct Depthwise {
+    x: ValueId,
+    w: ValueId,
+    out: ValueId,
+    dtype: DType,
+    n: usize,
+    /// Input channels.
+    c: usize,
+    /// Output channels (`c · m`).
+    channels: usize,
+    /// Output channels per input channel.
+    mult: usize,
+    win: Window,
+}
+
+impl Depthwise {
+    /// The depthwise conv `conv`, or why it is not one this module lowers.
+    fn of(l: &Lower, conv: OpId) -> Result<Depthwise> {
+        let g = l.g;
+        let data = g.op(conv);
+        let (x, w, out) = (data.operands[0], data.operands[1], data.results[0]);
+        let (xd, wd, od) = (g.ty(x).dims(), g.ty(w).dims(), g.ty(out).dims());
+        let (&[n, c, h, wi], &[k, 1, kh, kw], &[_, channels, oh, ow]) = (xd, wd, od) else {
+            return Err(
+                l.unsupported("a conv that is not depthwise (weights [C*m, 1, KH, KW] over NCHW)")
+            );
+        };
+        let groups = data.attrs.int("groups").unwrap_or(1);
+        if groups != c as i64 || k != channels || !channels.is_multiple_of(c) {
+            return Err(
+                l.unsupported("a direct conv that is not depthwise (groups = input channels)")
+            );
+        }
+        let dtype = g.ty(out).dtype;
+        if !dtype.is_float() {
+            return Err(l.unsupported("an integer conv"));
+        }
+        let elements = [xd, od].iter().map(|d| d.iter().product::<usize>()).max();
+        if elements.unwrap_or(0) >= i32::MAX as usize {
+            return Err(l.unsupported("more than 2^31 elements"));
+        }
+        Ok(Depthwise {
+            x,
+            w,
+            out,
+            dtype,
+            n,
+            c,
+            channels,
+            mult: channels / c,
+            win: Window::new(&data.attrs, [kh, kw], true, [h, wi], [oh, ow]),
+        })
+    }
+
+    /// Taps of the window.
+    fn taps(&self) -> usize {
+        self.win.kernel[0] * self.win.kernel[1]
+    }
+
+    /// Output tiles of `tile` along `axis`.
+    fn tiles(&self, axis: usize, tile: usize) -> usize {
+        self.win.output[axis].div_ceil(tile)
+    }
+
+    /// Rows × columns of the input patch under a `th × tw` output tile.
+    fn patch(&self, tile: [usize; 2]) -> [usize; 2] {
+        [self.win.span(0, tile[0]), self.win.span(1, tile[1])]
+    }
+}
+
+/// The conv2d ops of group `op`, in body order.
+fn convs(l: &Lower, op: OpId) -> Vec<OpId> {
+    let g = l.g;
+    let region = g.op(op).region.expect("a fused op has a region");
+    g.block(region)
+        .ops
+        .iter()
+        .copied()
+        .filter(|&o| g.op(o).kind == OpKind::Conv2d)
+        .collect()
+}
+
+/// `[th, tw]` of the group's `tile` attribute.
+fn tile_attr(l: &Lower, op: OpId, default: [usize; 2]) -> Result<[usize; 2]> {
+    match l.g.op(op).attrs.ints("tile") {
+        None => Ok(default),
+        Some(&[th, tw]) if th > 0 && tw > 0 => Ok([th as usize, tw as usize]),
+        Some(t) => Err(l.unsupported(format!("tile = {t:?}"))),
+    }
+}
+
+fn array(name: &str) -> ArrayRef {
+    ArrayRef {
+        name: name.into(),
+        ty: Ty::F32,
+        reinterpret: false,
+    }
+}
+
+fn load(name: &str, index: Expr) -> Expr {
+    Expr::Load(array(name), Box::new(index))
+}
+
+fn lt(a: Expr, b: usize) -> Expr {
+    bin(BinOp::Lt, a, int(b as i64))
+}
+
+/// `min(e, extent - 1)` where `e` may reach `extent`.
+fn clamp_high(e: Expr, extent: usize, may_leave: bool) -> Expr {
+    if may_leave {
+        call("min", vec![e, int(extent as i64 - 1)])
+    } else {
+        e
+    }
+}
+
+/// Element `s = threadIdx.x + u * threads` of `0 .. len` at each step `u`
+/// (see [`strided`]): a loop of the whole block over a shared buffer.
+fn block_loop(len: usize, threads: usize, body: Vec<Stmt>) -> Stmt {
+    strided("s", Expr::Builtin(Builtin::ThreadX), threads, len, body)
+}
+
+/// `index = first + u * stride` below `len` at each step `u` of a loop with
+/// a constant trip count, unrolled when short so that the loads of every
+/// step can be in flight at once; `if (index < len)` only where the last
+/// step may be partial (`first < stride` is assumed).
+fn strided(index: &str, first: Expr, stride: usize, len: usize, body: Vec<Stmt>) -> Stmt {
+    let steps = len.div_ceil(stride);
+    let mut inner = vec![Stmt::Let {
+        name: index.into(),
+        ty: Ty::I32,
+        value: add(first, mul(var("u"), int(stride as i64))),
+        constant: true,
+    }];
+    if len.is_multiple_of(stride) {
+        inner.extend(body);
+    } else {
+        inner.push(Stmt::If(lt(var(index), len), body));
+    }
+    Stmt::For {
+        var: "u".into(),
+        start: int(0),
+        end: int(steps as i64),
+        step: int(1),
+        unroll: steps <= MAX_UNROLLED_STEPS,
+        body: inner,
+    }
+}
+
+/// A block's output tile: its extent, its image, its first output pixel and
+/// the first input pixel of its patch.
+struct Tile {
+    size: [usize; 2],
+    n: Expr,
+    oy0: Expr,
+    ox0: Expr,
+    iy0: Expr,
+    ix0: Expr,
+}
+
+/// Splits `blockIdx.x` into (image, channel block, tile row, tile column),
+/// tile column fastest, or the channel block fastest when
+/// `channel_fastest`; returns the block's `tile`-sized tile and its channel block.
+fn block_tile(
+    body: &mut Vec<Stmt>,
+    dw: &Depthwise,
+    tile: [usize; 2],
+    channel_blocks: usize,
+    channel_fastest: bool,
+) -> (Tile, Expr) {
+    let (ty_n, tx_n) = (dw.tiles(0, tile[0]), dw.tiles(1, tile[1]));
+    let bid = Expr::Builtin(Builtin::BlockX);
+    // Extents from fastest to slowest: each index is blockIdx.x / stride % extent.
+    let mut order = vec![("tile_x", tx_n), ("tile_y", ty_n)];
+    if channel_fastest {
+        order.insert(0, ("chan_block", channel_blocks));
+    } else {
+        order.push(("chan_block", channel_blocks));
+    }
+    order.push(("n", dw.n));
+    let mut stride = 1;
+    let mut found = Vec::new();
+    for (i, &(name, extent)) in order.iter().enumerate() {
+        let q = div(bid.clone(), stride as i64);
+        let value = if i + 1 == order.len() {
+            q
+        } else {
+            rem(q, extent as i64)
+        };
+        found.push((name, let_int(body, name, value)));
+        stride *= extent;
+    }
+    let get = |name: &str| {
+        let (_, e) = found.iter().find(|(n, _)| *n == name).expect("bound");
+        e.clone()
+    };
+    let oy0 = let_int(body, "oy0", mul(get("tile_y"), int(tile[0] as i64)));
+    let ox0 = let_int(body, "ox0", mul(get("tile_x"), int(tile[1] as i64)));
+    let iy0 = let_int(body, "iy0", dw.win.tap(0, oy0.clone(), int(0)));
+    let ix0 = let_int(body, "ix0", dw.win.tap(1, ox0.clone(), int(0)));
+    let block = Tile {
+        size: tile,
+        n: get("n"),
+        oy0,
+        ox0,
+        iy0,
+        ix0,
+    };
+    (block, get("chan_block"))
+}
+
+/// Stages the input patches of `kc` depthwise channels from `ch0` on under
+/// the `block`'s tile into `shared[kc][ph][pw]`: input channel
+/// `min(ch0 + k, channels - 1) / m`, zero outside the image.
+fn stage_patch(
+    l: &mut Lower,
+    dw: &Depthwise,
+    block: &Tile,
+    kc: usize,
+    threads: usize,
+    ch0: Expr,
+    shared: &ArrayRef,
+) -> Result<Stmt> {
+    let tile = block.size;
+    let [ph, pw] = dw.patch(tile);
+    // Does some tile's patch (partial edge tiles included) leave the image?
+    let padded_out = [
+        dw.tiles(0, tile[0]) * tile[0],
+        dw.tiles(1, tile[1]) * tile[1],
+    ];
+    let reach = Window {
+        output: padded_out,
+        ..dw.win
+    };
+    let [h, w] = dw.win.input;
+    let body = l.scoped(|l| {
+        let mut b = Vec::new();
+        let k = let_int(&mut b, "s_ch", div(var("s"), (ph * pw) as i64));
+        let iy = let_int(
+            &mut b,
+            "s_y",
+            add(block.iy0.clone(), rem(div(var("s"), pw as i64), ph as i64)),
+        );
+        let ix = let_int(
+            &mut b,
+            "s_x",
+            add(block.ix0.clone(), rem(var("s"), pw as i64)),
+        );
+        l.body.extend(b);
+        l.body.push(Stmt::Let {
+            name: "s_val".into(),
+            ty: Ty::F32,
+            value: Expr::F32(0.0),
+            constant: false,
+        });
+        let ch = clamp_high(add(ch0, k), dw.channels, !dw.channels.is_multiple_of(kc));
+        let ic = div(ch, dw.mult as i64);
+        let idx = Index::coords(
+            &[dw.n, dw.c, h, w],
+            vec![block.n.clone(), ic, iy.clone(), ix.clone()],
+        );
+        let inside = and_opt(
+            in_range(&iy, h, reach.leaves(0)),
+            in_range(&ix, w, reach.leaves(1)),
+        );
+        let load = l.scoped(|l| {
+            let v = l.value_at(dw.x, &idx)?;
+            l.body.push(Stmt::Assign("s_val".into(), v));
+            Ok(())
+        })?;
+        match inside {
+            Some(cond) => l.body.push(Stmt::If(cond, load)),
+            None => l.body.extend(load),
+        }
+        l.body
+            .push(Stmt::Store(shared.clone(), var("s"), var("s_val")));
+        Ok(())
+    })?;
+    Ok(block_loop(kc * ph * pw, threads, body))
+}
+
+/// The depthwise sum of output pixel (`py`, `px`) of the tile for the
+/// channel whose patch starts at row `chan · ph` of `patch`; `weight(ki, kj)`
+/// gives the tap's weight.
+fn depthwise_sum(
+    dw: &Depthwise,
+    tile: [usize; 2],
+    patch: &ArrayRef,
+    acc: &str,
+    (chan, py, px): (Expr, Expr, Expr),
+    weight: &dyn Fn(Expr, Expr) -> Expr,
+) -> Vec<Stmt> {
+    let [ph, pw] = dw.patch(tile);
+    let row = add(
+        add(
+            mul(chan, int(ph as i64)),
+            mul(py, int(dw.win.stride[0] as i64)),
+        ),
+        mul(var("ki"), int(dw.win.dilation[0] as i64)),
+    );
+    let col = add(
+        mul(px, int(dw.win.stride[1] as i64)),
+        mul(var("kj"), int(dw.win.dilation[1] as i64)),
+    );
+    let x = Expr::Load(patch.clone(), Box::new(add(mul(row, int(pw as i64)), col)));
+    let fma = Stmt::Assign(
+        acc.into(),
+        call("fmaf", vec![x, weight(var("ki"), var("kj")), var(acc)]),
+    );
+    vec![
+        Stmt::Let {
+            name: acc.into(),
+            ty: Ty::F32,
+            value: Expr::F32(0.0),
+            constant: false,
+        },
+        unrolled(
+            "ki",
+            dw.win.kernel[0],
+            vec![unrolled("kj", dw.win.kernel[1], vec![fma])],
+        ),
+    ]
+}
+
+/// Lowers a `conv` group whose `algorithm` is `direct`: a depthwise conv2d.
+pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
+    let g = l.g;
+    // Locals of the kernel, so that no parameter takes their names.
+    for name in "tile_x tile_y chan_block n oy0 ox0 iy0 ix0 o0 cl lane oc wk u s s_ch s_y s_x \
+         s_val patch p py px oy ox ki kj acc dcir_smem"
+        .split_whitespace()
+    {
+        l.used_names.insert(name.into());
+    }
+    let params = params(l, op);
+    let [conv] = convs(l, op)[..] else {
+        return Err(l.unsupported("a direct conv group with several convs"));
+    };
+    let dw = Depthwise::of(l, conv)?;
+    per_element_after(l, op, dw.out, None, "conv")?;
+    let out_dims = g.ty(dw.out).dims().to_vec();
+    let ys = per_output_results(l, op, out_dims.iter().product())?;
+    let tile = tile_attr(l, op, [8, 8])?;
+    let cb = attr_int(g, op, "channels", 1).max(1) as usize;
+    let threads = attr_int(g, op, "threads", 128).clamp(32, 1024) as usize;
+    if !threads.is_multiple_of(cb) {
+        return Err(l.unsupported(format!("{cb} channels per block over {threads} threads")));
+    }
+    let tpc = threads / cb;
+    let [ph, pw] = dw.patch(tile);
+    let pixels = tile[0] * tile[1];
+    let patch_bytes = cb * ph * pw * 4;
+    if patch_bytes > MAX_DYNAMIC_SHARED {
+        return Err(l.unsupported(format!("{patch_bytes} bytes of shared memory")));
+    }
+    let dynamic = patch_bytes > MAX_STATIC_SHARED;
+    let (kh, kw) = (dw.win.kernel[0], dw.win.kernel[1]);
+    let [oh, ow] = dw.win.output;
+    let partial_channels = !dw.channels.is_multiple_of(cb);
+
+    let mut body = vec![Stmt::Comment(format!(
+        "{cb} channels x {}x{} output pixels per block; {tpc} threads per channel",
+        tile[0], tile[1]
+    ))];
+    let (block, chan_block) = block_tile(&mut body, &dw, tile, dw.channels.div_ceil(cb), false);
+    let o0 = let_int(&mut body, "o0", mul(chan_block, int(cb as i64)));
+    let cl = let_int(
+        &mut body,
+        "cl",
+        div(Expr::Builtin(Builtin::ThreadX), tpc as i64),
+    );
+    let lane = let_int(
+        &mut body,
+        "lane",
+        rem(Expr::Builtin(Builtin::ThreadX), tpc as i64),
+    );
+    let oc = let_int(&mut body, "oc", add(o0.clone(), cl.clone()));
+
+    // This thread's channel's weights, in registers.
+    body.push(Stmt::LocalArray {
+        name: "wk".into(),
+        ty: Ty::F32,
+        len: kh * kw,
+    });
+    let w_dims = g.ty(dw.w).dims().to_vec();
+    let load_w = l.scoped(|l| {
+        let ch = clamp_high(oc.clone(), dw.channels, partial_channels);
+        let idx = Index::coords(&w_dims, vec![ch, int(0), var("ki"), var("kj")]);
+        let v = l.value_at(dw.w, &idx)?;
+        let slot = add(mul(var("ki"), int(kw as i64)), var("kj"));
+        l.body.push(Stmt::Store(array("wk"), slot, v));
+        Ok(())
+    })?;
+    body.push(unrolled("ki", kh, vec![unrolled("kj", kw, load_w)]));
+    // Above 48 KiB the patch lives in dynamic shared memory.
+    let patch = if dynamic {
+        ArrayRef {
+            name: "dcir_smem".into(),
+            ty: Ty::F32,
+            reinterpret: true,
+        }
+    } else {
+        array("patch")
+    };
+    body.push(stage_patch(l, &dw, &block, cb, threads, o0, &patch)?);
+    body.push(Stmt::Barrier);
+
+    let pixel = l.scoped(|l| {
+        let mut b = Vec::new();
+        let py = let_int(&mut b, "py", div(var("p"), tile[1] as i64));
+        let px = let_int(&mut b, "px", rem(var("p"), tile[1] as i64));
+        let oy = let_int(&mut b, "oy", add(block.oy0.clone(), py.clone()));
+        let ox = let_int(&mut b, "ox", add(block.ox0.clone(), px.clone()));
+        l.body.extend(b);
+        let weight = |ki: Expr, kj: Expr| load("wk", add(mul(ki, int(kw as i64)), kj));
+        let at = (cl.clone(), py, px);
+        l.body
+            .extend(depthwise_sum(&dw, tile, &patch, "acc", at, &weight));
+        let guard = [
+            (partial_channels, lt(oc.clone(), dw.channels)),
+            (!oh.is_multiple_of(tile[0]), lt(oy.clone(), oh)),
+            (!ow.is_multiple_of(tile[1]), lt(ox.clone(), ow)),
+        ]
+        .into_iter()
+        .filter_map(|(needed, c)| needed.then_some(c))
+        .reduce(|a, b| bin(BinOp::And, a, b));
+        let stores = l.scoped(|l| {
+            l.reduced = Some((dw.out, Reduced::Row(var("acc")), 0));
+            let coords = vec![block.n.clone(), oc.clone(), oy.clone(), ox.clone()];
+            let linear = Index::coords(&out_dims, coords.clone()).get_linear();
+            let outputs: Vec<_> = params.iter().filter(|p| p.output).cloned().collect();
+            for (param, &y) in outputs.iter().zip(&ys) {
+                let idx = result_index(l, y, &out_dims, linear.clone(), coords.clone());
+                let v = l.value_at(y, &idx)?;
+                store(l, param, g.ty(y).dtype, linear.clone(), v);
+            }
+            Ok(())
+        })?;
+        match guard {
+            Some(cond) => l.body.push(Stmt::If(cond, stores)),
+            None => l.body.extend(stores),
+        }
+        Ok(())
+    })?;
+    body.push(strided("p", lane, tpc, pixels, pixel));
+
+    let (shared, dynamic_shared) = if dynamic {
+        (Vec::new(), patch_bytes)
+    } else {
+        let shared = vec![SharedArray {
+            name: "patch".into(),
+            ty: Ty::F32,
+            len: cb * ph * pw,
+        }];
+        (shared, 0)
+    };
+    let [h, w] = dw.win.input;
+    let summary = format!(
+        "depthwise conv ({}): {}x{}x{h}x{w} -> {}x{}x{oh}x{ow}, window {kh}x{kw} stride {}x{} pad {}x{} dilation {}x{}, tile [{}, {}], {cb} channels per block, {threads} threads, direct",
+        dw.dtype.name(),
+        dw.n,
+        dw.c,
+        dw.n,
+        dw.channels,
+        dw.win.stride[0],
+        dw.win.stride[1],
+        dw.win.pad[0],
+        dw.win.pad[1],
+        dw.win.dilation[0],
+        dw.win.dilation[1],
+        tile[0],
+        tile[1],
+    );
+    let grid = dw.n * dw.channels.div_ceil(cb) * dw.tiles(0, tile[0]) * dw.tiles(1, tile[1]);
+    Ok(Kernel {
+        name: kernel_name(g, op),
+        summary,
+        params,
+        shared,
+        body,
+        helpers: std::mem::take(&mut l.helpers),
+        block: threads as u32,
+        grid: grid as u32,
+        dynamic_shared,
+    })
 }
 
 /// Lowers a `depthwise_pointwise` group.
-pub(super) fn depthwise_pointwise(l: &mut Lower, _op: OpId) -> Result<Kernel, EmitError> {
-    Err(l.unsupported("group kind `depthwise_pointwise`"))
+pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
+    let g = l.g;
+    // Locals of the kernel, so that no parameter takes their names.
+    for name in "tile_x tile_y chan_block n oy0 ox0 iy0 ix0 o0 tp tn k0 u s s_ch s_y s_x s_val \
+         s_k s_o s_t patch dw_w mid pw_w kl kg p py px oy ox o ki kj kk i j dw_acc acc \
+         a_frag b_frag"
+        .split_whitespace()
+    {
+        l.used_names.insert(name.into());
+    }
+    let params = params(l, op);
+    let [dconv, pconv] = convs(l, op)[..] else {
+        return Err(l.unsupported("a depthwise_pointwise group without exactly two convs"));
+    };
+    let dw = Depthwise::of(l, dconv)?;
+    let pdata = g.op(pconv);
+    let (mid, wp, pw_out) = (pdata.operands[0], pdata.operands[1], pdata.results[0]);
+    let [oh, ow] = dw.win.output;
+    let (wp_dims, out_dims) = (g.ty(wp).dims().to_vec(), g.ty(pw_out).dims().to_vec());
+    let all = |name: &str, v: i64| {
+        pdata
+            .attrs
+            .ints(name)
+            .is_none_or(|xs| xs.iter().all(|&x| x == v))
+    };
+    let pointwise = pdata.attrs.int("groups").unwrap_or(1) == 1
+        && all("stride", 1)
+        && all("pad", 0)
+        && wp_dims.len() == 4
+        && wp_dims[1..] == [dw.channels, 1, 1]
+        && out_dims == [dw.n, wp_dims[0], oh, ow]
+        && g.ty(mid).dims() == [dw.n, dw.channels, oh, ow];
+    if !pointwise {
+        return Err(l.unsupported("a second conv that is not a 1x1 conv of the depthwise result"));
+    }
+    let o_total = wp_dims[0];
+    let mid_values = per_element_after(l, op, dw.out, Some(pconv), "depthwise conv")?;
+    if !mid_values.contains(&mid) {
+        return Err(l.unsupported("a pointwise conv that does not read the depthwise result"));
+    }
+    per_element_after(l, op, pw_out, None, "pointwise conv")?;
+    let total = out_dims.iter().product::<usize>();
+    let ys = per_output_results(l, op, total)?;
+    if total >= i32::MAX as usize {
+        return Err(l.unsupported("more than 2^31 elements"));
+    }
+
+    let tile = tile_attr(l, op, [8, 8])?;
+    let pixels = tile[0] * tile[1];
+    let threads = attr_int(g, op, "threads", 256).clamp(32, 1024) as usize;
+    let planned_n = attr_int(g, op, "tile_n", 32).max(1) as usize;
+    // A block owns at most every output channel.
+    let Some((tile_n, (threads_p, threads_n))) = [planned_n.min(o_total), planned_n]
+        .into_iter()
+        .find_map(|tn| thread_grid(pixels, tn, threads).map(|grid| (tn, grid)))
+    else {
+        return Err(l.unsupported(format!(
+            "tile [{}, {}] x {planned_n} channels with {threads} threads (no even split)",
+            tile[0], tile[1]
+        )));
+    };
+    let (mt, nt) = (pixels / threads_p, tile_n / threads_n);
+    let [ph, pw] = dw.patch(tile);
+    let taps = dw.taps();
+    let per_channel = (ph * pw + taps + pixels + tile_n) * 4;
+    let fit = (MAX_STATIC_SHARED / per_channel)
+        .min(MAX_CHUNK)
+        .min(dw.channels);
+    // At most half of a thread's share of the 64K registers hold accumulators.
+    let max_acc = (32 * 1024 / threads).min(128);
+    if fit == 0 || mt * nt > max_acc {
+        return Err(l.unsupported(format!(
+            "{per_channel} bytes of shared memory per channel or a {mt}x{nt} micro-tile"
+        )));
+    }
+    // Chunks of equal size: the last one wastes least.
+    let kc = dw.channels.div_ceil(dw.channels.div_ceil(fit));
+    let partial_k = !dw.channels.is_multiple_of(kc);
+    let partial_n = !o_total.is_multiple_of(tile_n);
+    let (kh, kw) = (dw.win.kernel[0], dw.win.kernel[1]);
+
+    let mut body = vec![Stmt::Comment(format!(
+        "{}x{} output pixels x {tile_n} output channels per block; depthwise channels in chunks of {kc}; {threads_p}x{threads_n} threads, each a {mt}x{nt} micro-tile",
+        tile[0], tile[1]
+    ))];
+    let (block, chan_block) = block_tile(&mut body, &dw, tile, o_total.div_ceil(tile_n), true);
+    let o0 = let_int(&mut body, "o0", mul(chan_block, int(tile_n as i64)));
+    let tid = Expr::Builtin(Builtin::ThreadX);
+    let tp = let_int(&mut body, "tp", rem(tid.clone(), threads_p as i64));
+    let tn = let_int(&mut body, "tn", div(tid, threads_p as i64));
+    body.push(Stmt::LocalArray {
+        name: "acc".into(),
+        ty: Ty::F32,
+        len: mt * nt,
+    });
+    body.push(unrolled(
+        "i",
+        mt * nt,
+        vec![Stmt::Store(array("acc"), var("i"), Expr::F32(0.0))],
+    ));
+
+    // One chunk: stage, depthwise into `mid`, accumulate the pointwise conv.
+    let mut chunk = vec![Stmt::Comment(format!(
+        "stage the input patches and both weight slices of depthwise channels k0 .. k0 + {kc}"
+    ))];
+    chunk.push(stage_patch(
+        l,
+        &dw,
+        &block,
+        kc,
+        threads,
+        var("k0"),
+        &array("patch"),
+    )?);
+    let dw_dims = g.ty(dw.w).dims().to_vec();
+    let stage_dw = l.scoped(|l| {
+        let mut b = Vec::new();
+        let k = let_int(&mut b, "s_k", div(var("s"), taps as i64));
+        let t = let_int(&mut b, "s_t", rem(var("s"), taps as i64));
+        l.body.extend(b);
+        let ch = clamp_high(add(var("k0"), k), dw.channels, partial_k);
+        let idx = Index::coords(
+            &dw_dims,
+            vec![ch, int(0), div(t.clone(), kw as i64), rem(t, kw as i64)],
+        );
+        let v = l.value_at(dw.w, &idx)?;
+        l.body.push(Stmt::Store(array("dw_w"), var("s"), v));
+        Ok(())
+    })?;
+    chunk.push(block_loop(kc * taps, threads, stage_dw));
+    let stage_pw = l.scoped(|l| {
+        let mut b = Vec::new();
+        let o = let_int(&mut b, "s_o", div(var("s"), kc as i64));
+        let k = let_int(&mut b, "s_k", rem(var("s"), kc as i64));
+        l.body.extend(b);
+        let (o_g, k_g) = (add(o0.clone(), o.clone()), add(var("k0"), k.clone()));
+        let guard = [
+            (partial_n, lt(o_g.clone(), o_total)),
+            (partial_k, lt(k_g.clone(), dw.channels)),
+        ]
+        .into_iter()
+        .filter_map(|(needed, c)| needed.then_some(c))
+        .reduce(|a, b| bin(BinOp::And, a, b));
+        let idx = Index::coords(&wp_dims, vec![o_g, k_g, int(0), int(0)]);
+        let slot = add(mul(k, int(tile_n as i64)), o);
+        let value = l.scoped(|l| {
+            let v = l.value_at(wp, &idx)?;
+            l.body.push(Stmt::Assign("s_val".into(), v));
+            Ok(())
+        })?;
+        l.body.push(Stmt::Let {
+            name: "s_val".into(),
+            ty: Ty::F32,
+            value: Expr::F32(0.0),
+            constant: false,
+        });
+        match guard {
+            Some(cond) => l.body.push(Stmt::If(cond, value)),
+            None => l.body.extend(value),
+        }
+        l.body.push(Stmt::Store(array("pw_w"), slot, var("s_val")));
+        Ok(())
+    })?;
+    chunk.push(block_loop(kc * tile_n, threads, stage_pw));
+    chunk.push(Stmt::Barrier);
+
+    chunk.push(Stmt::Comment(
+        "the depthwise conv and its epilogue for every (channel, pixel) of the chunk".into(),
+    ));
+    let mid_body = l.scoped(|l| {
+        let mut b = Vec::new();
+        let kl = let_int(&mut b, "kl", div(var("s"), pixels as i64));
+        let p = let_int(&mut b, "p", rem(var("s"), pixels as i64));
+        let py = let_int(&mut b, "py", div(p.clone(), tile[1] as i64));
+        let px = let_int(&mut b, "px", rem(p, tile[1] as i64));
+        let kg = let_int(&mut b, "kg", add(var("k0"), kl.clone()));
+        l.body.extend(b);
+        let weight = |ki: Expr, kj: Expr| {
+            let tap = add(mul(ki, int(kw as i64)), kj);
+            load("dw_w", add(mul(kl.clone(), int(taps as i64)), tap))
+        };
+        l.body.extend(depthwise_sum(
+            &dw,
+            tile,
+            &array("patch"),
+            "dw_acc",
+            (kl.clone(), py.clone(), px.clone()),
+            &weight,
+        ));
+        // Pixels past the image compute (unused) values at clamped coordinates.
+        l.reduced = Some((dw.out, Reduced::Row(var("dw_acc")), 0));
+        let coords = vec![
+            block.n.clone(),
+            clamp_high(kg.clone(), dw.channels, partial_k),
+            clamp_high(add(block.oy0.clone(), py), oh, !oh.is_multiple_of(tile[0])),
+            clamp_high(add(block.ox0.clone(), px), ow, !ow.is_multiple_of(tile[1])),
+        ];
+        let v = l.value_at(mid, &Index::coords(&[dw.n, dw.channels, oh, ow], coords))?;
+        let v = if partial_k {
+            select(lt(kg, dw.channels), v, Expr::F32(0.0))
+        } else {
+            v
+        };
+        l.body.push(Stmt::Store(array("mid"), var("s"), v));
+        Ok(())
+    })?;
+    chunk.push(block_loop(kc * pixels, threads, mid_body));
+    chunk.push(Stmt::Barrier);
+
+    chunk.push(Stmt::Comment(
+        "the pointwise conv: acc += mid^T . pw_w".into(),
+    ));
+    let frag = |name: &str, shared: &str, len: usize, rows: usize, lane: &Expr, stride: usize| {
+        vec![
+            Stmt::LocalArray {
+                name: name.into(),
+                ty: Ty::F32,
+                len,
+            },
+            unrolled(
+                "i",
+                len,
+                vec![Stmt::Store(
+                    array(name),
+                    var("i"),
+                    load(
+                        shared,
+                        add(
+                            add(mul(var("kk"), int(rows as i64)), lane.clone()),
+                            mul(var("i"), int(stride as i64)),
+                        ),
+                    ),
+                )],
+            ),
+        ]
+    };
+    let mut inner = frag("a_frag", "mid", mt, pixels, &tp, threads_p);
+    inner.extend(frag("b_frag", "pw_w", nt, tile_n, &tn, threads_n));
+    let acc_ij = add(mul(var("i"), int(nt as i64)), var("j"));
+    inner.push(unrolled(
+        "i",
+        mt,
+        vec![unrolled(
+            "j",
+            nt,
+            vec![Stmt::Store(
+                array("acc"),
+                acc_ij.clone(),
+                call(
+                    "fmaf",
+                    vec![
+                        load("a_frag", var("i")),
+                        load("b_frag", var("j")),
+                        load("acc", acc_ij.clone()),
+                    ],
+                ),
+            )],
+        )],
+    ));
+    chunk.push(unrolled("kk", kc, inner));
+    chunk.push(Stmt::Barrier);
+    body.push(Stmt::For {
+        var: "k0".into(),
+        start: int(0),
+        end: int(dw.channels as i64),
+        step: int(kc as i64),
+        unroll: false,
+        body: chunk,
+    });
+
+    // Epilogue: each accumulator through the pointwise conv's elementwise tail.
+    let mut pixel = Vec::new();
+    let p = let_int(
+        &mut pixel,
+        "p",
+        add(tp.clone(), mul(var("i"), int(threads_p as i64))),
+    );
+    let oy = let_int(
+        &mut pixel,
+        "oy",
+        add(block.oy0.clone(), div(p.clone(), tile[1] as i64)),
+    );
+    let ox = let_int(
+        &mut pixel,
+        "ox",
+        add(block.ox0.clone(), rem(p, tile[1] as i64)),
+    );
+    let stores = l.scoped(|l| {
+        let o = let_int(
+            &mut l.body,
+            "o",
+            add(
+                add(o0.clone(), tn.clone()),
+                mul(var("j"), int(threads_n as i64)),
+            ),
+        );
+        let guard = [
+            (!oh.is_multiple_of(tile[0]), lt(oy.clone(), oh)),
+            (!ow.is_multiple_of(tile[1]), lt(ox.clone(), ow)),
+            (partial_n, lt(o.clone(), o_total)),
+        ]
+        .into_iter()
+        .filter_map(|(needed, c)| needed.then_some(c))
+        .reduce(|a, b| bin(BinOp::And, a, b));
+        let each = l.scoped(|l| {
+            l.reduced = Some((pw_out, Reduced::Row(load("acc", acc_ij.clone())), 0));
+            let coords = vec![block.n.clone(), o.clone(), oy.clone(), ox.clone()];
+            let linear = Index::coords(&out_dims, coords.clone()).get_linear();
+            let outputs: Vec<_> = params.iter().filter(|p| p.output).cloned().collect();
+            for (param, &y) in outputs.iter().zip(&ys) {
+                let idx = result_index(l, y, &out_dims, linear.clone(), coords.clone());
+                let v = l.value_at(y, &idx)?;
+                store(l, param, g.ty(y).dtype, linear.clone(), v);
+            }
+            Ok(())
+        })?;
+        match guard {
+            Some(cond) => l.body.push(Stmt::If(cond, each)),
+            None => l.body.extend(each),
+        }
+        Ok(())
+    })?;
+    pixel.push(unrolled("j", nt, stores));
+    body.push(unrolled("i", mt, pixel));
+
+    let shared = [
+        ("patch", kc * ph * pw),
+        ("dw_w", kc * taps),
+        ("mid", kc * pixels),
+        ("pw_w", kc * tile_n),
+    ]
+    .into_iter()
+    .map(|(name, len)| SharedArray {
+        name: name.into(),
+        ty: Ty::F32,
+        len,
+    })
+    .collect();
+    let [h, w] = dw.win.input;
+    let math = g.op(op).attrs.str("math").unwrap_or("fma").to_string();
+    let summary = format!(
+        "depthwise_pointwise ({}): {}x{}x{h}x{w} -> depthwise {kh}x{kw} stride {}x{} pad {}x{} dilation {}x{} -> {}x{}x{oh}x{ow} -> 1x1 -> {}x{o_total}x{oh}x{ow}, tile [{}, {}], tile_n {tile_n}, {threads} threads, math {math} served by f32 fma",
+        dw.dtype.name(),
+        dw.n,
+        dw.c,
+        dw.win.stride[0],
+        dw.win.stride[1],
+        dw.win.pad[0],
+        dw.win.pad[1],
+        dw.win.dilation[0],
+        dw.win.dilation[1],
+        dw.n,
+        dw.channels,
+        dw.n,
+        tile[0],
+        tile[1],
+    );
+    let grid = dw.n * o_total.div_ceil(tile_n) * dw.tiles(0, tile[0]) * dw.tiles(1, tile[1]);
+    Ok(Kernel {
+        name: kernel_name(g, op),
+        summary,
+        params,
+        shared,
+        body,
+        helpers: std::mem::take(&mut l.helpers),
+        block: threads as u32,
+        grid: grid as u32,
+        dynamic_shared: 0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::kir::Kernel;
+    use crate::lower::{EmitError, lower_graph};
+    use crate::print::print_kernel;
+
+    fn lower(src: &str) -> Result<Kernel, EmitError> {
+        let module = dcir_reader::parse_module(src).expect("parses");
+        lower_graph(&module.graphs[0]).map(|mut k| k.remove(0))
+    }
+
+    /// A direct conv group: `x: f32[1,c,17,17]`, weights `[o,cg,3,3]`, stride 2, pad 1.
+    fn direct(c: usize, o: usize, groups: usize, attrs: &str) -> Result<Kernel, EmitError> {
+        let cg = c / groups;
+        lower(&format!(
+            "graph @g(%x: f32[1,{c},17,17], %w: f32[{o},{cg},3,3]) -> (f32[1,{o},9,9]) {{\n\
+             \x20 %y = fused @g0(%x.in = %x, %w.in = %w) {{algorithm = \"direct\", kind = \"conv\", level = \"register\", {attrs}}} : f32[1,{o},9,9] {{\n\
+             \x20   %y.r = conv2d %x.in, %w.in {{stride = [2, 2], pad = [1, 1, 1, 1], groups = {groups}}} : f32[1,{o},9,9]\n\
+             \x20   yield %y.r\n\
+             \x20 }}\n\
+             \x20 return %y\n\
+             }}\n"
+        ))
+    }
+
+    #[test]
+    fn direct_checks_partial_tiles_and_channel_blocks() {
+        let k = direct(5, 5, 5, "channels = 2, threads = 64, tile = [4, 8]").expect("lowers");
+        let s = print_kernel(&k);
+        assert!(s.contains("if (oc < 5 && oy < 9 && ox < 9)"), "{s}");
+        // Patch rows (4-1)*2 + 3 = 9, columns (8-1)*2 + 3 = 17, for 2 channels.
+        assert!(s.contains("__shared__ float patch[306]"), "{s}");
+        assert_eq!(k.dynamic_shared, 0);
+        // 3 channels x 3 tile rows x 2 tile columns.
+        assert_eq!(k.grid, 18);
+    }
+
+    #[test]
+    fn large_patches_go_to_dynamic_shared_memory() {
+        let k = direct(8, 8, 8, "channels = 8, threads = 256, tile = [16, 32]").expect("lowers");
+        // 8 channels x 33 x 65 floats.
+        assert_eq!(k.dynamic_shared, 8 * 33 * 65 * 4);
+        assert!(k.shared.is_empty());
+        assert!(print_kernel(&k).contains("reinterpret_cast<float*>(dcir_smem)[s]"));
+    }
+
+    #[test]
+    fn direct_takes_depthwise_convs_only() {
+        let e = direct(4, 4, 2, "channels = 2, threads = 64, tile = [8, 8]").unwrap_err();
+        assert!(e.to_string().contains("not depthwise"), "{e}");
+    }
+
+    /// A depthwise_pointwise group: `c` depthwise channels at 56x56 into `o` channels.
+    fn dwpw(c: usize, o: usize) -> Kernel {
+        lower(&format!(
+            "graph @g(%x: f32[1,{c},56,56], %w: f32[{c},1,3,3], %wp: f32[{o},{c},1,1]) -> (f32[1,{o},56,56]) {{\n\
+             \x20 %y = fused @g0(%x.in = %x, %w.in = %w, %wp.in = %wp) {{kind = \"depthwise_pointwise\", level = \"shared\", math = \"fma\", threads = 256, tile = [8, 8], tile_n = 32}} : f32[1,{o},56,56] {{\n\
+             \x20   %d = conv2d %x.in, %w.in {{pad = [1, 1, 1, 1], groups = {c}}} : f32[1,{c},56,56]\n\
+             \x20   %r = relu %d : f32[1,{c},56,56]\n\
+             \x20   %y.r = conv2d %r, %wp.in : f32[1,{o},56,56]\n\
+             \x20   yield %y.r\n\
+             \x20 }}\n\
+             \x20 return %y\n\
+             }}\n"
+        ))
+        .expect("lowers")
+    }
+
+    #[test]
+    fn depthwise_channels_go_in_equal_chunks() {
+        // 144 channels: 5 chunks of 29, the last padded with a zero channel.
+        let s = print_kernel(&dwpw(144, 24));
+        assert!(s.contains("k0 += 29"), "{s}");
+        assert!(s.contains("mid[s] = kg < 144 ? v_r : 0.0f"), "{s}");
+        // tile_n = 32 is capped at the 24 output channels: no channel check.
+        assert!(s.contains("tile_n 24") && !s.contains("o < 24"), "{s}");
+        // 5 channels: one chunk, no padding.
+        let s = print_kernel(&dwpw(5, 24));
+        assert!(s.contains("k0 += 5") && !s.contains("kg < 5"), "{s}");
+    }
 }

@@ -29,7 +29,7 @@ type Result<T> = std::result::Result<T, EmitError>;
 
 /// Splits `threads` into `threads_m × threads_n` dividing `tm × tn`, the
 /// micro-tile as square as possible (wider than tall on a tie).
-fn thread_grid(tm: usize, tn: usize, threads: usize) -> Option<(usize, usize)> {
+pub(super) fn thread_grid(tm: usize, tn: usize, threads: usize) -> Option<(usize, usize)> {
     (1..=threads)
         .filter(|&tn_t| {
             threads.is_multiple_of(tn_t)
