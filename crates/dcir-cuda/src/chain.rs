@@ -1,12 +1,1210 @@
 //! The `contraction_chain` family: GEMM → GEMM (or 1×1 conv → 1×1 conv) with
-//! the intermediate tile kept in shared memory.
+//! the intermediate kept in shared memory; also the contraction helpers the
+//! `attention` family shares ([`Contraction`], [`stage`], [`fma_tile`], the
+//! epilogue checks and stores).
+//!
+//! Both contractions are seen as GEMMs over rows (matmul rows, or the pixels
+//! of every image for a 1×1 conv over NCHW). The second takes its rows from
+//! the first's epilogue and its weights from outside, so a block owns
+//! `tile[0]` whole rows of the intermediate (`blockIdx.x` = batch entry, row
+//! tile, split):
+//!
+//! 1. for every chunk of `tile[1]` intermediate columns, the first contraction
+//!    in `tile[2]` steps (operand tiles staged through the index maps into
+//!    shared memory, FMA micro-tiles in registers, as the gemm family), then
+//!    its epilogue per accumulator; the value the second contraction reads
+//!    (rounded to its dtype like every op's result) goes to the shared array
+//!    `Xs` (k-major, the block's rows × all intermediate columns);
+//! 2. a barrier, then the second contraction reads its rows from `Xs` and
+//!    stages only its weights, over its `N2 / split_n` output columns in
+//!    chunks of `tile[1]`; epilogue and bounds-checked stores.
+//!
+//! With `split_n` = s the grid has s blocks per row tile, each recomputing the
+//! intermediate and storing a different column range of the output.
+//! Results of the first epilogue are stored by split 0 only, results that use
+//! no contraction (views of inputs the planner shares with other groups) by a
+//! grid-stride loop, so every element is written exactly once. f16/bf16 widen
+//! to f32 on load, accumulate in f32 and round per op as the interpreter does.
+//! `stages` and `math` are not honoured: single-stage f32 FMA whatever they say.
 
-use dcir_ir::OpId;
+use std::collections::BTreeSet;
 
-use super::{EmitError, Lower};
-use crate::kir::Kernel;
+use dcir_ir::{DType, Graph, OpId, OpKind, ValueDef, ValueId};
+
+use super::{
+    EmitError, Index, Lower, Reduced, attr_int, global_thread, grid_stride, kernel_name, params,
+    store, yields,
+};
+use crate::kir::{
+    ArrayRef, BinOp, Builtin, Expr, Kernel, Param, Stmt, Ty, add, bin, call, div, int, mul, rem,
+    var,
+};
+
+type Result<T> = std::result::Result<T, EmitError>;
+
+/// Most bytes of shared memory one block may have on sm_90 (227 KiB).
+pub(super) const MAX_SHARED: usize = 227 * 1024;
+
+/// A contraction seen as a batched GEMM, `out[b, r, c] = Σ_k a[b, r, k] · w[b, k, c]`:
+/// a `matmul`, or a 1×1 `conv2d` whose rows are the pixels of every image.
+pub(super) struct Contraction {
+    /// The contraction's result.
+    pub result: ValueId,
+    /// The operand the rows come from (matmul A, the conv input).
+    pub a: ValueId,
+    /// The other operand (matmul B, the conv weights).
+    pub b: ValueId,
+    /// Leading dims of a matmul (none for a conv: its rows span the images).
+    pub batch_dims: Vec<usize>,
+    /// Rows per batch entry.
+    pub rows: usize,
+    /// The reduction length.
+    pub k: usize,
+    /// Columns (output channels of a conv).
+    pub cols: usize,
+    form: Form,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Form {
+    Matmul {
+        ta: bool,
+        tb: bool,
+    },
+    /// A 1×1 conv over NCHW: row `r` is pixel `r % pixels` of image `r / pixels`.
+    Pointwise {
+        images: usize,
+        pixels: usize,
+        width: usize,
+    },
+}
+
+impl Contraction {
+    /// The contraction `op` (a matmul, or a 1×1 conv with stride 1, no padding, one group).
+    pub(super) fn of(l: &Lower, op: OpId) -> Result<Contraction> {
+        let g = l.g;
+        let d = g.op(op);
+        let (a, b, result) = (d.operands[0], d.operands[1], d.results[0]);
+        if !g.ty(result).dtype.is_float() {
+            return Err(l.unsupported("an integer contraction"));
+        }
+        let out = g.ty(result).dims().to_vec();
+        match d.kind {
+            OpKind::Matmul => {
+                let flag =
+                    |name: &str| d.attrs.bool(name) == Some(true) || d.attrs.int(name) == Some(1);
+                let (ta, tb) = (flag("transpose_a"), flag("transpose_b"));
+                let rank = out.len();
+                if rank < 2 {
+                    return Err(l.unsupported("a matmul of rank < 2"));
+                }
+                let a_dims = g.ty(a).dims();
+                Ok(Contraction {
+                    result,
+                    a,
+                    b,
+                    batch_dims: out[..rank - 2].to_vec(),
+                    rows: out[rank - 2],
+                    k: a_dims[if ta { rank - 2 } else { rank - 1 }],
+                    cols: out[rank - 1],
+                    form: Form::Matmul { ta, tb },
+                })
+            }
+            OpKind::Conv2d => {
+                let ones = |name: &str, v: i64| {
+                    d.attrs
+                        .ints(name)
+                        .is_none_or(|xs| xs.iter().all(|&x| x == v))
+                };
+                let w = g.ty(b).dims();
+                if w[2..] != [1, 1]
+                    || !ones("stride", 1)
+                    || !ones("pad", 0)
+                    || d.attrs.int("groups").unwrap_or(1) != 1
+                {
+                    return Err(l.unsupported(
+                        "a conv2d in a chain that is not 1x1 with stride 1, no padding and one group",
+                    ));
+                }
+                let x = g.ty(a).dims();
+                Ok(Contraction {
+                    result,
+                    a,
+                    b,
+                    batch_dims: Vec::new(),
+                    rows: x[0] * x[2] * x[3],
+                    k: x[1],
+                    cols: out[1],
+                    form: Form::Pointwise {
+                        images: x[0],
+                        pixels: x[2] * x[3],
+                        width: x[3],
+                    },
+                })
+            }
+            other => Err(l.unsupported(format!("`{}` as a contraction", other.name()))),
+        }
+    }
+
+    /// Whether it is a matmul (else a 1×1 conv).
+    pub(super) fn is_matmul(&self) -> bool {
+        matches!(self.form, Form::Matmul { .. })
+    }
+
+    /// Whether operand A is read transposed (its rows are its last dim).
+    pub(super) fn transposes_a(&self) -> bool {
+        matches!(self.form, Form::Matmul { ta: true, .. })
+    }
+
+    /// Whether consecutive rows of the result are consecutive in memory.
+    pub(super) fn rows_contiguous(&self) -> bool {
+        match self.form {
+            Form::Matmul { .. } => self.cols == 1,
+            Form::Pointwise { pixels, .. } => pixels > 1,
+        }
+    }
+
+    /// The batch entries.
+    pub(super) fn batch(&self) -> usize {
+        self.batch_dims.iter().product()
+    }
+
+    /// The index of A at row `r`, reduction index `k`.
+    pub(super) fn a_index(&self, g: &Graph, batch: &[Expr], r: Expr, k: Expr) -> Index {
+        let dims = g.ty(self.a).dims();
+        match self.form {
+            Form::Matmul { ta, .. } => matmul_index(dims, batch, if ta { [k, r] } else { [r, k] }),
+            Form::Pointwise { .. } => self.pixel_index(dims, r, k),
+        }
+    }
+
+    /// The index of B at reduction index `k`, column `c`.
+    pub(super) fn b_index(&self, g: &Graph, batch: &[Expr], k: Expr, c: Expr) -> Index {
+        let dims = g.ty(self.b).dims();
+        match self.form {
+            Form::Matmul { tb, .. } => matmul_index(dims, batch, if tb { [c, k] } else { [k, c] }),
+            Form::Pointwise { .. } => Index::coords(dims, vec![c, k, int(0), int(0)]),
+        }
+    }
+
+    /// The index of the result at row `r`, column `c`.
+    pub(super) fn out_index(&self, g: &Graph, batch: &[Expr], r: Expr, c: Expr) -> Index {
+        let dims = g.ty(self.result).dims();
+        match self.form {
+            Form::Matmul { .. } => matmul_index(dims, batch, [r, c]),
+            Form::Pointwise { .. } => self.pixel_index(dims, r, c),
+        }
+    }
+
+    /// The axes of A along the rows and along k.
+    fn a_axes(&self, rank: usize) -> [usize; 2] {
+        match self.form {
+            Form::Matmul { ta: false, .. } => [rank - 2, rank - 1],
+            Form::Matmul { ta: true, .. } => [rank - 1, rank - 2],
+            Form::Pointwise { .. } => [3, 1],
+        }
+    }
+
+    /// The axes of B along k and along the columns.
+    fn b_axes(&self, rank: usize) -> [usize; 2] {
+        match self.form {
+            Form::Matmul { tb: false, .. } => [rank - 2, rank - 1],
+            Form::Matmul { tb: true, .. } => [rank - 1, rank - 2],
+            Form::Pointwise { .. } => [1, 0],
+        }
+    }
+
+    /// Whether consecutive reduction indices of A are consecutive in memory.
+    pub(super) fn a_k_contiguous(&self, g: &Graph) -> bool {
+        unit_stride(g, self.a, self.a_axes(g.ty(self.a).dims().len())[1])
+    }
+
+    /// Whether consecutive reduction indices of B are consecutive in memory.
+    pub(super) fn b_k_contiguous(&self, g: &Graph) -> bool {
+        unit_stride(g, self.b, self.b_axes(g.ty(self.b).dims().len())[0])
+    }
+
+    /// Whether consecutive columns of B are consecutive in memory.
+    pub(super) fn b_cols_contiguous(&self, g: &Graph) -> bool {
+        unit_stride(g, self.b, self.b_axes(g.ty(self.b).dims().len())[1])
+    }
+
+    /// NCHW index of channel `ch` at row (image pixel) `r` of a pointwise conv
+    /// tensor, with a linear form that keeps the pixel whole.
+    fn pixel_index(&self, dims: &[usize], r: Expr, ch: Expr) -> Index {
+        let Form::Pointwise {
+            images,
+            pixels,
+            width,
+        } = self.form
+        else {
+            unreachable!("pixel_index of a matmul")
+        };
+        let (n, p) = if images == 1 {
+            (int(0), r)
+        } else {
+            (div(r.clone(), pixels as i64), rem(r, pixels as i64))
+        };
+        let channels = dims[1] as i64;
+        let linear = add(
+            add(
+                mul(n.clone(), int(channels * pixels as i64)),
+                mul(ch.clone(), int(pixels as i64)),
+            ),
+            p.clone(),
+        );
+        let coords = vec![n, ch, div(p.clone(), width as i64), rem(p, width as i64)];
+        Index {
+            dims: dims.to_vec(),
+            linear: Some(linear),
+            coords: Some(coords),
+        }
+    }
+}
+
+/// `batch ++ last` as an index of a tensor of `dims`.
+fn matmul_index(dims: &[usize], batch: &[Expr], last: [Expr; 2]) -> Index {
+    let mut c = batch.to_vec();
+    c.extend(last);
+    Index::coords(dims, c)
+}
+
+/// The group input element `v` reads at `coords` through views (reshape,
+/// transpose, broadcast, slice): its row-major offset, or `None` when `v`
+/// is computed by other ops.
+fn source_offset(g: &Graph, v: ValueId, coords: &[i64]) -> Option<i64> {
+    let dims = g.ty(v).dims();
+    let linear = |dims: &[usize], c: &[i64]| {
+        c.iter()
+            .zip(dims)
+            .fold(0i64, |acc, (&c, &d)| acc * d as i64 + c)
+    };
+    let op = match g.value(v).def {
+        ValueDef::BlockArg { .. } => return Some(linear(dims, coords)),
+        ValueDef::OpResult { op, .. } => op,
+    };
+    let d = g.op(op);
+    let src = d.operands[0];
+    let sd = g.ty(src).dims();
+    let c: Vec<i64> = match d.kind {
+        OpKind::Reshape => {
+            let mut rest = linear(dims, coords);
+            let mut c = vec![0; sd.len()];
+            for i in (0..sd.len()).rev() {
+                c[i] = rest % sd[i] as i64;
+                rest /= sd[i] as i64;
+            }
+            c
+        }
+        OpKind::Transpose => {
+            let perm = d.attrs.ints("perm")?;
+            let mut c = vec![0; sd.len()];
+            for (i, &p) in perm.iter().enumerate() {
+                c[p as usize] = coords[i];
+            }
+            c
+        }
+        OpKind::Broadcast => {
+            let map = d.attrs.ints("dims")?;
+            (0..sd.len())
+                .map(|i| {
+                    if sd[i] == 1 {
+                        0
+                    } else {
+                        coords[map[i] as usize]
+                    }
+                })
+                .collect()
+        }
+        OpKind::Slice => {
+            let starts = d.attrs.ints("starts")?;
+            let steps = d.attrs.ints("steps").unwrap_or(&[]);
+            (0..sd.len())
+                .map(|i| starts[i] + coords[i] * steps.get(i).copied().unwrap_or(1))
+                .collect()
+        }
+        _ => return None,
+    };
+    source_offset(g, src, &c)
+}
+
+/// Whether a step along `axis` of `v` is a step of one element in the memory
+/// of the input it views (so a tile walk along it coalesces).
+fn unit_stride(g: &Graph, v: ValueId, axis: usize) -> bool {
+    let dims = g.ty(v).dims();
+    if dims[axis] < 2 {
+        return false;
+    }
+    let zero = vec![0; dims.len()];
+    let mut step = zero.clone();
+    step[axis] = 1;
+    matches!(
+        (source_offset(g, v, &zero), source_offset(g, v, &step)),
+        (Some(a), Some(b)) if b - a == 1
+    )
+}
+
+/// The op defining `v`, if `v` is an op result.
+fn def_op(g: &Graph, v: ValueId) -> Option<OpId> {
+    match g.value(v).def {
+        ValueDef::OpResult { op, .. } => Some(op),
+        ValueDef::BlockArg { .. } => None,
+    }
+}
+
+/// The values of group `op` computed from `seed` (itself included), not
+/// looking past the ops in `stop`.
+pub(super) fn derived(g: &Graph, op: OpId, seed: ValueId, stop: &[OpId]) -> BTreeSet<ValueId> {
+    let region = g.op(op).region.expect("a fused op has a region");
+    let mut set = BTreeSet::from([seed]);
+    for &o in &g.block(region).ops {
+        let d = g.op(o);
+        if d.kind != OpKind::Yield
+            && !stop.contains(&o)
+            && d.operands.iter().any(|v| set.contains(v))
+        {
+            set.extend(d.results.iter().copied());
+        }
+    }
+    set
+}
+
+fn is_elementwise(kind: OpKind) -> bool {
+    kind.is_elementwise_binary() || kind.is_elementwise_unary() || kind == OpKind::Cast
+}
+
+/// Checks that `to` is computed from `from` by elementwise ops and casts only
+/// (the same index all the way), so it can be evaluated per accumulator of
+/// `from`; `set` holds the values derived from `from`.
+pub(super) fn check_elementwise_path(
+    l: &Lower,
+    set: &BTreeSet<ValueId>,
+    from: ValueId,
+    to: ValueId,
+    what: &str,
+) -> Result<()> {
+    if to == from {
+        return Ok(());
+    }
+    let op = match def_op(l.g, to) {
+        Some(op) if set.contains(&to) => op,
+        _ => return Err(l.unsupported(format!("{what} that does not derive from it"))),
+    };
+    let d = l.g.op(op);
+    if !is_elementwise(d.kind) {
+        return Err(l.unsupported(format!(
+            "`{}` in {what} (only elementwise ops and casts)",
+            d.kind.name()
+        )));
+    }
+    for &v in &d.operands {
+        if set.contains(&v) {
+            check_elementwise_path(l, set, from, v, what)?;
+        }
+    }
+    Ok(())
+}
+
+/// Checks that every op reading a value of `set` (except the ops in `skip`)
+/// is elementwise math, a cast, a reshape or a transpose: an epilogue that
+/// stores one element per accumulator where the views put it.
+pub(super) fn check_epilogue(
+    l: &Lower,
+    op: OpId,
+    set: &BTreeSet<ValueId>,
+    skip: &[OpId],
+    what: &str,
+) -> Result<()> {
+    let g = l.g;
+    let region = g.op(op).region.expect("a fused op has a region");
+    for &o in &g.block(region).ops {
+        let d = g.op(o);
+        if d.kind == OpKind::Yield
+            || skip.contains(&o)
+            || !d.operands.iter().any(|v| set.contains(v))
+        {
+            continue;
+        }
+        if !is_elementwise(d.kind) && !matches!(d.kind, OpKind::Reshape | OpKind::Transpose) {
+            return Err(l.unsupported(format!(
+                "`{}` after {what} (only elementwise, reshape and transpose epilogues)",
+                d.kind.name()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The index of `y` whose element derives from `anchor`'s element at
+/// `anchor_idx`, following the views between them forward (`set`: the values
+/// derived from `anchor`); `None` when `y` does not derive from it.
+fn forward_index(
+    g: &Graph,
+    set: &BTreeSet<ValueId>,
+    anchor: ValueId,
+    y: ValueId,
+    anchor_idx: &Index,
+) -> Option<Index> {
+    if y == anchor {
+        return Some(anchor_idx.clone());
+    }
+    let d = g.op(def_op(g, y)?);
+    let src = *d.operands.iter().find(|v| set.contains(v))?;
+    let idx = forward_index(g, set, anchor, src, anchor_idx)?;
+    let dims = g.ty(y).dims().to_vec();
+    Some(match d.kind {
+        OpKind::Reshape => Index::linear(&dims, idx.get_linear()),
+        OpKind::Transpose => {
+            let perm = d.attrs.ints("perm")?;
+            let c = idx.get_coords();
+            Index::coords(&dims, perm.iter().map(|&p| c[p as usize].clone()).collect())
+        }
+        _ => Index { dims, ..idx },
+    })
+}
+
+/// A result of a group: its kernel parameter, dtype and yielded value.
+#[derive(Clone)]
+pub(super) struct Output {
+    pub param: Param,
+    pub dtype: DType,
+    pub value: ValueId,
+}
+
+/// The group's results, each with the index of the one set of `sets` it
+/// derives from, or `None` when it derives from none (math and views of the
+/// inputs only).
+pub(super) fn classify_outputs(
+    l: &Lower,
+    op: OpId,
+    params: &[Param],
+    sets: &[&BTreeSet<ValueId>],
+) -> Result<Vec<(Output, Option<usize>)>> {
+    let g = l.g;
+    let outputs = params.iter().filter(|p| p.output);
+    let results = &g.op(op).results;
+    let mut classified = Vec::new();
+    for ((param, &value), &res) in outputs.zip(&yields(g, op)).zip(results) {
+        let from: Vec<usize> = (0..sets.len())
+            .filter(|&i| sets[i].contains(&value))
+            .collect();
+        if from.len() > 1 {
+            return Err(l.unsupported(format!(
+                "result %{} mixes values of two stages",
+                g.value(res).name
+            )));
+        }
+        let output = Output {
+            param: param.clone(),
+            dtype: g.ty(res).dtype,
+            value,
+        };
+        classified.push((output, from.first().copied()));
+    }
+    Ok(classified)
+}
+
+/// Stores `outputs` (derived from `anchor`, whose element at `anchor_idx` is
+/// bound) where the views after `anchor` put them.
+pub(super) fn store_derived(
+    l: &mut Lower,
+    set: &BTreeSet<ValueId>,
+    anchor: ValueId,
+    anchor_idx: &Index,
+    outputs: &[Output],
+) -> Result<()> {
+    for out in outputs {
+        let Some(idx) = forward_index(l.g, set, anchor, out.value, anchor_idx) else {
+            return Err(l.unsupported("a result reached from its contraction through a non-view"));
+        };
+        let v = l.value_at(out.value, &idx)?;
+        store(l, &out.param, out.dtype, idx.get_linear(), v);
+    }
+    Ok(())
+}
+
+/// Grid-stride loops storing `outputs` that derive from no contraction or
+/// reduction (math and views of the group's inputs), each element once.
+pub(super) fn store_independent(l: &mut Lower, outputs: &[Output]) -> Result<Vec<Stmt>> {
+    let mut body = Vec::new();
+    for out in outputs {
+        let dims = l.g.ty(out.value).dims().to_vec();
+        let n = l.g.ty(out.value).num_elements().unwrap_or(0);
+        let stores = l.scoped(|l| {
+            let v = l.value_at(out.value, &Index::linear(&dims, var("e")))?;
+            store(l, &out.param, out.dtype, var("e"), v);
+            Ok(())
+        })?;
+        body.push(Stmt::For {
+            var: "e".into(),
+            start: global_thread(),
+            end: int(n as i64),
+            step: grid_stride(),
+            unroll: false,
+            body: stores,
+        });
+    }
+    Ok(body)
+}
+
+/// `const int name = value;`
+pub(super) fn let_int(name: &str, value: Expr) -> Stmt {
+    Stmt::Let {
+        name: name.into(),
+        ty: Ty::I32,
+        value,
+        constant: true,
+    }
+}
+
+/// `lets` (index locals) followed by `body`, without the lets nothing reads.
+pub(super) fn with_lets(lets: Vec<Stmt>, body: Vec<Stmt>) -> Vec<Stmt> {
+    let mut out = body;
+    for stmt in lets.into_iter().rev() {
+        let read = match &stmt {
+            Stmt::Let { name, .. } => out.iter().any(|s| s.reads(name)),
+            _ => true,
+        };
+        if read {
+            out.insert(0, stmt);
+        }
+    }
+    out
+}
+
+/// `float name = value;` (`const` when `constant`).
+pub(super) fn let_float(name: &str, value: Expr, constant: bool) -> Stmt {
+    Stmt::Let {
+        name: name.into(),
+        ty: Ty::F32,
+        value,
+        constant,
+    }
+}
+
+/// An f32 array (shared or per-thread) by name.
+pub(super) fn f32_array(name: &str) -> ArrayRef {
+    ArrayRef {
+        name: name.into(),
+        ty: Ty::F32,
+        reinterpret: false,
+    }
+}
+
+/// `name[index]` of an f32 array.
+pub(super) fn at(name: &str, index: Expr) -> Expr {
+    Expr::Load(f32_array(name), Box::new(index))
+}
+
+/// `a < b`
+pub(super) fn lt(a: Expr, b: Expr) -> Expr {
+    bin(BinOp::Lt, a, b)
+}
+
+/// `#pragma unroll for (int var = 0; var < n; var += 1) { body }`
+pub(super) fn unrolled(var: &str, n: usize, body: Vec<Stmt>) -> Stmt {
+    Stmt::For {
+        var: var.into(),
+        start: int(0),
+        end: int(n as i64),
+        step: int(1),
+        unroll: true,
+        body,
+    }
+}
+
+/// `for (int var = start; var < end; var += step) { body }`, unroll left to the compiler.
+pub(super) fn counted(var: &str, start: Expr, end: Expr, step: usize, body: Vec<Stmt>) -> Stmt {
+    Stmt::For {
+        var: var.into(),
+        start,
+        end,
+        step: int(step as i64),
+        unroll: false,
+        body,
+    }
+}
+
+/// `if (a && b ..) { body }` over the conditions that are not statically
+/// true (`None`), or the body alone when all are.
+pub(super) fn guarded(conds: Vec<Option<Expr>>, body: Vec<Stmt>) -> Vec<Stmt> {
+    match conds
+        .into_iter()
+        .flatten()
+        .reduce(|a, b| bin(BinOp::And, a, b))
+    {
+        Some(cond) => vec![Stmt::If(cond, body)],
+        None => body,
+    }
+}
+
+/// The bound a tile of `extent` starting at multiples of `extent` (when
+/// `aligned`) must check against `bound`: `None` when it never crosses it.
+pub(super) fn crossing(bound: usize, extent: usize, aligned: bool) -> Option<usize> {
+    (!aligned || !bound.is_multiple_of(extent)).then_some(bound)
+}
+
+/// A `rows × cols` tile of a value staged into a shared array through its
+/// index map: element `(r, c)` is the value at `index(origin[0] + r,
+/// origin[1] + c)`, stored at `slot(r, c)`; elements at or past `bounds` are
+/// stored as zero without being loaded (`None`: the tile never crosses it).
+pub(super) struct Tile<'a> {
+    /// The value read.
+    pub value: ValueId,
+    /// The shared array (also the prefix of the loop's locals).
+    pub shared: &'a str,
+    /// Tile extents.
+    pub rows: usize,
+    pub cols: usize,
+    /// Global row and column of the tile's first element.
+    pub origin: [Expr; 2],
+    /// Global row and column bounds.
+    pub bounds: [Option<usize>; 2],
+    /// The value's index at a global (row, column).
+    pub index: &'a dyn Fn(Expr, Expr) -> Index,
+    /// The shared position of a tile (row, column).
+    pub slot: &'a dyn Fn(Expr, Expr) -> Expr,
+    /// Walk columns fastest (when they are contiguous in memory), else rows.
+    pub cols_inner: bool,
+}
+
+/// The loop that stages `t` with `threads` threads, each element once.
+pub(super) fn stage(l: &mut Lower, t: &Tile, threads: usize) -> Result<Stmt> {
+    let s = t.shared;
+    let (i, r, c, row, col, val) = (
+        format!("{s}_i"),
+        format!("{s}_r"),
+        format!("{s}_c"),
+        format!("{s}_row"),
+        format!("{s}_col"),
+        format!("{s}_val"),
+    );
+    for n in [&i, &r, &c, &row, &col, &val] {
+        l.used_names.insert(n.clone());
+    }
+    let (r_of, c_of) = if t.cols_inner {
+        (div(var(&i), t.cols as i64), rem(var(&i), t.cols as i64))
+    } else {
+        (rem(var(&i), t.rows as i64), div(var(&i), t.rows as i64))
+    };
+    let conds = vec![
+        t.bounds[0].map(|b| lt(var(&row), int(b as i64))),
+        t.bounds[1].map(|b| lt(var(&col), int(b as i64))),
+    ];
+    let load = l.scoped(|l| {
+        let v = l.value_at(t.value, &(t.index)(var(&row), var(&col)))?;
+        l.body.push(Stmt::Assign(val.clone(), v));
+        Ok(())
+    })?;
+    let mut body = vec![
+        let_int(&r, r_of),
+        let_int(&c, c_of),
+        let_int(&row, add(t.origin[0].clone(), var(&r))),
+        let_int(&col, add(t.origin[1].clone(), var(&c))),
+    ];
+    if conds.iter().all(Option::is_none) {
+        body.extend(load);
+        let Some(Stmt::Assign(_, v)) = body.pop() else {
+            unreachable!("the load ends with its assignment")
+        };
+        body.push(Stmt::Store(f32_array(s), (t.slot)(var(&r), var(&c)), v));
+    } else {
+        body.push(let_float(&val, Expr::F32(0.0), false));
+        body.extend(guarded(conds, load));
+        body.push(Stmt::Store(
+            f32_array(s),
+            (t.slot)(var(&r), var(&c)),
+            var(&val),
+        ));
+    }
+    let total = t.rows * t.cols;
+    Ok(Stmt::For {
+        var: i,
+        start: Expr::Builtin(Builtin::ThreadX),
+        end: int(total as i64),
+        step: int(threads as i64),
+        unroll: total.is_multiple_of(threads) && total / threads <= 32,
+        body,
+    })
+}
+
+/// One rank-1 update of a thread's micro-tile from two k-major shared
+/// arrays: `acc[i·cols + j] += a[a0 + i·a_step] · b[b0 + j·b_step]` for
+/// `i < rows`, `j < cols` (fragments loaded once into `a_frag`, `b_frag`).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn fma_tile(
+    acc: &str,
+    a: &str,
+    a0: Expr,
+    a_step: usize,
+    rows: usize,
+    b: &str,
+    b0: Expr,
+    b_step: usize,
+    cols: usize,
+) -> Vec<Stmt> {
+    let frag = |name: &str, shared: &str, base: &Expr, step: usize, len: usize| {
+        vec![
+            Stmt::LocalArray {
+                name: name.into(),
+                ty: Ty::F32,
+                len,
+            },
+            unrolled(
+                "i",
+                len,
+                vec![Stmt::Store(
+                    f32_array(name),
+                    var("i"),
+                    at(shared, add(base.clone(), mul(var("i"), int(step as i64)))),
+                )],
+            ),
+        ]
+    };
+    let mut out = frag("a_frag", a, &a0, a_step, rows);
+    out.extend(frag("b_frag", b, &b0, b_step, cols));
+    let ij = add(mul(var("i"), int(cols as i64)), var("j"));
+    out.push(unrolled(
+        "i",
+        rows,
+        vec![unrolled(
+            "j",
+            cols,
+            vec![Stmt::Store(
+                f32_array(acc),
+                ij.clone(),
+                call(
+                    "fmaf",
+                    vec![at("a_frag", var("i")), at("b_frag", var("j")), at(acc, ij)],
+                ),
+            )],
+        )],
+    ));
+    out
+}
+
+/// `float name[len];` set to `value`.
+pub(super) fn filled(name: &str, len: usize, value: f32) -> Vec<Stmt> {
+    vec![
+        Stmt::LocalArray {
+            name: name.into(),
+            ty: Ty::F32,
+            len,
+        },
+        unrolled(
+            "i",
+            len,
+            vec![Stmt::Store(f32_array(name), var("i"), Expr::F32(value))],
+        ),
+    ]
+}
+
+/// Dynamic shared memory carved into f32 arrays, each 16-byte aligned.
+#[derive(Default)]
+pub(super) struct SharedLayout {
+    views: Vec<Stmt>,
+    bytes: usize,
+}
+
+impl SharedLayout {
+    /// Adds the f32 array `name` of `len` elements.
+    pub(super) fn add(&mut self, name: &str, len: usize) {
+        self.views.push(Stmt::SharedView {
+            name: name.into(),
+            ty: Ty::F32,
+            offset: self.bytes,
+        });
+        self.bytes += (len * 4).next_multiple_of(16);
+    }
+
+    /// The declarations and the total bytes.
+    pub(super) fn finish(self) -> (Vec<Stmt>, usize) {
+        (self.views, self.bytes)
+    }
+}
+
+/// Splits `threads` into `threads_m × threads_n` dividing `tm × tn`, the
+/// micro-tile as square as possible (wider than tall on a tie).
+fn thread_grid(tm: usize, tn: usize, threads: usize) -> Option<(usize, usize)> {
+    (1..=threads)
+        .filter(|&tn_t| {
+            threads.is_multiple_of(tn_t)
+                && tn.is_multiple_of(tn_t)
+                && tm.is_multiple_of(threads / tn_t)
+        })
+        .map(|tn_t| (threads / tn_t, tn_t))
+        .min_by_key(|&(tm_t, tn_t)| {
+            let (mm, nn) = ((tm / tm_t) as i64, (tn / tn_t) as i64);
+            ((mm - nn).abs(), -nn)
+        })
+}
+
+/// `tx`, `ty`: a thread's column and row in a `threads_m × threads_n` grid,
+/// consecutive threads along the columns, or along the rows when `rows_fast`.
+pub(super) fn thread_coords(threads_m: usize, threads_n: usize, rows_fast: bool) -> [Stmt; 2] {
+    let tid = Expr::Builtin(Builtin::ThreadX);
+    if rows_fast {
+        [
+            let_int("tx", div(tid.clone(), threads_m as i64)),
+            let_int("ty", rem(tid, threads_m as i64)),
+        ]
+    } else {
+        [
+            let_int("tx", rem(tid.clone(), threads_n as i64)),
+            let_int("ty", div(tid, threads_n as i64)),
+        ]
+    }
+}
+
+/// Locals of the chain kernel, reserved before the parameters are named.
+const CHAIN_NAMES: [&str; 23] = [
+    "tile_r", "split", "bz", "r0", "tx", "ty", "c0", "k0", "kk", "i", "j", "e", "acc", "a_frag",
+    "b_frag", "row", "col", "n_begin", "n_end", "x1", "Xs", "As", "Bs",
+];
 
 /// Lowers a `contraction_chain` group.
-pub(super) fn chain(l: &mut Lower, _op: OpId) -> Result<Kernel, EmitError> {
-    Err(l.unsupported("group kind `contraction_chain`"))
+pub(super) fn chain(l: &mut Lower, op: OpId) -> Result<Kernel> {
+    let g = l.g;
+    for n in CHAIN_NAMES {
+        l.used_names.insert(n.into());
+    }
+    let params = params(l, op);
+    let region = g.op(op).region.expect("a fused op has a region");
+    let anchors: Vec<OpId> = g
+        .block(region)
+        .ops
+        .iter()
+        .copied()
+        .filter(|&o| matches!(g.op(o).kind, OpKind::Matmul | OpKind::Conv2d))
+        .collect();
+    let [op1, op2] = anchors[..] else {
+        return Err(l.unsupported(format!(
+            "a chain of {} contractions (two supported)",
+            anchors.len()
+        )));
+    };
+    let first = Contraction::of(l, op1)?;
+    let second = Contraction::of(l, op2)?;
+    if first.is_matmul() != second.is_matmul() {
+        return Err(l.unsupported("a chain mixing matmul and conv2d"));
+    }
+    let t1 = derived(g, op, first.result, &[op2]);
+    let t2 = derived(g, op, second.result, &[]);
+    check_elementwise_path(
+        l,
+        &t1,
+        first.result,
+        second.a,
+        "the rows of the second contraction",
+    )?;
+    if t1.contains(&second.b) || second.transposes_a() {
+        return Err(l.unsupported(
+            "a second contraction that does not take its rows from the first (untransposed) and its weights from outside",
+        ));
+    }
+    if g.ty(second.a).dims() != g.ty(first.result).dims()
+        || second.batch_dims != first.batch_dims
+        || second.rows != first.rows
+        || second.k != first.cols
+    {
+        return Err(l.unsupported("a chain whose second contraction reads other rows"));
+    }
+    check_epilogue(l, op, &t1, &[op2], "the first contraction")?;
+    check_epilogue(l, op, &t2, &[], "the second contraction")?;
+    let mut stage1_out = Vec::new();
+    let mut stage2_out = Vec::new();
+    let mut independent = Vec::new();
+    for (out, from) in classify_outputs(l, op, &params, &[&t1, &t2])? {
+        match from {
+            Some(0) => stage1_out.push(out),
+            Some(_) => stage2_out.push(out),
+            None => independent.push(out),
+        }
+    }
+
+    let tile = g
+        .op(op)
+        .attrs
+        .ints("tile")
+        .map(<[i64]>::to_vec)
+        .unwrap_or_else(|| vec![64, 32, 16]);
+    let [tm, tn, tk] = tile[..] else {
+        return Err(l.unsupported(format!("tile = {tile:?}")));
+    };
+    let (tm, tn, tk) = (tm.max(1) as usize, tn.max(1) as usize, tk.max(1) as usize);
+    let threads = attr_int(g, op, "threads", 256).clamp(1, 1024) as usize;
+    let split = attr_int(g, op, "split_n", 1).max(1) as usize;
+    let Some((threads_m, threads_n)) = thread_grid(tm, tn, threads) else {
+        return Err(l.unsupported(format!(
+            "tile [{tm}, {tn}] with {threads} threads (no even split)"
+        )));
+    };
+    let (mt, nt) = (tm / threads_m, tn / threads_n);
+    let (rows, k1, n1, n2) = (first.rows, first.k, first.cols, second.cols);
+    let batch = first.batch();
+    // Xs holds whole `tk` steps of the intermediate; the rows past N1 are zero.
+    let xs_rows = n1.next_multiple_of(tk);
+    let mut smem = SharedLayout::default();
+    smem.add("Xs", xs_rows * (tm + 1));
+    smem.add("As", tk * (tm + 1));
+    smem.add("Bs", tk * (tn + 1));
+    let (views, shared_bytes) = smem.finish();
+    if mt * nt > 128 || shared_bytes > MAX_SHARED {
+        return Err(l.unsupported(format!(
+            "a {mt}x{nt} micro-tile or {shared_bytes} bytes of shared memory"
+        )));
+    }
+    let largest = (rows * n1.max(n2).max(k1)).max(k1 * n1).max(n1 * n2);
+    if batch * largest >= i32::MAX as usize {
+        return Err(l.unsupported("more than 2^31 elements"));
+    }
+    let grid_r = rows.div_ceil(tm);
+    let n_split = n2.div_ceil(split);
+    // NCHW keeps a channel's pixels (the rows) contiguous: consecutive
+    // threads then take consecutive rows, so stores coalesce.
+    let rows_fast = second.rows_contiguous();
+
+    let bid = Expr::Builtin(Builtin::BlockX);
+    let mut body = vec![
+        Stmt::Comment(format!(
+            "{tm} rows per block, all {n1} intermediate columns in shared memory, then {n_split} of the {n2} output columns; chunks of {tn} columns, k steps of {tk}; {threads_m}x{threads_n} threads, each a {mt}x{nt} micro-tile"
+        )),
+        let_int("tile_r", rem(bid.clone(), grid_r as i64)),
+    ];
+    if split > 1 {
+        body.push(let_int(
+            "split",
+            rem(div(bid.clone(), grid_r as i64), split as i64),
+        ));
+    }
+    let bz = if batch > 1 {
+        body.push(let_int("bz", div(bid, (grid_r * split) as i64)));
+        var("bz")
+    } else {
+        int(0)
+    };
+    body.push(let_int("r0", mul(var("tile_r"), int(tm as i64))));
+    body.extend(thread_coords(threads_m, threads_n, rows_fast));
+    body.extend(views);
+    let batch_coords = Index::linear(&first.batch_dims, bz).get_coords();
+    if xs_rows > n1 {
+        body.push(Stmt::Comment(format!(
+            "zero the intermediate's rows {n1}..{xs_rows} (read by the last k step)"
+        )));
+        body.push(Stmt::For {
+            var: "e".into(),
+            start: Expr::Builtin(Builtin::ThreadX),
+            end: int(((xs_rows - n1) * (tm + 1)) as i64),
+            step: int(threads as i64),
+            unroll: false,
+            body: vec![Stmt::Store(
+                f32_array("Xs"),
+                add(int((n1 * (tm + 1)) as i64), var("e")),
+                Expr::F32(0.0),
+            )],
+        });
+    }
+    body.extend(filled("acc", mt * nt, 0.0));
+    let acc_ij = at("acc", add(mul(var("i"), int(nt as i64)), var("j")));
+    let row_local = add(var("ty"), mul(var("i"), int(threads_m as i64)));
+    let row = add(var("r0"), row_local.clone());
+    let col = add(
+        add(var("c0"), var("tx")),
+        mul(var("j"), int(threads_n as i64)),
+    );
+    let zero_acc = unrolled(
+        "i",
+        mt * nt,
+        vec![Stmt::Store(f32_array("acc"), var("i"), Expr::F32(0.0))],
+    );
+    let fma_steps = |a: &str, a0: Expr, b0: Expr| {
+        unrolled(
+            "kk",
+            tk,
+            fma_tile("acc", a, a0, threads_m, mt, "Bs", b0, threads_n, nt),
+        )
+    };
+    let b_slot = |r: Expr, c: Expr| add(mul(r, int((tn + 1) as i64)), c);
+    let row_check = (!rows.is_multiple_of(tm)).then(|| lt(var("row"), int(rows as i64)));
+
+    // Stage 1: the first contraction over all intermediate columns, into Xs.
+    let mut stage1 = vec![zero_acc.clone()];
+    let a_tile = stage(
+        l,
+        &Tile {
+            value: first.a,
+            shared: "As",
+            rows: tm,
+            cols: tk,
+            origin: [var("r0"), var("k0")],
+            bounds: [crossing(rows, tm, true), crossing(k1, tk, true)],
+            index: &|r, k| first.a_index(g, &batch_coords, r, k),
+            slot: &|r, k| add(mul(k, int((tm + 1) as i64)), r),
+            cols_inner: first.a_k_contiguous(g),
+        },
+        threads,
+    )?;
+    let b1_tile = stage(
+        l,
+        &Tile {
+            value: first.b,
+            shared: "Bs",
+            rows: tk,
+            cols: tn,
+            origin: [var("k0"), var("c0")],
+            bounds: [crossing(k1, tk, true), crossing(n1, tn, true)],
+            index: &|k, c| first.b_index(g, &batch_coords, k, c),
+            slot: &b_slot,
+            cols_inner: first.b_cols_contiguous(g),
+        },
+        threads,
+    )?;
+    stage1.push(counted(
+        "k0",
+        int(0),
+        int(k1 as i64),
+        tk,
+        vec![
+            a_tile,
+            b1_tile,
+            Stmt::Barrier,
+            fma_steps(
+                "As",
+                add(mul(var("kk"), int((tm + 1) as i64)), var("ty")),
+                add(mul(var("kk"), int((tn + 1) as i64)), var("tx")),
+            ),
+            Stmt::Barrier,
+        ],
+    ));
+    let epilogue1 = l.scoped(|l| {
+        l.reduced = Some((first.result, Reduced::Row(acc_ij.clone()), 0));
+        let idx = first.out_index(g, &batch_coords, var("row"), var("col"));
+        let inner = l.scoped(|l| {
+            let x1 = forward_index(g, &t1, first.result, second.a, &idx)
+                .expect("the rows derive elementwise from the first contraction");
+            let v = l.value_at(second.a, &x1)?;
+            l.body.push(Stmt::Assign("x1".into(), v));
+            if !stage1_out.is_empty() {
+                let stores =
+                    l.scoped(|l| store_derived(l, &t1, first.result, &idx, &stage1_out))?;
+                let first_split = (split > 1).then(|| bin(BinOp::Eq, var("split"), int(0)));
+                l.body.extend(guarded(vec![first_split], stores));
+            }
+            Ok(())
+        });
+        l.reduced = None;
+        l.body.push(let_float("x1", Expr::F32(0.0), false));
+        l.body.extend(guarded(vec![row_check.clone()], inner?));
+        l.body.push(Stmt::Store(
+            f32_array("Xs"),
+            add(mul(var("col"), int((tm + 1) as i64)), row_local.clone()),
+            var("x1"),
+        ));
+        Ok(())
+    })?;
+    let col_check = (!n1.is_multiple_of(tn)).then(|| lt(var("col"), int(n1 as i64)));
+    let per_acc = with_lets(
+        vec![let_int("row", row.clone()), let_int("col", col.clone())],
+        guarded(vec![col_check], epilogue1),
+    );
+    stage1.push(unrolled("i", mt, vec![unrolled("j", nt, per_acc)]));
+    body.push(Stmt::Comment(
+        "stage 1: the first contraction over all intermediate columns, into Xs".into(),
+    ));
+    body.push(counted("c0", int(0), int(n1 as i64), tn, stage1));
+    body.push(Stmt::Barrier);
+
+    // Stage 2: the second contraction from Xs over this split's columns.
+    let (n_begin, n_end) = if split > 1 {
+        body.push(let_int("n_begin", mul(var("split"), int(n_split as i64))));
+        body.push(let_int(
+            "n_end",
+            call(
+                "min",
+                vec![add(var("n_begin"), int(n_split as i64)), int(n2 as i64)],
+            ),
+        ));
+        (var("n_begin"), var("n_end"))
+    } else {
+        (int(0), int(n2 as i64))
+    };
+    let b2_tile = stage(
+        l,
+        &Tile {
+            value: second.b,
+            shared: "Bs",
+            rows: tk,
+            cols: tn,
+            origin: [var("k0"), var("c0")],
+            bounds: [crossing(n1, tk, true), crossing(n2, tn, split == 1)],
+            index: &|k, c| second.b_index(g, &batch_coords, k, c),
+            slot: &b_slot,
+            cols_inner: second.b_cols_contiguous(g),
+        },
+        threads,
+    )?;
+    let mut stage2 = vec![
+        zero_acc,
+        counted(
+            "k0",
+            int(0),
+            int(n1 as i64),
+            tk,
+            vec![
+                b2_tile,
+                Stmt::Barrier,
+                fma_steps(
+                    "Xs",
+                    add(
+                        mul(add(var("k0"), var("kk")), int((tm + 1) as i64)),
+                        var("ty"),
+                    ),
+                    add(mul(var("kk"), int((tn + 1) as i64)), var("tx")),
+                ),
+                Stmt::Barrier,
+            ],
+        ),
+    ];
+    let epilogue2 = l.scoped(|l| {
+        l.reduced = Some((second.result, Reduced::Row(acc_ij.clone()), 0));
+        let idx = second.out_index(g, &batch_coords, var("row"), var("col"));
+        let result = store_derived(l, &t2, second.result, &idx, &stage2_out);
+        l.reduced = None;
+        result
+    })?;
+    let col_check = match &n_end {
+        Expr::Int(end) if n2.is_multiple_of(tn) && *end == n2 as i64 => None,
+        end => Some(lt(var("col"), end.clone())),
+    };
+    let per_acc = with_lets(
+        vec![let_int("row", row), let_int("col", col)],
+        guarded(vec![row_check, col_check], epilogue2),
+    );
+    stage2.push(unrolled("i", mt, vec![unrolled("j", nt, per_acc)]));
+    body.push(Stmt::Comment(
+        "stage 2: the second contraction from Xs over this block's output columns".into(),
+    ));
+    body.push(counted("c0", n_begin, n_end, tn, stage2));
+    body.extend(store_independent(l, &independent)?);
+
+    let kind = if first.is_matmul() {
+        "gemm"
+    } else {
+        "1x1 conv"
+    };
+    let summary = format!(
+        "contraction chain ({kind} -> {kind}, {}): {batch} x {rows} rows, {k1} -> {n1} -> {n2}, tile [{tm}, {tn}, {tk}], split {split}, {threads} threads, {mt}x{nt} per thread, fma",
+        g.ty(first.a).dtype.name(),
+    );
+    Ok(Kernel {
+        name: kernel_name(g, op),
+        summary,
+        params,
+        shared: Vec::new(),
+        body,
+        helpers: std::mem::take(&mut l.helpers),
+        block: threads as u32,
+        grid: (batch * grid_r * split) as u32,
+        dynamic_shared: shared_bytes,
+    })
 }
