@@ -713,3 +713,90 @@ fn shuffle_reduce(acc: &str, lanes: usize, combine: &dyn Fn(Expr, Expr) -> Expr)
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::emit_module_source;
+
+    /// The CUDA source of an f32 attention group over 2 heads of `seq`
+    /// queries and keys and head dim `d` (the probabilities a second result
+    /// when `probs`), or the emitter's error.
+    fn attention(
+        seq: usize,
+        d: usize,
+        block: [usize; 2],
+        threads: usize,
+        probs: bool,
+    ) -> Result<String, String> {
+        let s = format!("f32[2,{seq},{seq}]");
+        let x = format!("f32[2,{seq},{d}]");
+        let (results, yields) = if probs {
+            (format!("{x}, {s}"), "%o, %p")
+        } else {
+            (x.clone(), "%o")
+        };
+        let src = format!(
+            "graph @g(%q: {x}, %k: {x}, %v: {x}) -> ({results}) {{\n\
+             \x20 %r0, %r1 = fused @g0(%q.in = %q, %k.in = %k, %v.in = %v) {{block = [{}, {}], kind = \"attention\", level = \"shared\", math = \"fma\", stages = 1, threads = {threads}}} : {results} {{\n\
+             \x20   %s = matmul %q.in, %k.in {{transpose_b = true}} : {s}\n\
+             \x20   %c = constant {{value = 0.125}} : f32[]\n\
+             \x20   %cb = broadcast %c {{dims = []}} : {s}\n\
+             \x20   %t = mul %s, %cb : {s}\n\
+             \x20   %p = softmax %t {{axis = 2}} : {s}\n\
+             \x20   %o = matmul %p, %v.in : {x}\n\
+             \x20   yield {yields}\n\
+             \x20 }}\n\
+             \x20 return %r0{}\n\
+             }}\n",
+            block[0],
+            block[1],
+            if probs { ", %r1" } else { "" }
+        );
+        let src = if probs {
+            src
+        } else {
+            src.replace("%r0, %r1 = fused", "%r0 = fused")
+        };
+        let module = dcir_reader::parse_module(&src).map_err(|e| format!("{e:?}"))?;
+        emit_module_source(&module).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn odd_sizes_check_bounds_and_pad_scores_with_minus_infinity() {
+        let s = attention(17, 20, [16, 16], 64, false).expect("lowers");
+        assert!(s.contains("if (row < 17 && col < 17)"), "{s}");
+        assert!(
+            s.contains("float s_val = __int_as_float(0xff800000);"),
+            "{s}"
+        );
+        assert!(s.contains("if (Ks_row < 17)"), "{s}");
+        // 8 threads per row: V's head dim 20 is padded to 24 columns.
+        assert!(
+            s.contains("8x8 threads, each 2x2 scores and 2x3 outputs"),
+            "{s}"
+        );
+        assert!(s.contains("if (Vs_row < 17 && Vs_col < 20)"), "{s}");
+        assert!(s.contains("if (row < 17 && col < 20)"), "{s}");
+    }
+
+    #[test]
+    fn whole_tiles_need_no_bounds_checks() {
+        let s = attention(128, 64, [64, 64], 128, false).expect("lowers");
+        assert!(!s.contains("row <") && !s.contains("col <"), "{s}");
+        assert!(!s.contains("s_val"), "{s}");
+        assert!(
+            s.contains("2 x [128 queries x 128 keys], head dims 64/64"),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn unsupported_forms_say_why() {
+        let e = attention(17, 256, [16, 256], 64, false).expect_err("too big");
+        assert!(e.contains("bytes of shared memory"), "{e}");
+        let e = attention(17, 24, [16, 16], 48, false).expect_err("no warp split");
+        assert!(e.contains("no split of whole warps"), "{e}");
+        let e = attention(17, 24, [16, 16], 64, true).expect_err("probabilities");
+        assert!(e.contains("taken from the scores or probabilities"), "{e}");
+    }
+}

@@ -1334,3 +1334,101 @@ fn stage2(
     ];
     Ok(counted("c0", begin, end, tn, chunk))
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::emit_module_source;
+
+    fn emit(src: &str) -> Result<String, String> {
+        let module = dcir_reader::parse_module(src).map_err(|e| format!("{e:?}"))?;
+        emit_module_source(&module).map_err(|e| e.to_string())
+    }
+
+    /// A 1×1 conv → 1×1 conv chain over `x` (NCHW) with `c1` then `c2`
+    /// output channels, the intermediate a result too; `conv1` holds extra
+    /// attributes of the first conv.
+    fn conv_chain(x: [usize; 4], c1: usize, c2: usize, attrs: &str, conv1: &str) -> String {
+        let [n, c0, h, w] = x;
+        let t0 = format!("f32[{n},{c0},{h},{w}]");
+        let (oh, ow) = if conv1.contains("stride") {
+            (h.div_ceil(2), w.div_ceil(2))
+        } else {
+            (h, w)
+        };
+        let t1 = format!("f32[{n},{c1},{oh},{ow}]");
+        let t2 = format!("f32[{n},{c2},{oh},{ow}]");
+        format!(
+            "graph @g(%x: {t0}, %w1: f32[{c1},{c0},1,1], %w2: f32[{c2},{c1},1,1]) -> ({t1}, {t2}) {{\n\
+             \x20 %h, %y = fused @g0(%x.in = %x, %w1.in = %w1, %w2.in = %w2) {{kind = \"contraction_chain\", level = \"shared\", math = \"fma\", stages = 1, {attrs}}} : {t1}, {t2} {{\n\
+             \x20   %c1 = conv2d %x.in, %w1.in {conv1} : {t1}\n\
+             \x20   %h.r = relu %c1 : {t1}\n\
+             \x20   %c2 = conv2d %h.r, %w2.in : {t2}\n\
+             \x20   yield %h.r, %c2\n\
+             \x20 }}\n\
+             \x20 return %h, %y\n\
+             }}\n"
+        )
+    }
+
+    #[test]
+    fn odd_sizes_check_bounds_and_split_zero_stores_the_intermediate() {
+        let src = conv_chain(
+            [2, 5, 7, 9],
+            3,
+            17,
+            "split_n = 2, threads = 64, tile = [32, 16, 8]",
+            "",
+        );
+        let s = emit(&src).expect("lowers");
+        // 126 pixel rows in tiles of 32; 3 intermediate columns in chunks of 16.
+        assert!(s.contains("if (col < 3)"), "{s}");
+        assert!(s.contains("if (row < 126)"), "{s}");
+        assert!(s.contains("if (split == 0)"), "{s}");
+        assert!(s.contains("zero the intermediate's rows 3..8"), "{s}");
+        assert!(s.contains("if (row < 126 && col < n_end)"), "{s}");
+        // Consecutive threads on consecutive pixels.
+        assert!(s.contains("const int ty = threadIdx.x % 16;"), "{s}");
+    }
+
+    #[test]
+    fn whole_tiles_need_no_bounds_checks() {
+        let src = conv_chain(
+            [1, 32, 8, 8],
+            32,
+            64,
+            "split_n = 1, threads = 128, tile = [64, 32, 16]",
+            "",
+        );
+        let s = emit(&src).expect("lowers");
+        assert!(!s.contains("row <") && !s.contains("col <"), "{s}");
+        assert!(!s.contains("zero the intermediate"), "{s}");
+        assert!(!s.contains("split ==") && !s.contains("n_end"), "{s}");
+    }
+
+    #[test]
+    fn unsupported_forms_say_why() {
+        let src = conv_chain(
+            [1, 8, 8, 8],
+            8,
+            8,
+            "split_n = 1, threads = 128, tile = [64, 32, 16]",
+            "{stride = [2, 2]}",
+        );
+        let e = emit(&src).expect_err("strided");
+        assert!(e.contains("not 1x1 with stride 1"), "{e}");
+        let src = "graph @g(%x: f32[16,8], %w1: f32[8,16], %w2: f32[16,4]) -> (f32[16,4]) {\n\
+             \x20 %y = fused @g0(%x.in = %x, %w1.in = %w1, %w2.in = %w2) {kind = \"contraction_chain\", level = \"shared\", split_n = 1, threads = 64, tile = [16, 16, 8]} : f32[16,4] {\n\
+             \x20   %h = matmul %x.in, %w1.in : f32[16,16]\n\
+             \x20   %ht = transpose %h {perm = [1, 0]} : f32[16,16]\n\
+             \x20   %y.r = matmul %ht, %w2.in : f32[16,4]\n\
+             \x20   yield %y.r\n\
+             \x20 }\n\
+             \x20 return %y\n\
+             }\n";
+        let e = emit(src).expect_err("a view between");
+        assert!(
+            e.contains("`transpose` in the rows of the second contraction"),
+            "{e}"
+        );
+    }
+}
