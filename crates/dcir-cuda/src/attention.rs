@@ -47,12 +47,13 @@ use dcir_ir::{OpId, OpKind, ValueId};
 
 use super::chain::{
     Contraction, Output, SharedLayout, Tile, at, check_elementwise_path, check_epilogue,
-    classify_outputs, counted, crossing, derived, f32_array, filled, fma_tile, guarded, let_float,
-    let_int, lt, stage, store_derived, store_independent, thread_coords, unrolled, with_lets,
+    classify_outputs, counted, crossing, derived, f32_array, filled, fma_tile, guarded, is_anchor,
+    let_float, let_int, lt, stage, store_derived, store_independent, thread_coords, unrolled,
+    with_lets,
 };
 use super::{EmitError, Index, Lower, Reduced, attr_int, kernel_name, params};
 use crate::kir::{
-    BinOp, Builtin, Expr, Helper, Kernel, Stmt, add, bin, call, div, int, mul, rem, var,
+    BinOp, Builtin, Expr, Helper, Kernel, Stmt, Ty, add, bin, call, div, int, mul, rem, select, var,
 };
 
 type Result<T> = std::result::Result<T, EmitError>;
@@ -89,18 +90,7 @@ impl Parts {
             .ops
             .iter()
             .copied()
-            .filter(|&o| {
-                matches!(
-                    g.op(o).kind,
-                    OpKind::Matmul
-                        | OpKind::Softmax
-                        | OpKind::Conv2d
-                        | OpKind::Layernorm
-                        | OpKind::ReduceSum
-                        | OpKind::ReduceMean
-                        | OpKind::ReduceMax
-                )
-            })
+            .filter(|&o| is_anchor(g.op(o).kind))
             .collect();
         let kinds: Vec<OpKind> = anchors.iter().map(|&o| g.op(o).kind).collect();
         use OpKind::{Matmul, Softmax};
@@ -296,7 +286,7 @@ pub(super) fn attention(l: &mut Lower, op: OpId) -> Result<Kernel> {
     }
     body.push(Stmt::LocalArray {
         name: "score".into(),
-        ty: crate::kir::Ty::F32,
+        ty: Ty::F32,
         len: mt * nt,
     });
     if let Some(qk) = &parts.qk {
@@ -317,7 +307,7 @@ pub(super) fn attention(l: &mut Lower, op: OpId) -> Result<Kernel> {
             threads,
         )?);
     }
-    let k = Key {
+    let plan = Plan {
         parts: &parts,
         batch_coords: &batch_coords,
         m,
@@ -335,28 +325,12 @@ pub(super) fn attention(l: &mut Lower, op: OpId) -> Result<Kernel> {
     };
 
     // Pass 1: the scores of every key step, online softmax, O += P·V.
-    let mut step = k.stage_kv(l)?;
-    step.extend(k.scores(l)?);
-    step.push(unrolled("i", mt, k.online_softmax(l)));
+    let mut step = plan.stage_kv(l)?;
+    step.extend(plan.scores(l)?);
+    step.push(unrolled("i", mt, plan.online_softmax(l)));
     if dv > 0 {
         step.push(Stmt::Barrier);
-        step.push(counted(
-            "key",
-            int(0),
-            int(bn as i64),
-            1,
-            fma_tile(
-                "out_acc",
-                "Ps",
-                add(mul(var("key"), int((bm + 1) as i64)), var("ty")),
-                tm_t,
-                mt,
-                "Vs",
-                add(mul(var("key"), int(dvp as i64)), var("tx")),
-                tn_t,
-                nv,
-            ),
-        ));
+        step.push(plan.accumulate_pv());
     }
     step.push(Stmt::Barrier);
     body.push(Stmt::Comment(
@@ -366,12 +340,12 @@ pub(super) fn attention(l: &mut Lower, op: OpId) -> Result<Kernel> {
 
     if let Some(pv) = &parts.pv {
         body.push(Stmt::Comment("O / l through the epilogue".into()));
-        body.push(k.store_output(l, pv)?);
+        body.push(plan.store_output(l, pv)?);
     } else {
         // Pass 2: recompute the scores, store exp(s - m) / l.
-        let mut step = k.stage_kv(l)?;
-        step.extend(k.scores(l)?);
-        step.push(k.store_probabilities(l)?);
+        let mut step = plan.stage_kv(l)?;
+        step.extend(plan.scores(l)?);
+        step.push(plan.store_probabilities(l)?);
         step.push(Stmt::Barrier);
         body.push(Stmt::Comment(
             "the probabilities: the scores again, exp(s - m) / l".into(),
@@ -402,8 +376,10 @@ pub(super) fn attention(l: &mut Lower, op: OpId) -> Result<Kernel> {
     })
 }
 
-/// The sizes and thread split an attention kernel is built with.
-struct Key<'a> {
+/// The sizes and thread split an attention kernel is built with (`tm_t ×
+/// tn_t` threads, each `mt × nt` scores and `mt × nv` outputs; `dvp` = V's
+/// head dim padded to whole `tn_t` columns).
+struct Plan<'a> {
     parts: &'a Parts,
     batch_coords: &'a [Expr],
     m: usize,
@@ -420,7 +396,17 @@ struct Key<'a> {
     threads: usize,
 }
 
-impl Key<'_> {
+impl Plan<'_> {
+    /// `row < M`, unless the row tiles cover M exactly.
+    fn row_in_range(&self) -> Option<Expr> {
+        crossing(self.m, self.bm, true).map(|m| lt(var("row"), int(m as i64)))
+    }
+
+    /// `col < N` for a key column, unless the key steps cover N exactly.
+    fn key_in_range(&self) -> Option<Expr> {
+        crossing(self.n, self.bn, true).map(|n| lt(var("col"), int(n as i64)))
+    }
+
     /// `row` = `m0 + ty + i·threads_m` (this thread's row `i`) and `col` =
     /// `col0 + step·threads_n` (its column `step`).
     fn row_col(&self, col0: Expr, step: &str) -> Vec<Stmt> {
@@ -511,10 +497,7 @@ impl Key<'_> {
             ));
         }
         let slot = add(mul(var("i"), int(nt as i64)), var("j"));
-        let conds = vec![
-            crossing(self.m, self.bm, true).map(|m| lt(var("row"), int(m as i64))),
-            crossing(self.n, self.bn, true).map(|n| lt(var("col"), int(n as i64))),
-        ];
+        let conds = vec![self.row_in_range(), self.key_in_range()];
         let in_range = conds.iter().any(Option::is_some);
         let each = l.scoped(|l| {
             if let Some(qk) = &self.parts.qk {
@@ -571,7 +554,7 @@ impl Key<'_> {
             Stmt::Comment("a row still all -inf keeps p = 0 (not exp(-inf + inf))".into()),
             let_float(
                 "m_use",
-                crate::kir::select(
+                select(
                     bin(BinOp::Eq, var("m_new"), Expr::F32(f32::NEG_INFINITY)),
                     Expr::F32(0.0),
                     var("m_new"),
@@ -637,6 +620,27 @@ impl Key<'_> {
         out
     }
 
+    /// `O += P·V` over this step's keys, from `Ps` and `Vs`.
+    fn accumulate_pv(&self) -> Stmt {
+        counted(
+            "key",
+            int(0),
+            int(self.bn as i64),
+            1,
+            fma_tile(
+                "out_acc",
+                "Ps",
+                add(mul(var("key"), int((self.bm + 1) as i64)), var("ty")),
+                self.tm_t,
+                self.mt,
+                "Vs",
+                add(mul(var("key"), int(self.dvp as i64)), var("tx")),
+                self.tn_t,
+                self.nv,
+            ),
+        )
+    }
+
     /// After the last step: `O / l` bound to `P·V`'s value, through the epilogue.
     fn store_output(&self, l: &mut Lower, pv: &Contraction) -> Result<Stmt> {
         let g = l.g;
@@ -650,7 +654,7 @@ impl Key<'_> {
             result
         })?;
         let conds = vec![
-            crossing(self.m, self.bm, true).map(|m| lt(var("row"), int(m as i64))),
+            self.row_in_range(),
             (self.dvp > pv.cols).then(|| lt(var("col"), int(pv.cols as i64))),
         ];
         let per_output = with_lets(self.row_col(var("tx"), "c"), guarded(conds, stores));
@@ -683,10 +687,7 @@ impl Key<'_> {
             l.reduced = None;
             result
         })?;
-        let conds = vec![
-            crossing(self.m, self.bm, true).map(|m| lt(var("row"), int(m as i64))),
-            crossing(self.n, self.bn, true).map(|n| lt(var("col"), int(n as i64))),
-        ];
+        let conds = vec![self.row_in_range(), self.key_in_range()];
         let per_score = with_lets(
             self.row_col(add(var("n0"), var("tx")), "j"),
             guarded(conds, stores),

@@ -369,6 +369,26 @@ pub(super) fn derived(g: &Graph, op: OpId, seed: ValueId, stop: &[OpId]) -> BTre
     set
 }
 
+/// Whether ops of `kind` anchor a kernel: the planner's contractions,
+/// reductions and pools (`dcir_fusion::class::role`); everything else in a
+/// group is computed per element through the index maps.
+pub(super) fn is_anchor(kind: OpKind) -> bool {
+    use OpKind::*;
+    matches!(
+        kind,
+        Conv2d
+            | Matmul
+            | Softmax
+            | Layernorm
+            | ReduceSum
+            | ReduceMean
+            | ReduceMax
+            | GlobalAvgpool
+            | Maxpool2d
+            | Avgpool2d
+    )
+}
+
 fn is_elementwise(kind: OpKind) -> bool {
     kind.is_elementwise_binary() || kind.is_elementwise_unary() || kind == OpKind::Cast
 }
@@ -388,7 +408,7 @@ pub(super) fn check_elementwise_path(
     }
     let op = match def_op(l.g, to) {
         Some(op) if set.contains(&to) => op,
-        _ => return Err(l.unsupported(format!("{what} that does not derive from it"))),
+        _ => return Err(l.unsupported(format!("{what}, not computed from the contraction"))),
     };
     let d = l.g.op(op);
     if !is_elementwise(d.kind) {
@@ -881,17 +901,18 @@ impl Chain {
     fn find(l: &Lower, op: OpId, params: &[Param]) -> Result<Chain> {
         let g = l.g;
         let region = g.op(op).region.expect("a fused op has a region");
-        let contractions: Vec<OpId> = g
+        let anchors: Vec<OpId> = g
             .block(region)
             .ops
             .iter()
             .copied()
-            .filter(|&o| matches!(g.op(o).kind, OpKind::Matmul | OpKind::Conv2d))
+            .filter(|&o| is_anchor(g.op(o).kind))
             .collect();
-        let [op1, op2] = contractions[..] else {
+        let [op1, op2] = anchors[..] else {
+            let kinds: Vec<&str> = anchors.iter().map(|&o| g.op(o).kind.name()).collect();
             return Err(l.unsupported(format!(
-                "a chain of {} contractions (two supported)",
-                contractions.len()
+                "a chain of {} (two contractions)",
+                kinds.join(" + ")
             )));
         };
         let first = Contraction::of(l, op1)?;
