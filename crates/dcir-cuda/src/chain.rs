@@ -20,7 +20,9 @@
 //!    chunks of `tile[1]`; epilogue and bounds-checked stores.
 //!
 //! With `split_n` = s the grid has s blocks per row tile, each recomputing the
-//! intermediate and storing a different column range of the output.
+//! intermediate and storing a different column range of the output. For 1×1
+//! convs consecutive threads take consecutive pixels (contiguous in NCHW),
+//! so loads and stores coalesce.
 //! Results of the first epilogue are stored by split 0 only, results that use
 //! no contraction (views of inputs the planner shares with other groups) by a
 //! grid-stride loop, so every element is written exactly once. f16/bf16 widen
@@ -44,6 +46,488 @@ type Result<T> = std::result::Result<T, EmitError>;
 
 /// Most bytes of shared memory one block may have on sm_90 (227 KiB).
 pub(super) const MAX_SHARED: usize = 227 * 1024;
+
+/// Locals of the chain kernel, reserved before the parameters are named.
+const CHAIN_NAMES: [&str; 23] = [
+    "tile_r", "split", "bz", "r0", "tx", "ty", "c0", "k0", "kk", "i", "j", "e", "acc", "a_frag",
+    "b_frag", "row", "col", "n_begin", "n_end", "x1", "Xs", "As", "Bs",
+];
+
+/// A chain group: its two contractions, the values derived from each, and
+/// which results each stage stores.
+struct Chain {
+    first: Contraction,
+    second: Contraction,
+    /// Values derived from the first contraction (not looking past the
+    /// second) and from the second.
+    t1: BTreeSet<ValueId>,
+    t2: BTreeSet<ValueId>,
+    /// Results of the first epilogue, of the second, and of neither.
+    stage1_out: Vec<Output>,
+    stage2_out: Vec<Output>,
+    independent: Vec<Output>,
+}
+
+impl Chain {
+    fn find(l: &Lower, op: OpId, params: &[Param]) -> Result<Chain> {
+        let g = l.g;
+        let region = g.op(op).region.expect("a fused op has a region");
+        let anchors: Vec<OpId> = g
+            .block(region)
+            .ops
+            .iter()
+            .copied()
+            .filter(|&o| is_anchor(g.op(o).kind))
+            .collect();
+        let [op1, op2] = anchors[..] else {
+            let kinds: Vec<&str> = anchors.iter().map(|&o| g.op(o).kind.name()).collect();
+            return Err(l.unsupported(format!(
+                "a chain of {} (two contractions)",
+                kinds.join(" + ")
+            )));
+        };
+        let first = Contraction::of(l, op1)?;
+        let second = Contraction::of(l, op2)?;
+        if first.is_matmul() != second.is_matmul() {
+            return Err(l.unsupported("a chain mixing matmul and conv2d"));
+        }
+        let t1 = derived(g, op, first.result, &[op2]);
+        let t2 = derived(g, op, second.result, &[]);
+        check_elementwise_path(
+            l,
+            &t1,
+            first.result,
+            second.a,
+            "the rows of the second contraction",
+        )?;
+        if t1.contains(&second.b) || second.transposes_a() {
+            return Err(l.unsupported(
+                "a second contraction that does not take its rows from the first (untransposed) and its weights from outside",
+            ));
+        }
+        if g.ty(second.a).dims() != g.ty(first.result).dims()
+            || second.batch_dims != first.batch_dims
+            || second.rows != first.rows
+            || second.k != first.cols
+        {
+            return Err(l.unsupported("a chain whose second contraction reads other rows"));
+        }
+        check_epilogue(l, op, &t1, &[op2], "the first contraction")?;
+        check_epilogue(l, op, &t2, &[], "the second contraction")?;
+        let (mut stage1_out, mut stage2_out, mut independent) =
+            (Vec::new(), Vec::new(), Vec::new());
+        for (out, from) in classify_outputs(l, op, params, &[&t1, &t2])? {
+            match from {
+                Some(0) => stage1_out.push(out),
+                Some(_) => stage2_out.push(out),
+                None => independent.push(out),
+            }
+        }
+        Ok(Chain {
+            first,
+            second,
+            t1,
+            t2,
+            stage1_out,
+            stage2_out,
+            independent,
+        })
+    }
+}
+
+/// How a chain kernel is tiled: `tm` rows per block, columns in chunks of
+/// `tn`, k in steps of `tk`, a `threads_m × threads_n` thread grid of
+/// `mt × nt` micro-tiles, `split` blocks per row tile.
+struct Plan {
+    tm: usize,
+    tn: usize,
+    tk: usize,
+    threads: usize,
+    split: usize,
+    threads_m: usize,
+    threads_n: usize,
+    mt: usize,
+    nt: usize,
+    /// Rows (intermediate columns) of `Xs`: whole `tk` steps, zero past N1.
+    xs_rows: usize,
+    /// Output columns per split.
+    n_split: usize,
+}
+
+impl Plan {
+    fn new(l: &Lower, op: OpId, chain: &Chain) -> Result<Plan> {
+        let g = l.g;
+        let tile = g
+            .op(op)
+            .attrs
+            .ints("tile")
+            .unwrap_or(&[64, 32, 16])
+            .to_vec();
+        let [tm, tn, tk] = tile[..] else {
+            return Err(l.unsupported(format!("tile = {tile:?}")));
+        };
+        let (tm, tn, tk) = (tm.max(1) as usize, tn.max(1) as usize, tk.max(1) as usize);
+        let threads = attr_int(g, op, "threads", 256).clamp(1, 1024) as usize;
+        let split = attr_int(g, op, "split_n", 1).max(1) as usize;
+        let Some((threads_m, threads_n)) = thread_grid(tm, tn, threads) else {
+            return Err(l.unsupported(format!(
+                "tile [{tm}, {tn}] with {threads} threads (no even split)"
+            )));
+        };
+        let (mt, nt) = (tm / threads_m, tn / threads_n);
+        if mt * nt > 128 {
+            return Err(l.unsupported(format!("a {mt}x{nt} micro-tile")));
+        }
+        let (first, second) = (&chain.first, &chain.second);
+        let (rows, k1, n1, n2) = (first.rows, first.k, first.cols, second.cols);
+        let largest = (rows * n1.max(n2).max(k1)).max(k1 * n1).max(n1 * n2);
+        if first.batch() * largest >= i32::MAX as usize {
+            return Err(l.unsupported("more than 2^31 elements"));
+        }
+        Ok(Plan {
+            tm,
+            tn,
+            tk,
+            threads,
+            split,
+            threads_m,
+            threads_n,
+            mt,
+            nt,
+            xs_rows: n1.next_multiple_of(tk),
+            n_split: n2.div_ceil(split),
+        })
+    }
+
+    /// `Xs` (the intermediate, k-major), `As`, `Bs` (operand tiles) in dynamic shared memory.
+    fn shared(&self) -> (Vec<Stmt>, usize) {
+        let mut smem = SharedLayout::default();
+        smem.add("Xs", self.xs_rows * (self.tm + 1));
+        smem.add("As", self.tk * (self.tm + 1));
+        smem.add("Bs", self.tk * (self.tn + 1));
+        smem.finish()
+    }
+
+    /// `acc[i·nt + j]`, this thread's accumulator `(i, j)`.
+    fn acc(&self) -> Expr {
+        at("acc", add(mul(var("i"), int(self.nt as i64)), var("j")))
+    }
+
+    /// This thread's row `i` in the block: `ty + i·threads_m`.
+    fn row_in_block(&self) -> Expr {
+        add(var("ty"), mul(var("i"), int(self.threads_m as i64)))
+    }
+
+    /// `body` for each accumulator `(i, j)`, with `row` and `col` (global)
+    /// defined where it reads them.
+    fn each_accumulator(&self, body: Vec<Stmt>) -> Stmt {
+        let lets = vec![
+            let_int("row", add(var("r0"), self.row_in_block())),
+            let_int(
+                "col",
+                add(
+                    add(var("c0"), var("tx")),
+                    mul(var("j"), int(self.threads_n as i64)),
+                ),
+            ),
+        ];
+        unrolled(
+            "i",
+            self.mt,
+            vec![unrolled("j", self.nt, with_lets(lets, body))],
+        )
+    }
+
+    /// The k loop of one chunk: per `tk` step, `staged` (then a barrier),
+    /// the rank-1 updates from `a` (row stride `tm + 1`, at k offset `a_k`)
+    /// and `Bs`, and a barrier before the tiles are overwritten.
+    fn k_loop(&self, k: usize, staged: Vec<Stmt>, a: &str, a_k: Expr) -> Stmt {
+        let (tm, tn) = (self.tm as i64 + 1, self.tn as i64 + 1);
+        let mut step = staged;
+        step.push(Stmt::Barrier);
+        step.push(unrolled(
+            "kk",
+            self.tk,
+            fma_tile(
+                "acc",
+                a,
+                add(mul(a_k, int(tm)), var("ty")),
+                self.threads_m,
+                self.mt,
+                "Bs",
+                add(mul(var("kk"), int(tn)), var("tx")),
+                self.threads_n,
+                self.nt,
+            ),
+        ));
+        step.push(Stmt::Barrier);
+        counted("k0", int(0), int(k as i64), self.tk, step)
+    }
+}
+
+/// Lowers a `contraction_chain` group.
+pub(super) fn chain(l: &mut Lower, op: OpId) -> Result<Kernel> {
+    let g = l.g;
+    for n in CHAIN_NAMES {
+        l.used_names.insert(n.into());
+    }
+    let params = params(l, op);
+    let chain = Chain::find(l, op, &params)?;
+    let plan = Plan::new(l, op, &chain)?;
+    let (views, shared_bytes) = plan.shared();
+    if shared_bytes > MAX_SHARED {
+        return Err(l.unsupported(format!(
+            "{shared_bytes} bytes of shared memory (tile {:?}, {} intermediate columns)",
+            [plan.tm, plan.tn, plan.tk],
+            chain.first.cols
+        )));
+    }
+    let (first, second) = (&chain.first, &chain.second);
+    let (rows, n1, n2) = (first.rows, first.cols, second.cols);
+    let (tm, threads, split) = (plan.tm, plan.threads, plan.split);
+    let batch = first.batch();
+    let grid_r = rows.div_ceil(tm);
+
+    let bid = Expr::Builtin(Builtin::BlockX);
+    let mut body = vec![
+        Stmt::Comment(format!(
+            "{tm} rows per block, all {n1} intermediate columns in shared memory, then {} of the {n2} output columns; chunks of {} columns, k steps of {}; {}x{} threads, each a {}x{} micro-tile",
+            plan.n_split, plan.tn, plan.tk, plan.threads_m, plan.threads_n, plan.mt, plan.nt
+        )),
+        let_int("tile_r", rem(bid.clone(), grid_r as i64)),
+    ];
+    if split > 1 {
+        body.push(let_int(
+            "split",
+            rem(div(bid.clone(), grid_r as i64), split as i64),
+        ));
+    }
+    let bz = if batch > 1 {
+        body.push(let_int("bz", div(bid, (grid_r * split) as i64)));
+        var("bz")
+    } else {
+        int(0)
+    };
+    body.push(let_int("r0", mul(var("tile_r"), int(tm as i64))));
+    // NCHW keeps a channel's pixels (the rows) contiguous: consecutive
+    // threads then take consecutive rows, so stores coalesce.
+    body.extend(thread_coords(
+        plan.threads_m,
+        plan.threads_n,
+        second.rows_contiguous(),
+    ));
+    body.extend(views);
+    let batch_coords = Index::linear(&first.batch_dims, bz).get_coords();
+    if plan.xs_rows > n1 {
+        body.push(Stmt::Comment(format!(
+            "zero the intermediate's rows {n1}..{} (read by the last k step)",
+            plan.xs_rows
+        )));
+        body.push(Stmt::For {
+            var: "e".into(),
+            start: Expr::Builtin(Builtin::ThreadX),
+            end: int(((plan.xs_rows - n1) * (tm + 1)) as i64),
+            step: int(threads as i64),
+            unroll: false,
+            body: vec![Stmt::Store(
+                f32_array("Xs"),
+                add(int((n1 * (tm + 1)) as i64), var("e")),
+                Expr::F32(0.0),
+            )],
+        });
+    }
+    body.extend(filled("acc", plan.mt * plan.nt, 0.0));
+    body.push(Stmt::Comment(
+        "stage 1: the first contraction over all intermediate columns, into Xs".into(),
+    ));
+    body.push(stage1(l, &chain, &plan, &batch_coords)?);
+    body.push(Stmt::Barrier);
+    body.push(Stmt::Comment(
+        "stage 2: the second contraction from Xs over this block's output columns".into(),
+    ));
+    let columns = if split > 1 {
+        body.push(let_int(
+            "n_begin",
+            mul(var("split"), int(plan.n_split as i64)),
+        ));
+        body.push(let_int(
+            "n_end",
+            call(
+                "min",
+                vec![
+                    add(var("n_begin"), int(plan.n_split as i64)),
+                    int(n2 as i64),
+                ],
+            ),
+        ));
+        [var("n_begin"), var("n_end")]
+    } else {
+        [int(0), int(n2 as i64)]
+    };
+    body.push(stage2(l, &chain, &plan, &batch_coords, columns)?);
+    body.extend(store_independent(l, &chain.independent)?);
+
+    let kind = if first.is_matmul() {
+        "gemm"
+    } else {
+        "1x1 conv"
+    };
+    let summary = format!(
+        "contraction chain ({kind} -> {kind}, {}): {batch} x {rows} rows, {} -> {n1} -> {n2}, tile [{tm}, {}, {}], split {split}, {threads} threads, {}x{} per thread, fma",
+        g.ty(first.a).dtype.name(),
+        first.k,
+        plan.tn,
+        plan.tk,
+        plan.mt,
+        plan.nt,
+    );
+    Ok(Kernel {
+        name: kernel_name(g, op),
+        summary,
+        params,
+        shared: Vec::new(),
+        body,
+        helpers: std::mem::take(&mut l.helpers),
+        block: threads as u32,
+        grid: (batch * grid_r * split) as u32,
+        dynamic_shared: shared_bytes,
+    })
+}
+
+/// Stage 1: for each chunk of intermediate columns, the first contraction
+/// (A and B tiles staged), its epilogue per accumulator, the rows of the
+/// second contraction into `Xs` and the first epilogue's results (split 0).
+fn stage1(l: &mut Lower, chain: &Chain, plan: &Plan, batch: &[Expr]) -> Result<Stmt> {
+    let g = l.g;
+    let (first, second) = (&chain.first, &chain.second);
+    let (rows, k1, n1) = (first.rows, first.k, first.cols);
+    let (tm, tn, tk) = (plan.tm, plan.tn, plan.tk);
+    let a_tile = stage(
+        l,
+        &Tile {
+            value: first.a,
+            shared: "As",
+            rows: tm,
+            cols: tk,
+            origin: [var("r0"), var("k0")],
+            bounds: [crossing(rows, tm, true), crossing(k1, tk, true)],
+            index: &|r, k| first.a_index(g, batch, r, k),
+            slot: &|r, k| add(mul(k, int((tm + 1) as i64)), r),
+            cols_inner: first.a_k_contiguous(g),
+        },
+        plan.threads,
+    )?;
+    let b_tile = stage(
+        l,
+        &Tile {
+            value: first.b,
+            shared: "Bs",
+            rows: tk,
+            cols: tn,
+            origin: [var("k0"), var("c0")],
+            bounds: [crossing(k1, tk, true), crossing(n1, tn, true)],
+            index: &|k, c| first.b_index(g, batch, k, c),
+            slot: &|k, c| add(mul(k, int((tn + 1) as i64)), c),
+            cols_inner: first.b_cols_contiguous(g),
+        },
+        plan.threads,
+    )?;
+    // Per accumulator: x1 = the second contraction's row value (0 past the
+    // rows), stored to Xs; the first epilogue's results stored by split 0.
+    let row_check = crossing(rows, tm, true).map(|r| lt(var("row"), int(r as i64)));
+    let epilogue = l.scoped(|l| {
+        l.reduced = Some((first.result, Reduced::Row(plan.acc()), 0));
+        let idx = first.out_index(g, batch, var("row"), var("col"));
+        let values = l.scoped(|l| {
+            let x1 = forward_index(g, &chain.t1, first.result, second.a, &idx)
+                .expect("the rows derive elementwise from the first contraction");
+            let v = l.value_at(second.a, &x1)?;
+            l.body.push(Stmt::Assign("x1".into(), v));
+            if !chain.stage1_out.is_empty() {
+                let stores = l.scoped(|l| {
+                    store_derived(l, &chain.t1, first.result, &idx, &chain.stage1_out)
+                })?;
+                let first_split = (plan.split > 1).then(|| bin(BinOp::Eq, var("split"), int(0)));
+                l.body.extend(guarded(vec![first_split], stores));
+            }
+            Ok(())
+        });
+        l.reduced = None;
+        l.body.push(let_float("x1", Expr::F32(0.0), false));
+        l.body.extend(guarded(vec![row_check], values?));
+        l.body.push(Stmt::Store(
+            f32_array("Xs"),
+            add(mul(var("col"), int((tm + 1) as i64)), plan.row_in_block()),
+            var("x1"),
+        ));
+        Ok(())
+    })?;
+    let col_check = crossing(n1, tn, true).map(|n| lt(var("col"), int(n as i64)));
+    let chunk = vec![
+        unrolled(
+            "i",
+            plan.mt * plan.nt,
+            vec![Stmt::Store(f32_array("acc"), var("i"), Expr::F32(0.0))],
+        ),
+        plan.k_loop(k1, vec![a_tile, b_tile], "As", var("kk")),
+        plan.each_accumulator(guarded(vec![col_check], epilogue)),
+    ];
+    Ok(counted("c0", int(0), int(n1 as i64), tn, chunk))
+}
+
+/// Stage 2: for each chunk of this block's output `columns` (begin, end),
+/// the second contraction with its rows from `Xs` (only the weights staged),
+/// its epilogue and bounds-checked stores.
+fn stage2(
+    l: &mut Lower,
+    chain: &Chain,
+    plan: &Plan,
+    batch: &[Expr],
+    columns: [Expr; 2],
+) -> Result<Stmt> {
+    let g = l.g;
+    let second = &chain.second;
+    let (rows, n1, n2) = (second.rows, second.k, second.cols);
+    let (tn, tk) = (plan.tn, plan.tk);
+    let b_tile = stage(
+        l,
+        &Tile {
+            value: second.b,
+            shared: "Bs",
+            rows: tk,
+            cols: tn,
+            origin: [var("k0"), var("c0")],
+            bounds: [crossing(n1, tk, true), crossing(n2, tn, plan.split == 1)],
+            index: &|k, c| second.b_index(g, batch, k, c),
+            slot: &|k, c| add(mul(k, int((tn + 1) as i64)), c),
+            cols_inner: second.b_cols_contiguous(g),
+        },
+        plan.threads,
+    )?;
+    let stores = l.scoped(|l| {
+        l.reduced = Some((second.result, Reduced::Row(plan.acc()), 0));
+        let idx = second.out_index(g, batch, var("row"), var("col"));
+        let result = store_derived(l, &chain.t2, second.result, &idx, &chain.stage2_out);
+        l.reduced = None;
+        result
+    })?;
+    let [begin, end] = columns;
+    let row_check = crossing(rows, plan.tm, true).map(|r| lt(var("row"), int(r as i64)));
+    // A split's column range ends anywhere; a whole range only past N2.
+    let col_check = (plan.split > 1 || !n2.is_multiple_of(tn)).then(|| lt(var("col"), end.clone()));
+    let chunk = vec![
+        unrolled(
+            "i",
+            plan.mt * plan.nt,
+            vec![Stmt::Store(f32_array("acc"), var("i"), Expr::F32(0.0))],
+        ),
+        plan.k_loop(n1, vec![b_tile], "Xs", add(var("k0"), var("kk"))),
+        plan.each_accumulator(guarded(vec![row_check, col_check], stores)),
+    ];
+    Ok(counted("c0", begin, end, tn, chunk))
+}
+
+// The contraction helpers below are shared with the attention family.
 
 /// A contraction seen as a batched GEMM, `out[b, r, c] = Σ_k a[b, r, k] · w[b, k, c]`:
 /// a `matmul`, or a 1×1 `conv2d` whose rows are the pixels of every image.
@@ -874,486 +1358,6 @@ pub(super) fn thread_coords(threads_m: usize, threads_n: usize, rows_fast: bool)
             let_int("ty", div(tid, threads_n as i64)),
         ]
     }
-}
-
-/// Locals of the chain kernel, reserved before the parameters are named.
-const CHAIN_NAMES: [&str; 23] = [
-    "tile_r", "split", "bz", "r0", "tx", "ty", "c0", "k0", "kk", "i", "j", "e", "acc", "a_frag",
-    "b_frag", "row", "col", "n_begin", "n_end", "x1", "Xs", "As", "Bs",
-];
-
-/// A chain group: its two contractions, the values derived from each, and
-/// which results each stage stores.
-struct Chain {
-    first: Contraction,
-    second: Contraction,
-    /// Values derived from the first contraction (not looking past the
-    /// second) and from the second.
-    t1: BTreeSet<ValueId>,
-    t2: BTreeSet<ValueId>,
-    /// Results of the first epilogue, of the second, and of neither.
-    stage1_out: Vec<Output>,
-    stage2_out: Vec<Output>,
-    independent: Vec<Output>,
-}
-
-impl Chain {
-    fn find(l: &Lower, op: OpId, params: &[Param]) -> Result<Chain> {
-        let g = l.g;
-        let region = g.op(op).region.expect("a fused op has a region");
-        let anchors: Vec<OpId> = g
-            .block(region)
-            .ops
-            .iter()
-            .copied()
-            .filter(|&o| is_anchor(g.op(o).kind))
-            .collect();
-        let [op1, op2] = anchors[..] else {
-            let kinds: Vec<&str> = anchors.iter().map(|&o| g.op(o).kind.name()).collect();
-            return Err(l.unsupported(format!(
-                "a chain of {} (two contractions)",
-                kinds.join(" + ")
-            )));
-        };
-        let first = Contraction::of(l, op1)?;
-        let second = Contraction::of(l, op2)?;
-        if first.is_matmul() != second.is_matmul() {
-            return Err(l.unsupported("a chain mixing matmul and conv2d"));
-        }
-        let t1 = derived(g, op, first.result, &[op2]);
-        let t2 = derived(g, op, second.result, &[]);
-        check_elementwise_path(
-            l,
-            &t1,
-            first.result,
-            second.a,
-            "the rows of the second contraction",
-        )?;
-        if t1.contains(&second.b) || second.transposes_a() {
-            return Err(l.unsupported(
-                "a second contraction that does not take its rows from the first (untransposed) and its weights from outside",
-            ));
-        }
-        if g.ty(second.a).dims() != g.ty(first.result).dims()
-            || second.batch_dims != first.batch_dims
-            || second.rows != first.rows
-            || second.k != first.cols
-        {
-            return Err(l.unsupported("a chain whose second contraction reads other rows"));
-        }
-        check_epilogue(l, op, &t1, &[op2], "the first contraction")?;
-        check_epilogue(l, op, &t2, &[], "the second contraction")?;
-        let (mut stage1_out, mut stage2_out, mut independent) =
-            (Vec::new(), Vec::new(), Vec::new());
-        for (out, from) in classify_outputs(l, op, params, &[&t1, &t2])? {
-            match from {
-                Some(0) => stage1_out.push(out),
-                Some(_) => stage2_out.push(out),
-                None => independent.push(out),
-            }
-        }
-        Ok(Chain {
-            first,
-            second,
-            t1,
-            t2,
-            stage1_out,
-            stage2_out,
-            independent,
-        })
-    }
-}
-
-/// How a chain kernel is tiled: `tm` rows per block, columns in chunks of
-/// `tn`, k in steps of `tk`, a `threads_m × threads_n` thread grid of
-/// `mt × nt` micro-tiles, `split` blocks per row tile.
-struct Plan {
-    tm: usize,
-    tn: usize,
-    tk: usize,
-    threads: usize,
-    split: usize,
-    threads_m: usize,
-    threads_n: usize,
-    mt: usize,
-    nt: usize,
-    /// Rows (intermediate columns) of `Xs`: whole `tk` steps, zero past N1.
-    xs_rows: usize,
-    /// Output columns per split.
-    n_split: usize,
-}
-
-impl Plan {
-    fn new(l: &Lower, op: OpId, chain: &Chain) -> Result<Plan> {
-        let g = l.g;
-        let tile = g
-            .op(op)
-            .attrs
-            .ints("tile")
-            .unwrap_or(&[64, 32, 16])
-            .to_vec();
-        let [tm, tn, tk] = tile[..] else {
-            return Err(l.unsupported(format!("tile = {tile:?}")));
-        };
-        let (tm, tn, tk) = (tm.max(1) as usize, tn.max(1) as usize, tk.max(1) as usize);
-        let threads = attr_int(g, op, "threads", 256).clamp(1, 1024) as usize;
-        let split = attr_int(g, op, "split_n", 1).max(1) as usize;
-        let Some((threads_m, threads_n)) = thread_grid(tm, tn, threads) else {
-            return Err(l.unsupported(format!(
-                "tile [{tm}, {tn}] with {threads} threads (no even split)"
-            )));
-        };
-        let (mt, nt) = (tm / threads_m, tn / threads_n);
-        if mt * nt > 128 {
-            return Err(l.unsupported(format!("a {mt}x{nt} micro-tile")));
-        }
-        let (first, second) = (&chain.first, &chain.second);
-        let (rows, k1, n1, n2) = (first.rows, first.k, first.cols, second.cols);
-        let largest = (rows * n1.max(n2).max(k1)).max(k1 * n1).max(n1 * n2);
-        if first.batch() * largest >= i32::MAX as usize {
-            return Err(l.unsupported("more than 2^31 elements"));
-        }
-        Ok(Plan {
-            tm,
-            tn,
-            tk,
-            threads,
-            split,
-            threads_m,
-            threads_n,
-            mt,
-            nt,
-            xs_rows: n1.next_multiple_of(tk),
-            n_split: n2.div_ceil(split),
-        })
-    }
-
-    /// `Xs` (the intermediate, k-major), `As`, `Bs` (operand tiles) in dynamic shared memory.
-    fn shared(&self) -> (Vec<Stmt>, usize) {
-        let mut smem = SharedLayout::default();
-        smem.add("Xs", self.xs_rows * (self.tm + 1));
-        smem.add("As", self.tk * (self.tm + 1));
-        smem.add("Bs", self.tk * (self.tn + 1));
-        smem.finish()
-    }
-
-    /// `acc[i·nt + j]`, this thread's accumulator `(i, j)`.
-    fn acc(&self) -> Expr {
-        at("acc", add(mul(var("i"), int(self.nt as i64)), var("j")))
-    }
-
-    /// This thread's row `i` in the block: `ty + i·threads_m`.
-    fn row_in_block(&self) -> Expr {
-        add(var("ty"), mul(var("i"), int(self.threads_m as i64)))
-    }
-
-    /// `body` for each accumulator `(i, j)`, with `row` and `col` (global)
-    /// defined where it reads them.
-    fn each_accumulator(&self, body: Vec<Stmt>) -> Stmt {
-        let lets = vec![
-            let_int("row", add(var("r0"), self.row_in_block())),
-            let_int(
-                "col",
-                add(
-                    add(var("c0"), var("tx")),
-                    mul(var("j"), int(self.threads_n as i64)),
-                ),
-            ),
-        ];
-        unrolled(
-            "i",
-            self.mt,
-            vec![unrolled("j", self.nt, with_lets(lets, body))],
-        )
-    }
-
-    /// The k loop of one chunk: per `tk` step, `staged` (then a barrier),
-    /// the rank-1 updates from `a` (row stride `tm + 1`, at k offset `a_k`)
-    /// and `Bs`, and a barrier before the tiles are overwritten.
-    fn k_loop(&self, k: usize, staged: Vec<Stmt>, a: &str, a_k: Expr) -> Stmt {
-        let (tm, tn) = (self.tm as i64 + 1, self.tn as i64 + 1);
-        let mut step = staged;
-        step.push(Stmt::Barrier);
-        step.push(unrolled(
-            "kk",
-            self.tk,
-            fma_tile(
-                "acc",
-                a,
-                add(mul(a_k, int(tm)), var("ty")),
-                self.threads_m,
-                self.mt,
-                "Bs",
-                add(mul(var("kk"), int(tn)), var("tx")),
-                self.threads_n,
-                self.nt,
-            ),
-        ));
-        step.push(Stmt::Barrier);
-        counted("k0", int(0), int(k as i64), self.tk, step)
-    }
-}
-
-/// Lowers a `contraction_chain` group.
-pub(super) fn chain(l: &mut Lower, op: OpId) -> Result<Kernel> {
-    let g = l.g;
-    for n in CHAIN_NAMES {
-        l.used_names.insert(n.into());
-    }
-    let params = params(l, op);
-    let chain = Chain::find(l, op, &params)?;
-    let plan = Plan::new(l, op, &chain)?;
-    let (views, shared_bytes) = plan.shared();
-    if shared_bytes > MAX_SHARED {
-        return Err(l.unsupported(format!(
-            "{shared_bytes} bytes of shared memory (tile {:?}, {} intermediate columns)",
-            [plan.tm, plan.tn, plan.tk],
-            chain.first.cols
-        )));
-    }
-    let (first, second) = (&chain.first, &chain.second);
-    let (rows, n1, n2) = (first.rows, first.cols, second.cols);
-    let (tm, threads, split) = (plan.tm, plan.threads, plan.split);
-    let batch = first.batch();
-    let grid_r = rows.div_ceil(tm);
-
-    let bid = Expr::Builtin(Builtin::BlockX);
-    let mut body = vec![
-        Stmt::Comment(format!(
-            "{tm} rows per block, all {n1} intermediate columns in shared memory, then {} of the {n2} output columns; chunks of {} columns, k steps of {}; {}x{} threads, each a {}x{} micro-tile",
-            plan.n_split, plan.tn, plan.tk, plan.threads_m, plan.threads_n, plan.mt, plan.nt
-        )),
-        let_int("tile_r", rem(bid.clone(), grid_r as i64)),
-    ];
-    if split > 1 {
-        body.push(let_int(
-            "split",
-            rem(div(bid.clone(), grid_r as i64), split as i64),
-        ));
-    }
-    let bz = if batch > 1 {
-        body.push(let_int("bz", div(bid, (grid_r * split) as i64)));
-        var("bz")
-    } else {
-        int(0)
-    };
-    body.push(let_int("r0", mul(var("tile_r"), int(tm as i64))));
-    // NCHW keeps a channel's pixels (the rows) contiguous: consecutive
-    // threads then take consecutive rows, so stores coalesce.
-    body.extend(thread_coords(
-        plan.threads_m,
-        plan.threads_n,
-        second.rows_contiguous(),
-    ));
-    body.extend(views);
-    let batch_coords = Index::linear(&first.batch_dims, bz).get_coords();
-    if plan.xs_rows > n1 {
-        body.push(Stmt::Comment(format!(
-            "zero the intermediate's rows {n1}..{} (read by the last k step)",
-            plan.xs_rows
-        )));
-        body.push(Stmt::For {
-            var: "e".into(),
-            start: Expr::Builtin(Builtin::ThreadX),
-            end: int(((plan.xs_rows - n1) * (tm + 1)) as i64),
-            step: int(threads as i64),
-            unroll: false,
-            body: vec![Stmt::Store(
-                f32_array("Xs"),
-                add(int((n1 * (tm + 1)) as i64), var("e")),
-                Expr::F32(0.0),
-            )],
-        });
-    }
-    body.extend(filled("acc", plan.mt * plan.nt, 0.0));
-    body.push(Stmt::Comment(
-        "stage 1: the first contraction over all intermediate columns, into Xs".into(),
-    ));
-    body.push(stage1(l, &chain, &plan, &batch_coords)?);
-    body.push(Stmt::Barrier);
-    body.push(Stmt::Comment(
-        "stage 2: the second contraction from Xs over this block's output columns".into(),
-    ));
-    let columns = if split > 1 {
-        body.push(let_int(
-            "n_begin",
-            mul(var("split"), int(plan.n_split as i64)),
-        ));
-        body.push(let_int(
-            "n_end",
-            call(
-                "min",
-                vec![
-                    add(var("n_begin"), int(plan.n_split as i64)),
-                    int(n2 as i64),
-                ],
-            ),
-        ));
-        [var("n_begin"), var("n_end")]
-    } else {
-        [int(0), int(n2 as i64)]
-    };
-    body.push(stage2(l, &chain, &plan, &batch_coords, columns)?);
-    body.extend(store_independent(l, &chain.independent)?);
-
-    let kind = if first.is_matmul() {
-        "gemm"
-    } else {
-        "1x1 conv"
-    };
-    let summary = format!(
-        "contraction chain ({kind} -> {kind}, {}): {batch} x {rows} rows, {} -> {n1} -> {n2}, tile [{tm}, {}, {}], split {split}, {threads} threads, {}x{} per thread, fma",
-        g.ty(first.a).dtype.name(),
-        first.k,
-        plan.tn,
-        plan.tk,
-        plan.mt,
-        plan.nt,
-    );
-    Ok(Kernel {
-        name: kernel_name(g, op),
-        summary,
-        params,
-        shared: Vec::new(),
-        body,
-        helpers: std::mem::take(&mut l.helpers),
-        block: threads as u32,
-        grid: (batch * grid_r * split) as u32,
-        dynamic_shared: shared_bytes,
-    })
-}
-
-/// Stage 1: for each chunk of intermediate columns, the first contraction
-/// (A and B tiles staged), its epilogue per accumulator, the rows of the
-/// second contraction into `Xs` and the first epilogue's results (split 0).
-fn stage1(l: &mut Lower, chain: &Chain, plan: &Plan, batch: &[Expr]) -> Result<Stmt> {
-    let g = l.g;
-    let (first, second) = (&chain.first, &chain.second);
-    let (rows, k1, n1) = (first.rows, first.k, first.cols);
-    let (tm, tn, tk) = (plan.tm, plan.tn, plan.tk);
-    let a_tile = stage(
-        l,
-        &Tile {
-            value: first.a,
-            shared: "As",
-            rows: tm,
-            cols: tk,
-            origin: [var("r0"), var("k0")],
-            bounds: [crossing(rows, tm, true), crossing(k1, tk, true)],
-            index: &|r, k| first.a_index(g, batch, r, k),
-            slot: &|r, k| add(mul(k, int((tm + 1) as i64)), r),
-            cols_inner: first.a_k_contiguous(g),
-        },
-        plan.threads,
-    )?;
-    let b_tile = stage(
-        l,
-        &Tile {
-            value: first.b,
-            shared: "Bs",
-            rows: tk,
-            cols: tn,
-            origin: [var("k0"), var("c0")],
-            bounds: [crossing(k1, tk, true), crossing(n1, tn, true)],
-            index: &|k, c| first.b_index(g, batch, k, c),
-            slot: &|k, c| add(mul(k, int((tn + 1) as i64)), c),
-            cols_inner: first.b_cols_contiguous(g),
-        },
-        plan.threads,
-    )?;
-    // Per accumulator: x1 = the second contraction's row value (0 past the
-    // rows), stored to Xs; the first epilogue's results stored by split 0.
-    let row_check = crossing(rows, tm, true).map(|r| lt(var("row"), int(r as i64)));
-    let epilogue = l.scoped(|l| {
-        l.reduced = Some((first.result, Reduced::Row(plan.acc()), 0));
-        let idx = first.out_index(g, batch, var("row"), var("col"));
-        let values = l.scoped(|l| {
-            let x1 = forward_index(g, &chain.t1, first.result, second.a, &idx)
-                .expect("the rows derive elementwise from the first contraction");
-            let v = l.value_at(second.a, &x1)?;
-            l.body.push(Stmt::Assign("x1".into(), v));
-            if !chain.stage1_out.is_empty() {
-                let stores = l.scoped(|l| {
-                    store_derived(l, &chain.t1, first.result, &idx, &chain.stage1_out)
-                })?;
-                let first_split = (plan.split > 1).then(|| bin(BinOp::Eq, var("split"), int(0)));
-                l.body.extend(guarded(vec![first_split], stores));
-            }
-            Ok(())
-        });
-        l.reduced = None;
-        l.body.push(let_float("x1", Expr::F32(0.0), false));
-        l.body.extend(guarded(vec![row_check], values?));
-        l.body.push(Stmt::Store(
-            f32_array("Xs"),
-            add(mul(var("col"), int((tm + 1) as i64)), plan.row_in_block()),
-            var("x1"),
-        ));
-        Ok(())
-    })?;
-    let col_check = crossing(n1, tn, true).map(|n| lt(var("col"), int(n as i64)));
-    let chunk = vec![
-        unrolled(
-            "i",
-            plan.mt * plan.nt,
-            vec![Stmt::Store(f32_array("acc"), var("i"), Expr::F32(0.0))],
-        ),
-        plan.k_loop(k1, vec![a_tile, b_tile], "As", var("kk")),
-        plan.each_accumulator(guarded(vec![col_check], epilogue)),
-    ];
-    Ok(counted("c0", int(0), int(n1 as i64), tn, chunk))
-}
-
-/// Stage 2: for each chunk of this block's output `columns` (begin, end),
-/// the second contraction with its rows from `Xs` (only the weights staged),
-/// its epilogue and bounds-checked stores.
-fn stage2(
-    l: &mut Lower,
-    chain: &Chain,
-    plan: &Plan,
-    batch: &[Expr],
-    columns: [Expr; 2],
-) -> Result<Stmt> {
-    let g = l.g;
-    let second = &chain.second;
-    let (rows, n1, n2) = (second.rows, second.k, second.cols);
-    let (tn, tk) = (plan.tn, plan.tk);
-    let b_tile = stage(
-        l,
-        &Tile {
-            value: second.b,
-            shared: "Bs",
-            rows: tk,
-            cols: tn,
-            origin: [var("k0"), var("c0")],
-            bounds: [crossing(n1, tk, true), crossing(n2, tn, plan.split == 1)],
-            index: &|k, c| second.b_index(g, batch, k, c),
-            slot: &|k, c| add(mul(k, int((tn + 1) as i64)), c),
-            cols_inner: second.b_cols_contiguous(g),
-        },
-        plan.threads,
-    )?;
-    let stores = l.scoped(|l| {
-        l.reduced = Some((second.result, Reduced::Row(plan.acc()), 0));
-        let idx = second.out_index(g, batch, var("row"), var("col"));
-        let result = store_derived(l, &chain.t2, second.result, &idx, &chain.stage2_out);
-        l.reduced = None;
-        result
-    })?;
-    let [begin, end] = columns;
-    let row_check = crossing(rows, plan.tm, true).map(|r| lt(var("row"), int(r as i64)));
-    // A split's column range ends anywhere; a whole range only past N2.
-    let col_check = (plan.split > 1 || !n2.is_multiple_of(tn)).then(|| lt(var("col"), end.clone()));
-    let chunk = vec![
-        unrolled(
-            "i",
-            plan.mt * plan.nt,
-            vec![Stmt::Store(f32_array("acc"), var("i"), Expr::F32(0.0))],
-        ),
-        plan.k_loop(n1, vec![b_tile], "Xs", add(var("k0"), var("kk"))),
-        plan.each_accumulator(guarded(vec![row_check, col_check], stores)),
-    ];
-    Ok(counted("c0", begin, end, tn, chunk))
 }
 
 #[cfg(test)]
