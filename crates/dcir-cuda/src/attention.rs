@@ -46,10 +46,10 @@ use std::collections::BTreeSet;
 use dcir_ir::{OpId, OpKind, ValueId};
 
 use super::chain::{
-    Contraction, Output, SharedLayout, Tile, at, check_elementwise_path, check_epilogue,
-    classify_outputs, counted, crossing, derived, f32_array, filled, fma_tile, guarded, is_anchor,
-    let_float, let_int, lt, stage, store_derived, store_independent, thread_coords, unrolled,
-    with_lets,
+    Contraction, Output, SharedLayout, Tile, at, batch_coords, check_elementwise_path,
+    check_epilogue, classify_outputs, counted, crossing, derived, f32_array, filled, fma_tile,
+    guarded, is_anchor, let_float, let_int, lt, stage, store_derived, store_independent,
+    thread_coords, unrolled, with_lets,
 };
 use super::{EmitError, Index, Lower, Reduced, attr_int, kernel_name, params};
 use crate::kir::{
@@ -278,7 +278,7 @@ pub(super) fn attention(l: &mut Lower, op: OpId) -> Result<Kernel> {
     body.push(let_int("m0", mul(var("tile_m"), int(bm as i64))));
     body.extend(thread_coords(tm_t, tn_t, false));
     body.extend(views);
-    let batch_coords = Index::linear(&batch_dims, bz).get_coords();
+    let batch_coords = batch_coords(&batch_dims, bz);
     body.extend(filled("row_max", mt, f32::NEG_INFINITY));
     body.extend(filled("row_sum", mt, 0.0));
     if dv > 0 {

@@ -317,7 +317,7 @@ pub(super) fn chain(l: &mut Lower, op: OpId) -> Result<Kernel> {
         second.rows_contiguous(),
     ));
     body.extend(views);
-    let batch_coords = Index::linear(&first.batch_dims, bz).get_coords();
+    let batch_coords = batch_coords(&first.batch_dims, bz);
     if plan.xs_rows > n1 {
         body.push(Stmt::Comment(format!(
             "zero the intermediate's rows {n1}..{} (read by the last k step)",
@@ -744,6 +744,26 @@ impl Contraction {
             coords: Some(coords),
         }
     }
+}
+
+/// The coordinates of batch entry `bz` (< the product of `dims`), row-major;
+/// the outermost dim other than 1 needs no `%`.
+pub(super) fn batch_coords(dims: &[usize], bz: Expr) -> Vec<Expr> {
+    let outer = dims.iter().position(|&d| d > 1);
+    let mut coords = vec![int(0); dims.len()];
+    let mut stride = 1i64;
+    for d in (0..dims.len()).rev() {
+        if dims[d] > 1 {
+            let q = div(bz.clone(), stride);
+            coords[d] = if Some(d) == outer {
+                q
+            } else {
+                rem(q, dims[d] as i64)
+            };
+        }
+        stride *= dims[d] as i64;
+    }
+    coords
 }
 
 /// `batch ++ last` as an index of a tensor of `dims`.
