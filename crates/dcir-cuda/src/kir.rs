@@ -181,13 +181,27 @@ pub enum Stmt {
         /// Number of elements.
         len: usize,
     },
+    /// `ty* const name = reinterpret_cast<ty*>(dcir_smem + offset);`: an
+    /// array in the kernel's dynamic shared memory from byte `offset` (a
+    /// multiple of 16), indexed like any other array.
+    SharedView {
+        /// The array.
+        name: String,
+        /// Element type.
+        ty: Ty,
+        /// Byte offset into `dcir_smem`.
+        offset: usize,
+    },
 }
 
 impl Stmt {
     /// Whether the statement (or one nested in it) reads variable `name`.
     pub fn reads(&self, name: &str) -> bool {
         match self {
-            Stmt::Comment(_) | Stmt::LocalArray { .. } | Stmt::Barrier => false,
+            Stmt::Comment(_)
+            | Stmt::LocalArray { .. }
+            | Stmt::SharedView { .. }
+            | Stmt::Barrier => false,
             Stmt::Let { value, .. } | Stmt::Assign(_, value) => value.reads(name),
             Stmt::Store(array, index, value) => {
                 array.name == name || index.reads(name) || value.reads(name)

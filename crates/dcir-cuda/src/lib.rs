@@ -4,7 +4,8 @@
 //! IR) following the group's attributes (`kind`, `threads`, `vector`,
 //! `items`, `threads_per_row`, `rows_per_block`); [`print::print_kernel`]
 //! prints it as header-free CUDA C; [`nvrtc::compile`] makes PTX. Kinds done:
-//! `elementwise`, `reduction`, `gemm` (f32 SIMT). Others return [`EmitError::Unsupported`].
+//! `elementwise`, `reduction`, `gemm`, `contraction_chain`, `attention` (f32
+//! SIMT). Others return [`EmitError::Unsupported`].
 //! See `docs/cuda.md`.
 
 pub mod artifact;

@@ -186,6 +186,13 @@ fn print_stmt(out: &mut String, s: &Stmt, depth: usize) {
         Stmt::LocalArray { name, ty, len } => {
             let _ = writeln!(out, "{pad}{} {name}[{len}];", c_type(*ty));
         }
+        Stmt::SharedView { name, ty, offset } => {
+            let t = c_type(*ty);
+            let _ = writeln!(
+                out,
+                "{pad}{t}* const {name} = reinterpret_cast<{t}*>(dcir_smem + {offset});"
+            );
+        }
     }
 }
 
