@@ -448,7 +448,7 @@ impl Contraction {
     /// come through views only, the result is a float, the epilogue keeps one
     /// element per accumulator and every index fits an `int`. Returns the
     /// values derived from the result.
-    fn check(&self, l: &Lower, group: OpId) -> Result<BTreeSet<ValueId>> {
+    pub(super) fn check(&self, l: &Lower, group: OpId) -> Result<BTreeSet<ValueId>> {
         let g = l.g;
         if !g.ty(self.result).dtype.is_float() {
             return Err(l.unsupported("an integer contraction"));
