@@ -25,11 +25,12 @@
 //! - **k loop** over tiles of `tk`: operand tiles are staged k-major in shared
 //!   memory (`As[k][m]`, `Bs[k][n]`, rows padded by 4 floats when the operand
 //!   is transposed on the way so the transposing stores do not conflict).
-//!   Each thread first loads its share of the next tile into registers
-//!   (prefetch), computes the current tile, then stores the registers to
-//!   shared memory: the global latency hides behind the arithmetic. With
-//!   `stages ≥ 2` there are two shared buffers and one barrier per tile;
-//!   with `stages = 1` one buffer and two barriers.
+//!   Registers carry each tile from its global loads to its shared stores;
+//!   a tile's loads are issued one tile ahead, right before a barrier, so
+//!   they are in flight during the FMAs of the tile before it (issued
+//!   elsewhere, ptxas sinks them past those FMAs). With `stages ≥ 2` there
+//!   are two shared buffers and one barrier per tile; with `stages = 1` one
+//!   buffer and two barriers.
 //! - **Loads**: a group input read directly whose elements run contiguously
 //!   along M, N or K (row-major matmul operands, conv weights, the input of a
 //!   1×1 stride-1 conv) with that extent a multiple of 4 is read as 4-element
