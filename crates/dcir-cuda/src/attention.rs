@@ -373,6 +373,7 @@ pub(super) fn attention(l: &mut Lower, op: OpId) -> Result<Kernel> {
         block: threads as u32,
         grid: (batch * grid_m) as u32,
         dynamic_shared: shared_bytes,
+        min_blocks_per_sm: 1,
     })
 }
 

@@ -35,7 +35,7 @@ use dcir_ir::{DType, Graph, OpId, OpKind, ValueDef, ValueId};
 
 use super::{
     EmitError, Index, Lower, Reduced, attr_int, global_thread, grid_stride, kernel_name, params,
-    store, yields,
+    store, thread_grid, yields,
 };
 use crate::kir::{
     ArrayRef, BinOp, Builtin, Expr, Kernel, Param, Stmt, Ty, add, bin, call, div, int, mul, rem,
@@ -391,6 +391,7 @@ pub(super) fn chain(l: &mut Lower, op: OpId) -> Result<Kernel> {
         block: threads as u32,
         grid: (batch * grid_r * split) as u32,
         dynamic_shared: shared_bytes,
+        min_blocks_per_sm: 1,
     })
 }
 
@@ -1345,22 +1346,6 @@ impl SharedLayout {
     pub(super) fn finish(self) -> (Vec<Stmt>, usize) {
         (self.views, self.bytes)
     }
-}
-
-/// Splits `threads` into `threads_m × threads_n` dividing `tm × tn`, the
-/// micro-tile as square as possible (wider than tall on a tie).
-fn thread_grid(tm: usize, tn: usize, threads: usize) -> Option<(usize, usize)> {
-    (1..=threads)
-        .filter(|&tn_t| {
-            threads.is_multiple_of(tn_t)
-                && tn.is_multiple_of(tn_t)
-                && tm.is_multiple_of(threads / tn_t)
-        })
-        .map(|tn_t| (threads / tn_t, tn_t))
-        .min_by_key(|&(tm_t, tn_t)| {
-            let (mm, nn) = ((tm / tm_t) as i64, (tn / tn_t) as i64);
-            ((mm - nn).abs(), -nn)
-        })
 }
 
 /// `tx`, `ty`: a thread's column and row in a `threads_m × threads_n` grid,

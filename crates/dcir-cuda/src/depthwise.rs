@@ -33,11 +33,11 @@
 
 use dcir_ir::{DType, OpId, OpKind, ValueId};
 
-use super::gemm::thread_grid;
 use super::pool::{
     Window, and_opt, in_range, let_int, per_element_after, per_output_results, result_index,
     unrolled,
 };
+use super::thread_grid;
 use super::{EmitError, Index, Lower, Reduced, attr_int, kernel_name, params, store};
 use crate::kir::{
     ArrayRef, BinOp, Builtin, Expr, Kernel, SharedArray, Stmt, Ty, add, bin, call, div, int, mul,
@@ -540,6 +540,7 @@ pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
         block: threads as u32,
         grid: grid as u32,
         dynamic_shared,
+        min_blocks_per_sm: 0,
     })
 }
 
@@ -912,6 +913,7 @@ pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
         block: threads as u32,
         grid: grid as u32,
         dynamic_shared: 0,
+        min_blocks_per_sm: 0,
     })
 }
 

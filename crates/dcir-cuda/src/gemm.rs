@@ -1,53 +1,500 @@
-//! The `gemm` family: one batched `matmul` with view prologues and an
-//! elementwise epilogue, as an f32 CUDA-core (FMA) SIMT kernel.
+//! The `gemm` and `conv` (`algorithm = "implicit_gemm"`) families: one
+//! contraction with view prologues and an elementwise epilogue, as an f32
+//! CUDA-core (FMA) SIMT kernel.
 //!
-//! Each block computes a `tm × tn` output tile of one batch entry (the grid is
-//! one-dimensional: `blockIdx.x` is split into batch, tile row and tile
-//! column, since [`Kernel::grid`] has one dimension). Per `tk` step the block
-//! stages an `A` tile (`tk × tm`, k-major) and a `B` tile (`tk × tn`) in
-//! shared memory, loading through the operands' index maps (so reshape,
-//! transpose and broadcast prologues cost nothing) with zeros past `M`, `N`,
-//! `K`; then every thread accumulates its `TM × TN` micro-tile in registers
-//! (rows `ty + i·threads_m`, columns `tx + j·threads_n`: conflict-free shared
-//! reads, coalesced stores). The epilogue runs per accumulator through the
-//! same index maps as the elementwise family, with the matmul's value bound
-//! to the accumulator. f16/bf16 operands widen to f32 on load, accumulate in
-//! f32 and round once at the end. `stages > 1` (cp.async multi-buffering) is
-//! not honoured yet: the kernel is single-stage whatever the attribute says.
+//! Both are described by a [`Contraction`]: `C[b, m, n] = Σ_k A(b, m, k) ·
+//! B(b, k, n)` with a function from GEMM indices to operand elements (the
+//! coordinates in the operand, and for a conv's padding the condition under
+//! which the element exists), and one from `(b, m, n)` to the contraction
+//! result's coordinates. A matmul maps them to its batch dims and last two
+//! dims; a conv is an implicit GEMM (`m` = output pixel, `n` = output channel,
+//! `k` = (input channel, kernel row, kernel column), `b` = channel group).
+//!
+//! The kernel (one per group, 1-D grid split into batch, tile row and tile
+//! column):
+//!
+//! - **Block**: a `tm × tn` output tile, `threads` threads arranged
+//!   `threads_m × threads_n` (warps as 4 × 8 lanes where the grid allows,
+//!   so a warp's shared reads touch few addresses). Each thread owns an
+//!   `mt × nt` micro-tile of f32 accumulators in registers, as groups of
+//!   `wm` (`wn`) consecutive rows (columns) spaced `threads_m · wm`
+//!   (`threads_n · wn`) apart, `wm`, `wn` = 4 where the micro-tile allows: its
+//!   fragment of a k step is then read from shared memory as `float4`s, with
+//!   no bank conflicts, and its stores are 16-byte vectors where the output
+//!   is contiguous.
+//! - **k loop** over tiles of `tk`: operand tiles are staged k-major in shared
+//!   memory (`As[k][m]`, `Bs[k][n]`, rows padded by 4 floats when the operand
+//!   is transposed on the way so the transposing stores do not conflict).
+//!   Registers carry each tile from its global loads to its shared stores;
+//!   a tile's loads are issued one tile ahead, right before a barrier, so
+//!   they are in flight during the FMAs of the tile before it (issued
+//!   elsewhere, ptxas sinks them past those FMAs). With `stages ≥ 2` there
+//!   are two shared buffers and one barrier per tile; with `stages = 1` one
+//!   buffer and two barriers.
+//! - **Loads**: a group input read directly whose elements run contiguously
+//!   along M, N or K (row-major matmul operands, conv weights, the input of a
+//!   1×1 stride-1 conv) with that extent a multiple of 4 is read as 4-element
+//!   vectors (`float4`, or `uint2` of four f16/bf16); anything else (view
+//!   prologues, odd extents, conv windows) element by element through the
+//!   index maps. f16/bf16 widen to f32 on the way to shared memory. Elements
+//!   past M, N, K or in a conv's padding are stored as zeros, so the inner
+//!   loop has no bounds checks.
+//! - **Epilogue**: each accumulator goes through the group's tail (elementwise
+//!   math, batchnorm, casts, reshapes, transposes) by the index maps with the
+//!   contraction's value bound to it, and is stored where the views put it;
+//!   four at a time as one vector store (and residual operands of the same
+//!   layout read as vectors) when the output runs contiguously along the
+//!   micro-tile's 4-wide groups.
+//!
+//! The planner's `tile = [tm, tn, tk]` and `threads` are honoured when they
+//! form a valid shape (see [`Tiling::planned`]); otherwise the kernel uses
+//! `[64, 64, 8]` with 256 threads and says so in its summary.
 
 use std::collections::BTreeSet;
 
-use dcir_ir::{Attr, OpId, OpKind, ValueId};
+use dcir_ir::{Attr, DType, OpId, OpKind, ValueDef, ValueId};
 
-use super::{EmitError, Index, Lower, Reduced, attr_int, params, store, yields};
+use super::{
+    EmitError, Index, Lower, Reduced, Vectors, attr_int, pack, params, store, vector_lane,
+    vector_ty, yields,
+};
 use crate::kir::{
-    ArrayRef, BinOp, Builtin, Expr, Kernel, SharedArray, Stmt, Ty, add, bin, call, div, int, mul,
-    rem, var,
+    ArrayRef, BinOp, Builtin, Expr, Kernel, Param, SharedArray, Stmt, Ty, add, bin, call, div, int,
+    mul, rem, sub, var,
 };
 
 type Result<T> = std::result::Result<T, EmitError>;
 
-/// Splits `threads` into `threads_m × threads_n` dividing `tm × tn`, the
-/// micro-tile as square as possible (wider than tall on a tie).
-pub(super) fn thread_grid(tm: usize, tn: usize, threads: usize) -> Option<(usize, usize)> {
-    (1..=threads)
-        .filter(|&tn_t| {
-            threads.is_multiple_of(tn_t)
-                && tn.is_multiple_of(tn_t)
-                && tm.is_multiple_of(threads / tn_t)
+/// Most f32 accumulators one thread keeps (registers).
+const MAX_ACCUMULATORS: usize = 128;
+/// Most staged elements one thread holds in registers between the load and
+/// the store of a tile.
+const MAX_PREFETCH: usize = 32;
+/// Most bytes of static shared memory.
+const MAX_SHARED: usize = 48 * 1024;
+/// Elements of one vector access to global memory.
+const VECTOR: usize = 4;
+
+/// One of the GEMM index dimensions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum GemmDim {
+    M,
+    N,
+    K,
+}
+
+/// One operand of a contraction as a block reads it.
+#[derive(Clone, Debug)]
+pub(super) struct Operand {
+    /// The contraction's operand inside the group.
+    pub value: ValueId,
+    /// The GEMM dimension along which consecutive elements are (mostly)
+    /// adjacent in memory: threads walk it fastest, for coalescing.
+    pub contiguous: GemmDim,
+    /// Whether four elements along `contiguous`, from an index that is a
+    /// multiple of 4, are one aligned vector in memory: the operand is a
+    /// group input read directly, with that extent a multiple of 4.
+    pub vector: bool,
+}
+
+/// The geometry of a convolution as an implicit GEMM.
+///
+/// With `G = groups`, `Cg = C / G`, `Og = O / G`: batch entry `g` (a channel
+/// group) computes `C[g, m, n] = Σ_k A(m, k) · B(k, n)` where
+/// `m = (img, oh, ow)` (row-major over `[N, OH, OW]`), `n` is the output
+/// channel `g·Og + n` and `k = (c, kh, kw)` (row-major over `[Cg, KH, KW]`,
+/// the weight's own layout). `A(m, k) = x[img, g·Cg + c, oh·sh − pad_top +
+/// kh·dh, ow·sw − pad_left + kw·dw]`, zero outside the image;
+/// `B(k, n) = w[g·Og + n, c, kh, kw]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct ConvGeometry {
+    /// Input `[N, C, H, W]`.
+    pub input: [usize; 4],
+    /// Weight `[O, C / groups, KH, KW]`.
+    pub weight: [usize; 4],
+    /// Output `[N, O, OH, OW]`.
+    pub output: [usize; 4],
+    /// `[sh, sw]`.
+    pub stride: [usize; 2],
+    /// `[top, left, bottom, right]`.
+    pub pad: [usize; 4],
+    /// `[dh, dw]`.
+    pub dilation: [usize; 2],
+    pub groups: usize,
+}
+
+impl ConvGeometry {
+    /// Reads the attributes of conv op `op`.
+    fn of(l: &Lower, op: OpId) -> Result<ConvGeometry> {
+        let g = l.g;
+        let data = g.op(op);
+        let dims4 = |v: ValueId| -> Result<[usize; 4]> {
+            g.ty(v)
+                .dims()
+                .try_into()
+                .map_err(|_| l.unsupported("a conv that is not 2-D NCHW"))
+        };
+        let ints = |name: &str, default: &[i64]| -> Vec<usize> {
+            data.attrs
+                .get(name)
+                .and_then(Attr::as_ints)
+                .unwrap_or(default)
+                .iter()
+                .map(|&x| x.max(0) as usize)
+                .collect()
+        };
+        let (stride, pad, dilation) = (
+            ints("stride", &[1, 1]),
+            ints("pad", &[0, 0, 0, 0]),
+            ints("dilation", &[1, 1]),
+        );
+        let groups = attr_int(g, op, "groups", 1).max(1) as usize;
+        let (input, weight, output) = (
+            dims4(data.operands[0])?,
+            dims4(data.operands[1])?,
+            dims4(data.results[0])?,
+        );
+        if stride.len() != 2 || pad.len() != 4 || dilation.len() != 2 {
+            return Err(l.unsupported("conv attributes of the wrong length"));
+        }
+        if input[1] % groups != 0 || weight[0] % groups != 0 || input[1] / groups != weight[1] {
+            return Err(l.unsupported("conv channels that do not split into the groups"));
+        }
+        Ok(ConvGeometry {
+            input,
+            weight,
+            output,
+            stride: [stride[0], stride[1]],
+            pad: [pad[0], pad[1], pad[2], pad[3]],
+            dilation: [dilation[0], dilation[1]],
+            groups,
         })
-        .map(|tn_t| (threads / tn_t, tn_t))
-        .min_by_key(|&(tm_t, tn_t)| {
-            let (mm, nn) = ((tm / tm_t) as i64, (tn / tn_t) as i64);
-            ((mm - nn).abs(), -nn)
+    }
+
+    /// GEMM rows: output pixels of all images.
+    pub fn m(&self) -> usize {
+        self.output[0] * self.output[2] * self.output[3]
+    }
+
+    /// GEMM columns: output channels per group.
+    pub fn n(&self) -> usize {
+        self.weight[0] / self.groups
+    }
+
+    /// GEMM depth: `C / groups · KH · KW`.
+    pub fn k(&self) -> usize {
+        self.weight[1] * self.weight[2] * self.weight[3]
+    }
+
+    /// Whether the conv is a plain GEMM over the input viewed as `[C, H·W]`
+    /// per image: 1×1, stride 1, no padding.
+    pub fn is_pointwise(&self) -> bool {
+        self.weight[2] == 1 && self.weight[3] == 1 && self.stride == [1, 1] && self.pad == [0; 4]
+    }
+
+    /// `(img, oh, ow)` of output pixel `m`.
+    fn pixel(&self, m: Expr) -> [Expr; 3] {
+        let [_, _, oh, ow] = self.output;
+        [
+            div(m.clone(), (oh * ow) as i64),
+            rem(div(m.clone(), ow as i64), oh as i64),
+            rem(m, ow as i64),
+        ]
+    }
+
+    /// The input element `A(m, k)` of group `g`. Its coordinates refer to
+    /// locals `{prefix}_img`, `_ch`, `_ih`, `_iw` that [`Element::lets`] defines.
+    pub fn a_at(&self, prefix: &str, g: &Expr, m: Expr, k: Expr) -> Element {
+        let [_, _, h, w] = self.input;
+        let [_, cg, kh, kw] = self.weight;
+        let name = |s: &str| format!("{prefix}_{s}");
+        let [img, oh, ow] = self.pixel(m);
+        let c = div(k.clone(), (kh * kw) as i64);
+        let r = rem(div(k.clone(), kw as i64), kh as i64);
+        let s = rem(k, kw as i64);
+        let ih = add(
+            sub(mul(oh, int(self.stride[0] as i64)), int(self.pad[0] as i64)),
+            mul(r, int(self.dilation[0] as i64)),
+        );
+        let iw = add(
+            sub(mul(ow, int(self.stride[1] as i64)), int(self.pad[1] as i64)),
+            mul(s, int(self.dilation[1] as i64)),
+        );
+        let lets = vec![
+            (name("img"), img),
+            (name("ch"), add(mul(g.clone(), int(cg as i64)), c)),
+            (name("ih"), ih),
+            (name("iw"), iw),
+        ];
+        let coords: Vec<Expr> = lets.iter().map(|(n, _)| var(n)).collect();
+        let (ih, iw) = (coords[2].clone(), coords[3].clone());
+        // The window leaves the image only where padding (or a window
+        // overhanging the far edge) lets it.
+        let [_, _, out_h, out_w] = self.output;
+        let far_h = (out_h - 1) * self.stride[0] + (kh - 1) * self.dilation[0];
+        let far_w = (out_w - 1) * self.stride[1] + (kw - 1) * self.dilation[1];
+        let conds = [
+            (self.pad[0] > 0).then(|| bin(BinOp::Ge, ih.clone(), int(0))),
+            (far_h >= h + self.pad[0]).then(|| lt(ih.clone(), int(h as i64))),
+            (self.pad[1] > 0).then(|| bin(BinOp::Ge, iw.clone(), int(0))),
+            (far_w >= w + self.pad[1]).then(|| lt(iw.clone(), int(w as i64))),
+        ];
+        Element {
+            index: Index::coords(&self.input, coords),
+            inside: conds.into_iter().flatten().collect(),
+            lets,
+        }
+    }
+
+    /// The linear index in the weight of `B(k, n)` of group `g`.
+    pub fn b_at(&self, g: &Expr, k: Expr, n: Expr) -> Expr {
+        let oc = add(mul(g.clone(), int(self.n() as i64)), n);
+        add(mul(oc, int(self.k() as i64)), k)
+    }
+
+    /// The output coordinates of `C[g, m, n]`.
+    pub fn out_at(&self, g: &Expr, m: Expr, n: Expr) -> Vec<Expr> {
+        let [img, oh, ow] = self.pixel(m);
+        let oc = add(mul(g.clone(), int(self.n() as i64)), n);
+        vec![img, oc, oh, ow]
+    }
+}
+
+/// How the GEMM indices map to the operands and the result.
+#[derive(Clone, Debug)]
+pub(super) enum Geometry {
+    /// A batched matmul: batch entry `b` is the row-major index over `batch`.
+    Matmul {
+        batch: Vec<usize>,
+        transpose_a: bool,
+        transpose_b: bool,
+    },
+    /// A convolution as an implicit GEMM; batch entry `b` is the channel group.
+    Conv(ConvGeometry),
+}
+
+/// One contraction of a group as a batched GEMM `C[b, m, n] = Σ_k A(b, m, k) · B(b, k, n)`.
+#[derive(Clone, Debug)]
+pub(super) struct Contraction {
+    /// Its result inside the group.
+    pub result: ValueId,
+    pub batch: usize,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a: Operand,
+    pub b: Operand,
+    pub geometry: Geometry,
+}
+
+/// An element of an operand: where it is, and when it exists (else it is zero).
+pub(super) struct Element {
+    /// Its index in the operand.
+    pub index: Index,
+    /// Conditions that it exists (a conv window inside the image), all to hold.
+    pub inside: Vec<Expr>,
+    /// `int` locals `index` and `inside` refer to, to define first, in order.
+    pub lets: Vec<(String, Expr)>,
+}
+
+impl Contraction {
+    /// The single matmul of a `gemm` group.
+    pub(super) fn of_matmul(l: &Lower, op: OpId) -> Result<Contraction> {
+        let g = l.g;
+        let mm_op = only_op(l, op, OpKind::Matmul)?;
+        let data = g.op(mm_op);
+        let (a, b, result) = (data.operands[0], data.operands[1], data.results[0]);
+        let flag = |name: &str| {
+            matches!(data.attrs.get(name), Some(Attr::Bool(true)))
+                || data.attrs.get(name).and_then(Attr::as_int) == Some(1)
+        };
+        let (ta, tb) = (flag("transpose_a"), flag("transpose_b"));
+        let out = g.ty(result).dims().to_vec();
+        let rank = out.len();
+        if rank < 2 {
+            return Err(l.unsupported("a matmul of rank < 2"));
+        }
+        let (m, n) = (out[rank - 2], out[rank - 1]);
+        let k = g.ty(a).dims()[if ta { rank - 2 } else { rank - 1 }];
+        let batch = out[..rank - 2].to_vec();
+        let operand = |value: ValueId, contiguous: GemmDim, extent: usize| Operand {
+            value,
+            contiguous,
+            vector: is_input(l, value) && extent.is_multiple_of(VECTOR),
+        };
+        Ok(Contraction {
+            result,
+            batch: batch.iter().product(),
+            m,
+            n,
+            k,
+            a: if ta {
+                operand(a, GemmDim::M, m)
+            } else {
+                operand(a, GemmDim::K, k)
+            },
+            b: if tb {
+                operand(b, GemmDim::K, k)
+            } else {
+                operand(b, GemmDim::N, n)
+            },
+            geometry: Geometry::Matmul {
+                batch,
+                transpose_a: ta,
+                transpose_b: tb,
+            },
         })
+    }
+
+    /// The single conv2d of a `conv` group.
+    pub(super) fn of_conv(l: &Lower, op: OpId) -> Result<Contraction> {
+        let g = l.g;
+        let conv_op = only_op(l, op, OpKind::Conv2d)?;
+        let data = g.op(conv_op);
+        let geo = ConvGeometry::of(l, conv_op)?;
+        let (x, w) = (data.operands[0], data.operands[1]);
+        let [_, _, oh, ow] = geo.output;
+        Ok(Contraction {
+            result: data.results[0],
+            batch: geo.groups,
+            m: geo.m(),
+            n: geo.n(),
+            k: geo.k(),
+            a: Operand {
+                value: x,
+                contiguous: GemmDim::M,
+                vector: is_input(l, x) && geo.is_pointwise() && (oh * ow).is_multiple_of(VECTOR),
+            },
+            b: Operand {
+                value: w,
+                contiguous: GemmDim::K,
+                vector: is_input(l, w) && geo.k().is_multiple_of(VECTOR),
+            },
+            geometry: Geometry::Conv(geo),
+        })
+    }
+
+    /// The row-major coordinates of batch entry `b` over a matmul's batch dims.
+    fn batch_coords(batch: &[usize], b: &Expr) -> Vec<Expr> {
+        Index::linear(batch, b.clone()).get_coords()
+    }
+
+    /// `A(b, m, k)`.
+    pub(super) fn a_at(&self, l: &Lower, b: &Expr, m: Expr, k: Expr) -> Element {
+        let dims = l.g.ty(self.a.value).dims();
+        match &self.geometry {
+            Geometry::Matmul {
+                batch, transpose_a, ..
+            } => {
+                let mut c = Self::batch_coords(batch, b);
+                c.extend(if *transpose_a { [k, m] } else { [m, k] });
+                Element {
+                    index: Index::coords(dims, c),
+                    inside: Vec::new(),
+                    lets: Vec::new(),
+                }
+            }
+            Geometry::Conv(geo) => geo.a_at("a", b, m, k),
+        }
+    }
+
+    /// `B(b, k, n)`.
+    pub(super) fn b_at(&self, l: &Lower, b: &Expr, k: Expr, n: Expr) -> Element {
+        let dims = l.g.ty(self.b.value).dims();
+        match &self.geometry {
+            Geometry::Matmul {
+                batch, transpose_b, ..
+            } => {
+                let mut c = Self::batch_coords(batch, b);
+                c.extend(if *transpose_b { [n, k] } else { [k, n] });
+                Element {
+                    index: Index::coords(dims, c),
+                    inside: Vec::new(),
+                    lets: Vec::new(),
+                }
+            }
+            Geometry::Conv(geo) => Element {
+                index: Index::linear(dims, geo.b_at(b, k, n)),
+                inside: Vec::new(),
+                lets: Vec::new(),
+            },
+        }
+    }
+
+    /// The coordinates in the result of `C[b, m, n]`.
+    pub(super) fn out_at(&self, b: &Expr, m: Expr, n: Expr) -> Vec<Expr> {
+        match &self.geometry {
+            Geometry::Matmul { batch, .. } => {
+                let mut c = Self::batch_coords(batch, b);
+                c.extend([m, n]);
+                c
+            }
+            Geometry::Conv(geo) => geo.out_at(b, m, n),
+        }
+    }
+
+    /// The GEMM dimension along which four results from an index that is a
+    /// multiple of 4 are one aligned vector of the result's row-major layout.
+    pub(super) fn out_vector(&self) -> Option<GemmDim> {
+        match &self.geometry {
+            Geometry::Matmul { .. } => self.n.is_multiple_of(VECTOR).then_some(GemmDim::N),
+            Geometry::Conv(geo) => {
+                let [_, _, oh, ow] = geo.output;
+                (oh * ow).is_multiple_of(VECTOR).then_some(GemmDim::M)
+            }
+        }
+    }
+
+    /// Checks what the kernel needs of the group: the contraction's operands
+    /// come through views only, the result is a float, the epilogue keeps one
+    /// element per accumulator and every index fits an `int`. Returns the
+    /// values derived from the result.
+    pub(super) fn check(&self, l: &Lower, group: OpId) -> Result<BTreeSet<ValueId>> {
+        let g = l.g;
+        if !g.ty(self.result).dtype.is_float() {
+            return Err(l.unsupported("an integer contraction"));
+        }
+        check_prologue(l, self.a.value, "A")?;
+        check_prologue(l, self.b.value, "B")?;
+        let sizes = [self.a.value, self.b.value, self.result]
+            .map(|v| g.ty(v).num_elements().unwrap_or(usize::MAX));
+        if sizes.iter().any(|&s| s >= i32::MAX as usize) {
+            return Err(l.unsupported("more than 2^31 elements"));
+        }
+        if self.batch * self.m * self.n * self.k == 0 {
+            return Err(l.unsupported("an empty contraction"));
+        }
+        check_epilogue(l, group, self.result)
+    }
+}
+
+/// The one op of `kind` in group `op`.
+fn only_op(l: &Lower, op: OpId, kind: OpKind) -> Result<OpId> {
+    let g = l.g;
+    let region = g.op(op).region.expect("a fused op has a region");
+    let found: Vec<OpId> = g
+        .block(region)
+        .ops
+        .iter()
+        .copied()
+        .filter(|&o| g.op(o).kind == kind)
+        .collect();
+    match found[..] {
+        [o] => Ok(o),
+        _ => Err(l.unsupported(format!("a group with {} {}s", found.len(), kind.name()))),
+    }
+}
+
+/// Whether `v` is a group input of a float dtype (read straight from its parameter).
+fn is_input(l: &Lower, v: ValueId) -> bool {
+    matches!(l.g.value(v).def, ValueDef::BlockArg { .. }) && l.g.ty(v).dtype.is_float()
 }
 
 /// The op of `v`'s definition inside the group, if any.
 fn def_op(l: &Lower, v: ValueId) -> Option<OpId> {
     match l.g.value(v).def {
-        dcir_ir::ValueDef::OpResult { op, .. } => Some(op),
-        dcir_ir::ValueDef::BlockArg { .. } => None,
+        ValueDef::OpResult { op, .. } => Some(op),
+        ValueDef::BlockArg { .. } => None,
     }
 }
 
@@ -61,7 +508,7 @@ fn check_prologue(l: &Lower, v: ValueId, which: &str) -> Result<()> {
             OpKind::Reshape | OpKind::Transpose | OpKind::Broadcast | OpKind::Slice
         ) {
             return Err(l.unsupported(format!(
-                "`{}` feeding operand {which} of the matmul (only reshape, transpose, broadcast and slice prologues)",
+                "`{}` feeding operand {which} of the contraction (only reshape, transpose, broadcast and slice prologues)",
                 data.kind.name()
             )));
         }
@@ -70,13 +517,13 @@ fn check_prologue(l: &Lower, v: ValueId, which: &str) -> Result<()> {
     Ok(())
 }
 
-/// The epilogue: everything computed from the matmul result must be
-/// elementwise math, casts, reshapes or transposes of it (one output element
-/// per accumulator). Returns the values derived from the matmul result.
-fn check_epilogue(l: &Lower, op: OpId, mm: ValueId) -> Result<BTreeSet<ValueId>> {
+/// The epilogue: everything computed from the contraction's result must be
+/// elementwise math, batchnorm, casts, reshapes or transposes of it (one
+/// output element per accumulator). Returns the values derived from the result.
+fn check_epilogue(l: &Lower, op: OpId, result: ValueId) -> Result<BTreeSet<ValueId>> {
     let g = l.g;
     let region = g.op(op).region.expect("a fused op has a region");
-    let mut tainted = BTreeSet::from([mm]);
+    let mut tainted = BTreeSet::from([result]);
     for &o in &g.block(region).ops {
         let data = g.op(o);
         if data.kind == OpKind::Yield || !data.operands.iter().any(|v| tainted.contains(v)) {
@@ -87,10 +534,12 @@ fn check_epilogue(l: &Lower, op: OpId, mm: ValueId) -> Result<BTreeSet<ValueId>>
             || matches!(
                 data.kind,
                 OpKind::Cast | OpKind::Reshape | OpKind::Transpose
-            );
+            )
+            || (data.kind == OpKind::Batchnorm
+                && !data.operands[1..].iter().any(|v| tainted.contains(v)));
         if !ok {
             return Err(l.unsupported(format!(
-                "`{}` after the matmul (only elementwise, reshape and transpose epilogues)",
+                "`{}` after the contraction (only elementwise, batchnorm, reshape and transpose epilogues)",
                 data.kind.name()
             )));
         }
@@ -99,23 +548,22 @@ fn check_epilogue(l: &Lower, op: OpId, mm: ValueId) -> Result<BTreeSet<ValueId>>
     Ok(tainted)
 }
 
-/// Where the matmul element at `coords` (of the matmul's dims) lands in `y`:
-/// follows the views between them forward. `None` when `y` does not derive
-/// from the matmul result.
+/// Where the result element at `coords` lands in `y`: follows the views
+/// between them forward. `None` when `y` does not derive from the result.
 fn forward_coords(
     l: &Lower,
     tainted: &BTreeSet<ValueId>,
-    mm: ValueId,
+    result: ValueId,
     y: ValueId,
     coords: Vec<Expr>,
 ) -> Option<Vec<Expr>> {
-    if y == mm {
+    if y == result {
         return Some(coords);
     }
     let op = def_op(l, y)?;
     let data = l.g.op(op);
     let src = *data.operands.iter().find(|v| tainted.contains(v))?;
-    let c = forward_coords(l, tainted, mm, src, coords)?;
+    let c = forward_coords(l, tainted, result, src, coords)?;
     let src_dims = l.g.ty(src).dims().to_vec();
     let dims = l.g.ty(y).dims().to_vec();
     Some(match data.kind {
@@ -135,6 +583,24 @@ fn forward_coords(
     })
 }
 
+/// Whether `y`'s row-major linear index equals the result's at every element
+/// (no transpose between them: reshapes keep the linear order).
+fn keeps_linear_order(l: &Lower, tainted: &BTreeSet<ValueId>, result: ValueId, y: ValueId) -> bool {
+    if y == result {
+        return true;
+    }
+    let Some(op) = def_op(l, y) else {
+        return false;
+    };
+    let data = l.g.op(op);
+    data.kind != OpKind::Transpose
+        && data
+            .operands
+            .iter()
+            .find(|v| tainted.contains(v))
+            .is_some_and(|&src| keeps_linear_order(l, tainted, result, src))
+}
+
 fn let_int(name: &str, value: Expr) -> Stmt {
     Stmt::Let {
         name: name.into(),
@@ -152,6 +618,15 @@ fn array(name: &str, ty: Ty) -> ArrayRef {
     }
 }
 
+/// A shared array (declared as `float4`) accessed as `ty`.
+fn shared_as(name: &str, ty: Ty) -> ArrayRef {
+    ArrayRef {
+        name: name.into(),
+        ty,
+        reinterpret: ty != Ty::Float4,
+    }
+}
+
 fn lt(a: Expr, b: Expr) -> Expr {
     bin(BinOp::Lt, a, b)
 }
@@ -160,405 +635,1027 @@ fn and(a: Expr, b: Expr) -> Expr {
     bin(BinOp::And, a, b)
 }
 
-/// Stages one operand tile into shared memory: `rows × cols` of the operand
-/// (`rows` along M or N, `cols` along K), stored k-major as `shared[k * rows + r]`.
-/// `operand_coords(r, k)` gives the operand's coordinates; out-of-range
-/// elements are stored as zero without being loaded.
-#[allow(clippy::too_many_arguments)]
-fn stage_tile(
-    l: &mut Lower,
-    operand: ValueId,
-    shared: &str,
-    rows: usize,
-    tk: usize,
-    threads: usize,
-    row0: Expr,
-    row_bound: usize,
-    k_inner: bool,
-    operand_coords: &dyn Fn(Expr, Expr) -> Vec<Expr>,
-) -> Result<Vec<Stmt>> {
-    let dims = l.g.ty(operand).dims().to_vec();
-    let total = rows * tk;
-    let (idx_var, r_var, k_var, g_r, g_k, val) = (
-        format!("{shared}_i"),
-        format!("{shared}_r"),
-        format!("{shared}_k"),
-        format!("{shared}_row"),
-        format!("{shared}_col"),
-        format!("{shared}_val"),
-    );
-    for n in [&idx_var, &r_var, &k_var, &g_r, &g_k, &val] {
-        l.used_names.insert(n.clone());
-    }
-    // Walk the tile in the operand's memory order: consecutive threads read
-    // consecutive addresses when K (or M/N) is the innermost dim.
-    let (r, k) = if k_inner {
-        (div(var(&idx_var), tk as i64), rem(var(&idx_var), tk as i64))
-    } else {
-        (
-            rem(var(&idx_var), rows as i64),
-            div(var(&idx_var), rows as i64),
-        )
-    };
-    let load = l.scoped(|l| {
-        let idx = Index::coords(&dims, operand_coords(var(&g_r), var(&g_k)));
-        let v = l.value_at(operand, &idx)?;
-        l.body.push(Stmt::Assign(val.clone(), v));
-        Ok(())
-    })?;
-    let body = vec![
-        let_int(&r_var, r),
-        let_int(&k_var, k),
-        let_int(&g_r, add(row0, var(&r_var))),
-        let_int(&g_k, add(var("k0"), var(&k_var))),
-        Stmt::Let {
-            name: val.clone(),
-            ty: Ty::F32,
-            value: Expr::F32(0.0),
-            constant: false,
-        },
-        Stmt::If(
-            and(
-                lt(var(&g_r), int(row_bound as i64)),
-                lt(var(&g_k), var("K")),
-            ),
-            load,
-        ),
-        Stmt::Store(
-            array(shared, Ty::F32),
-            add(mul(var(&k_var), int(rows as i64)), var(&r_var)),
-            var(&val),
-        ),
-    ];
-    Ok(vec![Stmt::For {
-        var: idx_var.clone(),
-        start: Expr::Builtin(Builtin::ThreadX),
-        end: int(total as i64),
-        step: int(threads as i64),
-        unroll: total.is_multiple_of(threads),
-        body,
-    }])
+/// `a && b` over the conditions present; `None` when there are none.
+fn all(conds: impl IntoIterator<Item = Option<Expr>>) -> Option<Expr> {
+    conds.into_iter().flatten().reduce(and)
 }
 
-/// Lowers a `gemm` group.
-pub(super) fn gemm(l: &mut Lower, op: OpId) -> Result<Kernel> {
-    let g = l.g;
-    let params = params(l, op);
-    let region = g.op(op).region.expect("a fused op has a region");
-    let matmuls: Vec<OpId> = g
-        .block(region)
-        .ops
-        .iter()
-        .copied()
-        .filter(|&o| g.op(o).kind == OpKind::Matmul)
-        .collect();
-    let [mm_op] = matmuls[..] else {
-        return Err(l.unsupported(format!("a gemm group with {} matmuls", matmuls.len())));
-    };
-    let mm_data = g.op(mm_op);
-    let (a, b) = (mm_data.operands[0], mm_data.operands[1]);
-    let mm = mm_data.results[0];
-    let flag = |name: &str| {
-        matches!(mm_data.attrs.get(name), Some(Attr::Bool(true)))
-            || mm_data.attrs.get(name).and_then(Attr::as_int) == Some(1)
-    };
-    let (ta, tb) = (flag("transpose_a"), flag("transpose_b"));
-    if !g.ty(mm).dtype.is_float() {
-        return Err(l.unsupported("an integer matmul"));
+/// `if (cond) { body }`, or just `body` without a condition.
+fn guarded(cond: Option<Expr>, body: Vec<Stmt>) -> Vec<Stmt> {
+    match cond {
+        Some(c) => vec![Stmt::If(c, body)],
+        None => body,
     }
-    check_prologue(l, a, "A")?;
-    check_prologue(l, b, "B")?;
-    let tainted = check_epilogue(l, op, mm)?;
+}
 
-    let out_dims = g.ty(mm).dims().to_vec();
-    let rank = out_dims.len();
-    if rank < 2 {
-        return Err(l.unsupported("a matmul of rank < 2"));
+/// `#pragma unroll` `for (var = 0; var < end; var++)`.
+fn unrolled(var: &str, end: usize, body: Vec<Stmt>) -> Stmt {
+    Stmt::For {
+        var: var.into(),
+        start: int(0),
+        end: int(end as i64),
+        step: int(1),
+        unroll: true,
+        body,
     }
-    let (m, n) = (out_dims[rank - 2], out_dims[rank - 1]);
-    let a_dims = g.ty(a).dims().to_vec();
-    let k = a_dims[if ta { rank - 2 } else { rank - 1 }];
-    let batch_dims = out_dims[..rank - 2].to_vec();
-    let batch: usize = batch_dims.iter().product();
-    if batch * m * n >= i32::MAX as usize || batch * m * k >= i32::MAX as usize {
-        return Err(l.unsupported("more than 2^31 elements"));
-    }
-    if m * n * batch == 0 {
-        return Err(l.unsupported("an empty matmul"));
+}
+
+/// The block's batch entry: `bz`, or 0 when there is one.
+fn batch_index(c: &Contraction) -> Expr {
+    if c.batch == 1 { int(0) } else { var("bz") }
+}
+
+/// The block and thread shape of one kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Tiling {
+    tm: usize,
+    tn: usize,
+    tk: usize,
+    threads: usize,
+    threads_m: usize,
+    threads_n: usize,
+    /// Rows (columns) of one of a thread's groups: 4, 2 or 1.
+    wm: usize,
+    wn: usize,
+    /// Shared-memory buffers per operand: 2 with `stages ≥ 2`, else 1.
+    buffers: usize,
+}
+
+impl Tiling {
+    /// The planned shape, if valid: `tm`, `tn` multiples of 4; `threads` a
+    /// multiple of 32 (at most 1024) that splits into a `threads_m ×
+    /// threads_n` grid dividing the tile with at most 128 accumulators per
+    /// thread. `tk` is halved (down to 8) while the prefetched elements
+    /// exceed 32 per thread or the buffers 48 KiB of shared memory.
+    fn planned(tile: [usize; 3], threads: usize, stages: usize, prefer_m: bool) -> Option<Tiling> {
+        let [tm, tn, mut tk] = tile;
+        let valid = tm.is_multiple_of(4)
+            && tn.is_multiple_of(4)
+            && tk > 0
+            && threads.is_multiple_of(32)
+            && (32..=1024).contains(&threads)
+            && tm * tn / threads <= MAX_ACCUMULATORS;
+        if !valid {
+            return None;
+        }
+        let buffers = if stages >= 2 { 2 } else { 1 };
+        let shared = |tk: usize| buffers * (tm + tn + 8) * tk * 4;
+        while tk > 8
+            && tk.is_multiple_of(2)
+            && ((tm + tn) * tk > MAX_PREFETCH * threads || shared(tk) > MAX_SHARED)
+        {
+            tk /= 2;
+        }
+        if shared(tk) > MAX_SHARED {
+            return None;
+        }
+        let (threads_m, threads_n) = thread_grid(tm, tn, threads, prefer_m)?;
+        let width = |t: usize| {
+            [4, 2, 1]
+                .into_iter()
+                .find(|w| t.is_multiple_of(*w))
+                .unwrap_or(1)
+        };
+        Some(Tiling {
+            tm,
+            tn,
+            tk,
+            threads,
+            threads_m,
+            threads_n,
+            wm: width(tm / threads_m),
+            wn: width(tn / threads_n),
+            buffers,
+        })
     }
 
-    let tile = g
-        .op(op)
-        .attrs
-        .get("tile")
-        .and_then(Attr::as_ints)
-        .map(<[i64]>::to_vec)
-        .unwrap_or_else(|| vec![64, 64, 8]);
-    let [tm, tn, tk] = tile[..] else {
-        return Err(l.unsupported(format!("tile = {tile:?}")));
-    };
-    let (tm, tn, tk) = (tm.max(1) as usize, tn.max(1) as usize, tk.max(1) as usize);
-    let threads = attr_int(g, op, "threads", 256).clamp(1, 1024) as usize;
-    let Some((threads_m, threads_n)) = thread_grid(tm, tn, threads) else {
-        return Err(l.unsupported(format!(
-            "tile [{tm}, {tn}] with {threads} threads (no even split)"
-        )));
-    };
-    let (mt, nt) = (tm / threads_m, tn / threads_n);
-    if mt * nt > 256 || (tm + tn) * tk * 4 > 48 * 1024 {
-        return Err(l.unsupported(format!(
-            "a {mt}x{nt} micro-tile or {} bytes of shared memory",
-            (tm + tn) * tk * 4
-        )));
+    /// The planned shape of group `op`, or the default `[64, 64, 8]` with 256
+    /// threads (valid for every contraction) and the reason it was not used.
+    fn of(l: &Lower, op: OpId, prefer_m: bool) -> (Tiling, Option<String>) {
+        let g = l.g;
+        let tile = g.op(op).attrs.get("tile").and_then(Attr::as_ints);
+        let threads = attr_int(g, op, "threads", 256).max(0) as usize;
+        let stages = attr_int(g, op, "stages", 1).max(1) as usize;
+        let planned = match tile {
+            Some(&[tm, tn, tk]) if tm > 0 && tn > 0 && tk > 0 => {
+                let tile = [tm as usize, tn as usize, tk as usize];
+                Tiling::planned(tile, threads, stages, prefer_m)
+                    .ok_or(format!("tile {tile:?} with {threads} threads"))
+            }
+            _ => Err(format!("tile = {tile:?}")),
+        };
+        match planned {
+            Ok(t) => (t, None),
+            Err(why) => (
+                Tiling::planned([64, 64, 8], 256, stages, prefer_m).expect("the default is valid"),
+                Some(why),
+            ),
+        }
     }
-    let (grid_m, grid_n) = (m.div_ceil(tm), n.div_ceil(tn));
 
-    for name in [
-        "tile_n", "tile_m", "bz", "m0", "n0", "tx", "ty", "K", "k0", "kk", "i", "j", "acc",
-        "a_frag", "b_frag", "row", "col", "As", "Bs",
-    ] {
-        l.used_names.insert(name.into());
+    fn mt(&self) -> usize {
+        self.tm / self.threads_m
     }
-    let bid = Expr::Builtin(Builtin::BlockX);
+
+    fn nt(&self) -> usize {
+        self.tn / self.threads_n
+    }
+}
+
+/// Splits `threads` into `threads_m × threads_n` dividing `tm × tn`: micro-tile
+/// sides multiples of 4 first, then as square as possible, then longer along
+/// N (along M when `prefer_m`).
+fn thread_grid(tm: usize, tn: usize, threads: usize, prefer_m: bool) -> Option<(usize, usize)> {
+    (1..=threads)
+        .filter(|&t_n| {
+            threads.is_multiple_of(t_n)
+                && tn.is_multiple_of(t_n)
+                && tm.is_multiple_of(threads / t_n)
+        })
+        .map(|t_n| (threads / t_n, t_n))
+        .min_by_key(|&(t_m, t_n)| {
+            let (mt, nt) = (tm / t_m, tn / t_n);
+            let odd = usize::from(!mt.is_multiple_of(4)) + usize::from(!nt.is_multiple_of(4));
+            let along = if prefer_m { mt as i64 } else { nt as i64 };
+            (odd, (mt as i64 - nt as i64).abs(), -along)
+        })
+}
+
+/// The thread's position in the block's `threads_m × threads_n` grid:
+/// `(ty, tx)`. Each warp covers 4 × 8 of it (or `32 / threads_n × threads_n`
+/// when narrower), so its fragment reads touch 4 rows of A and 8 of B.
+fn thread_position(t: &Tiling) -> (Expr, Expr) {
     let tid = Expr::Builtin(Builtin::ThreadX);
-    let mut body = vec![
-        Stmt::Comment(format!(
-            "block tile {tm}x{tn}x{tk}; {threads_m}x{threads_n} threads, each a {mt}x{nt} micro-tile"
-        )),
-        let_int("tile_n", rem(bid.clone(), grid_n as i64)),
-        let_int(
-            "tile_m",
-            rem(div(bid.clone(), grid_n as i64), grid_m as i64),
+    let lanes_n = t.threads_n.min(8);
+    let lanes_m = 32 / lanes_n;
+    if 32 % lanes_n != 0 || !t.threads_m.is_multiple_of(lanes_m) {
+        return (
+            div(tid.clone(), t.threads_n as i64),
+            rem(tid, t.threads_n as i64),
+        );
+    }
+    let warps_n = (t.threads_n / lanes_n) as i64;
+    let (warp, lane) = (div(tid.clone(), 32), rem(tid, 32));
+    (
+        add(
+            mul(div(warp.clone(), warps_n), int(lanes_m as i64)),
+            div(lane.clone(), lanes_n as i64),
         ),
-        let_int("bz", div(bid, (grid_n * grid_m) as i64)),
-        let_int("m0", mul(var("tile_m"), int(tm as i64))),
-        let_int("n0", mul(var("tile_n"), int(tn as i64))),
-        let_int("tx", rem(tid.clone(), threads_n as i64)),
-        let_int("ty", div(tid, threads_n as i64)),
-        let_int("K", int(k as i64)),
-        Stmt::LocalArray {
-            name: "acc".into(),
-            ty: Ty::F32,
-            len: mt * nt,
-        },
-        Stmt::For {
-            var: "i".into(),
-            start: int(0),
-            end: int((mt * nt) as i64),
-            step: int(1),
-            unroll: true,
-            body: vec![Stmt::Store(array("acc", Ty::F32), var("i"), Expr::F32(0.0))],
-        },
-    ];
+        add(
+            mul(rem(warp, warps_n), int(lanes_n as i64)),
+            rem(lane, lanes_n as i64),
+        ),
+    )
+}
 
-    // Batch coordinates of this block, shared by both operands and the epilogue.
-    let batch_coords = Index::linear(&batch_dims, var("bz")).get_coords();
-    let with_batch = |last: [Expr; 2]| -> Vec<Expr> {
-        let mut c = batch_coords.clone();
-        c.extend(last);
-        c
-    };
-    // A is [.., M, K] (or [.., K, M] with transpose_a); B is [.., K, N] (or [.., N, K]).
-    let a_coords = |r: Expr, kk: Expr| with_batch(if ta { [kk, r] } else { [r, kk] });
-    let b_coords = |c: Expr, kk: Expr| with_batch(if tb { [c, kk] } else { [kk, c] });
-    let mut kloop = Vec::new();
-    kloop.extend(stage_tile(
-        l,
-        a,
-        "As",
-        tm,
-        tk,
-        threads,
-        var("m0"),
-        m,
-        !ta,
-        &a_coords,
-    )?);
-    kloop.extend(stage_tile(
-        l,
-        b,
-        "Bs",
-        tn,
-        tk,
-        threads,
-        var("n0"),
-        n,
-        tb,
-        &b_coords,
-    )?);
-    kloop.push(Stmt::Barrier);
-    let frag = |name: &str, shared: &str, len: usize, rows: usize, lane: &str, stride: usize| {
+/// How one operand's tile moves from global memory to registers (the
+/// prefetch) and from registers to its shared buffer.
+///
+/// The tile is `rows × tk` (`rows` along M for A, N for B), stored k-major:
+/// element `(r, k)` of buffer `buf` at `(buf·tk + k)·ld + r`. It is walked in
+/// units of `width` elements along the operand's contiguous dimension, unit
+/// `e` by thread `e mod threads` into its register slot `e / threads`.
+struct Stage<'c> {
+    /// Prefix of the locals (`a`, `b`).
+    name: &'static str,
+    /// The shared array (`As`, `Bs`).
+    shared: &'static str,
+    contraction: &'c Contraction,
+    operand: &'c Operand,
+    /// The operand's dtype.
+    dtype: DType,
+    /// Tile rows and the GEMM extent along them (M or N).
+    rows: usize,
+    extent: usize,
+    tk: usize,
+    threads: usize,
+    /// Elements per access: 4 (a vector) or 1.
+    width: usize,
+    /// Whether threads walk K fastest (the operand is contiguous along K).
+    k_inner: bool,
+    /// Shared row length: `rows`, plus 4 when `k_inner` (the stores
+    /// transpose; the padding spreads them over the banks).
+    ld: usize,
+}
+
+impl Stage<'_> {
+    fn new<'c>(l: &Lower, c: &'c Contraction, which: GemmDim, t: &Tiling) -> Stage<'c> {
+        let (name, shared, operand, rows, extent) = match which {
+            GemmDim::M => ("a", "As", &c.a, t.tm, c.m),
+            _ => ("b", "Bs", &c.b, t.tn, c.n),
+        };
+        let k_inner = operand.contiguous == GemmDim::K;
+        let fits = if k_inner {
+            t.tk.is_multiple_of(VECTOR)
+        } else {
+            rows.is_multiple_of(VECTOR)
+        };
+        let width = if operand.vector && fits { VECTOR } else { 1 };
+        Stage {
+            name,
+            shared,
+            contraction: c,
+            operand,
+            dtype: l.g.ty(operand.value).dtype,
+            rows,
+            extent,
+            tk: t.tk,
+            threads: t.threads,
+            width,
+            k_inner,
+            ld: rows + if k_inner { 4 } else { 0 },
+        }
+    }
+
+    fn local(&self, what: &str) -> String {
+        format!("{}_{what}", self.name)
+    }
+
+    /// Access units in the tile.
+    fn units(&self) -> usize {
+        self.rows * self.tk / self.width
+    }
+
+    /// Register slots per thread.
+    fn slots(&self) -> usize {
+        self.units().div_ceil(self.threads)
+    }
+
+    /// The register type of one slot.
+    fn slot_ty(&self) -> Ty {
+        if self.width == 1 {
+            Ty::F32
+        } else {
+            vector_ty(self.dtype, self.width)
+        }
+    }
+
+    /// `(lets, r, k)`: the tile row and k of slot `i`'s first element, and
+    /// the condition that the slot is used at all (when the units do not
+    /// divide among the threads).
+    fn slot(&self) -> (Vec<Stmt>, Expr, Expr, Option<Expr>) {
+        let (e, r, k) = (self.local("e"), self.local("r"), self.local("k"));
+        let unit = add(
+            Expr::Builtin(Builtin::ThreadX),
+            mul(var("i"), int(self.threads as i64)),
+        );
+        let (row, kk) = if self.k_inner {
+            let per_row = (self.tk / self.width) as i64;
+            (
+                div(var(&e), per_row),
+                mul(rem(var(&e), per_row), int(self.width as i64)),
+            )
+        } else {
+            let per_k = (self.rows / self.width) as i64;
+            (
+                mul(rem(var(&e), per_k), int(self.width as i64)),
+                div(var(&e), per_k),
+            )
+        };
+        let lets = vec![let_int(&e, unit), let_int(&r, row), let_int(&k, kk)];
+        let used = (!self.units().is_multiple_of(self.threads))
+            .then(|| lt(var(&e), int(self.units() as i64)));
+        (lets, var(&r), var(&k), used)
+    }
+
+    /// Element `(row, k)` of the operand (GEMM indices) in batch entry `bz`.
+    fn element(&self, l: &Lower, row: Expr, k: Expr) -> Element {
+        let bz = batch_index(self.contraction);
+        if self.name == "a" {
+            self.contraction.a_at(l, &bz, row, k)
+        } else {
+            self.contraction.b_at(l, &bz, k, row)
+        }
+    }
+
+    /// Loads this thread's share of the tile starting at `k0` (and at the
+    /// block's first row `row0`) into its registers, zero past the GEMM's
+    /// extents and outside the operand.
+    fn load(&self, l: &mut Lower, row0: &Expr, k0: Expr) -> Result<Stmt> {
+        let (mut body, r, k, used) = self.slot();
+        let (g_row, g_k) = (self.local("row"), self.local("kg"));
+        body.push(let_int(&g_row, add(row0.clone(), r)));
+        body.push(let_int(&g_k, add(k0, k)));
+        let element = self.element(l, var(&g_row), var(&g_k));
+        body.extend(element.lets.iter().map(|(n, e)| let_int(n, e.clone())));
+        let bounds = all([
+            (!self.extent.is_multiple_of(self.rows))
+                .then(|| lt(var(&g_row), int(self.extent as i64))),
+            (!self.contraction.k.is_multiple_of(self.tk))
+                .then(|| lt(var(&g_k), int(self.contraction.k as i64))),
+        ]
+        .into_iter()
+        .chain(element.inside.iter().cloned().map(Some)));
+        let slot = array(&self.local("ld"), self.slot_ty());
+        let zero = match self.slot_ty() {
+            Ty::Float4 => call("make_float4", vec![Expr::F32(0.0); 4]),
+            Ty::Uint2 => call("make_uint2", vec![int(0); 2]),
+            _ => Expr::F32(0.0),
+        };
+        let load = l.scoped(|l| {
+            let v = if self.width == 1 {
+                l.value_at(self.operand.value, &element.index)?
+            } else {
+                // A group input: the vector holding the element.
+                let param = l.inputs[&self.operand.value].clone();
+                let at = div(element.index.get_linear(), VECTOR as i64);
+                Expr::Load(
+                    ArrayRef {
+                        name: param,
+                        ty: self.slot_ty(),
+                        reinterpret: true,
+                    },
+                    Box::new(at),
+                )
+            };
+            l.body.push(Stmt::Store(slot.clone(), var("i"), v));
+            Ok(())
+        })?;
+        match bounds {
+            None => body.extend(load),
+            Some(cond) => {
+                body.push(Stmt::Store(slot.clone(), var("i"), zero));
+                body.push(Stmt::If(cond, load));
+            }
+        }
+        Ok(unrolled("i", self.slots(), guarded_slot(used, body)))
+    }
+
+    /// Stores this thread's registers into shared buffer `buf`.
+    fn store(&self, l: &mut Lower, buf: &Expr) -> Stmt {
+        let (mut body, r, k, used) = self.slot();
+        let slot = Expr::Load(array(&self.local("ld"), self.slot_ty()), Box::new(var("i")));
+        let at = |k: Expr| {
+            add(
+                mul(
+                    add(mul(buf.clone(), int(self.tk as i64)), k),
+                    int(self.ld as i64),
+                ),
+                r.clone(),
+            )
+        };
+        if self.width == 1 {
+            body.push(Stmt::Store(shared_as(self.shared, Ty::F32), at(k), slot));
+            return unrolled("i", self.slots(), guarded_slot(used, body));
+        }
+        // The vector's four elements, as f32.
+        let lanes: Vec<Expr> = if self.dtype == DType::F32 {
+            ["x", "y", "z", "w"]
+                .iter()
+                .map(|f| Expr::Field(Box::new(slot.clone()), f))
+                .collect()
+        } else {
+            let v = self.local("v");
+            body.push(Stmt::Let {
+                name: v.clone(),
+                ty: self.slot_ty(),
+                value: slot.clone(),
+                constant: true,
+            });
+            (0..self.width)
+                .map(|lane| {
+                    let bits = vector_lane(v.clone(), self.dtype, self.width, lane);
+                    l.widen(self.dtype, bits)
+                })
+                .collect()
+        };
+        if self.k_inner {
+            // Four consecutive k: a column of the k-major tile.
+            for (j, lane) in lanes.into_iter().enumerate() {
+                body.push(Stmt::Store(
+                    shared_as(self.shared, Ty::F32),
+                    at(add(k.clone(), int(j as i64))),
+                    lane,
+                ));
+            }
+        } else {
+            // Four consecutive rows: one float4 of a k row.
+            let value = if self.dtype == DType::F32 {
+                slot
+            } else {
+                call("make_float4", lanes)
+            };
+            body.push(Stmt::Store(
+                shared_as(self.shared, Ty::Float4),
+                div(at(k), 4),
+                value,
+            ));
+        }
+        unrolled("i", self.slots(), guarded_slot(used, body))
+    }
+}
+
+/// A slot's body, under `if (used)` when not every thread has that slot.
+fn guarded_slot(used: Option<Expr>, mut body: Vec<Stmt>) -> Vec<Stmt> {
+    match used {
+        None => body,
+        Some(cond) => {
+            // The unit index must be declared before the test.
+            let first = body.remove(0);
+            vec![first, Stmt::If(cond, body)]
+        }
+    }
+}
+
+/// One k step of the inner loop: this thread's fragments of A and B from
+/// shared buffer `buf`, then `mt × nt` FMAs.
+fn multiply(t: &Tiling, a: &Stage, b: &Stage, buf: &Expr) -> Vec<Stmt> {
+    let (mt, nt) = (t.mt(), t.nt());
+    let fragment = |stage: &Stage, frag: &str, len: usize, w: usize, spread: usize, lane: &str| {
+        let ty = match w {
+            4 => Ty::Float4,
+            2 => Ty::Float2,
+            _ => Ty::F32,
+        };
+        // Group q of the fragment: `w` floats at row q·spread·w + lane·w of k row `kk`.
+        let k_row = add(mul(buf.clone(), int(stage.tk as i64)), var("kk"));
+        let at = add(
+            add(
+                mul(k_row, int((stage.ld / w) as i64)),
+                mul(var("q"), int(spread as i64)),
+            ),
+            var(lane),
+        );
+        let load = Expr::Load(shared_as(stage.shared, ty), Box::new(at));
+        let target = |j: usize| add(mul(var("q"), int(w as i64)), int(j as i64));
+        let body = if w == 1 {
+            vec![Stmt::Store(array(frag, Ty::F32), target(0), load)]
+        } else {
+            let v = format!("{frag}{w}");
+            let mut body = vec![Stmt::Let {
+                name: v.clone(),
+                ty,
+                value: load,
+                constant: true,
+            }];
+            for (j, f) in ["x", "y", "z", "w"][..w].iter().enumerate() {
+                body.push(Stmt::Store(
+                    array(frag, Ty::F32),
+                    target(j),
+                    Expr::Field(Box::new(var(&v)), f),
+                ));
+            }
+            body
+        };
         vec![
             Stmt::LocalArray {
-                name: name.into(),
+                name: frag.into(),
                 ty: Ty::F32,
                 len,
             },
-            Stmt::For {
-                var: "i".into(),
-                start: int(0),
-                end: int(len as i64),
-                step: int(1),
-                unroll: true,
-                body: vec![Stmt::Store(
-                    array(name, Ty::F32),
-                    var("i"),
-                    Expr::Load(
-                        array(shared, Ty::F32),
-                        Box::new(add(
-                            add(mul(var("kk"), int(rows as i64)), var(lane)),
-                            mul(var("i"), int(stride as i64)),
-                        )),
-                    ),
-                )],
-            },
+            unrolled("q", len / w, body),
         ]
     };
-    let mut inner = frag("a_frag", "As", mt, tm, "ty", threads_m);
-    inner.extend(frag("b_frag", "Bs", nt, tn, "tx", threads_n));
-    let acc_ij = add(mul(var("i"), int(nt as i64)), var("j"));
-    inner.push(Stmt::For {
-        var: "i".into(),
-        start: int(0),
-        end: int(mt as i64),
-        step: int(1),
-        unroll: true,
-        body: vec![Stmt::For {
-            var: "j".into(),
-            start: int(0),
-            end: int(nt as i64),
-            step: int(1),
-            unroll: true,
-            body: vec![Stmt::Store(
+    let mut step = fragment(a, "a_frag", mt, t.wm, t.threads_m, "ty");
+    step.extend(fragment(b, "b_frag", nt, t.wn, t.threads_n, "tx"));
+    let acc = add(mul(var("i"), int(nt as i64)), var("j"));
+    step.push(unrolled(
+        "i",
+        mt,
+        vec![unrolled(
+            "j",
+            nt,
+            vec![Stmt::Store(
                 array("acc", Ty::F32),
-                acc_ij.clone(),
+                acc.clone(),
                 call(
                     "fmaf",
                     vec![
                         Expr::Load(array("a_frag", Ty::F32), Box::new(var("i"))),
                         Expr::Load(array("b_frag", Ty::F32), Box::new(var("j"))),
-                        Expr::Load(array("acc", Ty::F32), Box::new(acc_ij.clone())),
+                        Expr::Load(array("acc", Ty::F32), Box::new(acc)),
                     ],
                 ),
             )],
-        }],
-    });
-    kloop.push(Stmt::For {
-        var: "kk".into(),
-        start: int(0),
-        end: int(tk as i64),
-        step: int(1),
-        unroll: true,
-        body: inner,
-    });
-    kloop.push(Stmt::Barrier);
-    body.push(Stmt::Comment(
-        "single stage: `stages` > 1 (multi-buffered loads) is not honoured yet".into(),
+        )],
     ));
-    body.push(Stmt::For {
-        var: "k0".into(),
-        start: int(0),
-        end: var("K"),
-        step: int(tk as i64),
-        unroll: false,
-        body: kloop,
-    });
+    vec![unrolled("kk", t.tk, step)]
+}
 
-    // Epilogue: each accumulator through the group's elementwise tail, stored
-    // where the views after the matmul put it.
-    l.reduced = Some((
-        mm,
-        Reduced::Row(Expr::Load(array("acc", Ty::F32), Box::new(acc_ij))),
-        0,
-    ));
-    let outputs: Vec<_> = params.iter().filter(|p| p.output).cloned().collect();
-    let ys = yields(g, op);
-    let mm_coords = with_batch([var("row"), var("col")]);
-    let results = g.op(op).results.clone();
-    let stores = l.scoped(|l| {
-        for ((p, &y), &res) in outputs.iter().zip(&ys).zip(&results) {
-            let Some(yc) = forward_coords(l, &tainted, mm, y, mm_coords.clone()) else {
-                return Err(l.unsupported("a result that does not derive from the matmul"));
-            };
-            let y_dims = g.ty(y).dims().to_vec();
-            let linear = Index::coords(&y_dims, yc.clone()).get_linear();
-            let idx = Index {
-                dims: y_dims,
-                linear: Some(linear.clone()),
-                coords: Some(yc),
-            };
-            let v = l.value_at(y, &idx)?;
-            store(l, p, g.ty(res).dtype, linear, v);
+/// The k loop over `tiles` tiles of `tk`. Registers carry one tile from its
+/// global loads to its shared stores; each tile's loads are issued right
+/// before a barrier (which the compiler does not move them across) so they
+/// are in flight during the next FMAs:
+///
+/// - two buffers: `load 0; store 0 → buf 0; load 1; sync;` then per tile
+///   `kt`: `multiply buf kt&1; store kt+1 → the other buffer; load kt+2; sync`
+///   (the other buffer was last read before the previous barrier);
+/// - one buffer: `load 0;` then per tile: `store kt; load kt+1; sync;
+///   multiply; sync`.
+fn k_loop(l: &mut Lower, t: &Tiling, a: &Stage, b: &Stage) -> Result<Vec<Stmt>> {
+    let tiles = a.contraction.k.div_ceil(t.tk);
+    let (m0, n0) = (var("m0"), var("n0"));
+    // The loads of tile `kt`, skipped past the last tile.
+    let load = |l: &mut Lower, kt: Expr| -> Result<Vec<Stmt>> {
+        let k0 = mul(kt.clone(), int(t.tk as i64));
+        let body = vec![a.load(l, &m0, k0.clone())?, b.load(l, &n0, k0)?];
+        Ok(match kt {
+            Expr::Int(i) if i < tiles as i64 => body,
+            Expr::Int(_) => Vec::new(),
+            kt => vec![Stmt::If(lt(kt, int(tiles as i64)), body)],
+        })
+    };
+    let store = |l: &mut Lower, buf: Expr| vec![a.store(l, &buf), b.store(l, &buf)];
+    let mut out = vec![Stmt::Comment(format!(
+        "k loop: {tiles} tiles of {}, {}; each tile's loads are issued before a barrier and overlap the FMAs of the one before",
+        t.tk,
+        if t.buffers == 2 {
+            "two shared buffers"
+        } else {
+            "one shared buffer"
         }
-        Ok(())
-    })?;
-    body.push(Stmt::For {
-        var: "i".into(),
+    ))];
+    let mut prologue = load(l, int(0))?;
+    let mut body = Vec::new();
+    if t.buffers == 2 {
+        prologue.extend(store(l, int(0)));
+        prologue.extend(load(l, int(1))?);
+        prologue.push(Stmt::Barrier);
+        body.push(let_int("buf", bin(BinOp::BitAnd, var("kt"), int(1))));
+        body.extend(multiply(t, a, b, &var("buf")));
+        if tiles > 1 {
+            body.push(Stmt::If(
+                lt(add(var("kt"), int(1)), int(tiles as i64)),
+                store(l, sub(int(1), var("buf"))),
+            ));
+        }
+        body.extend(load(l, add(var("kt"), int(2)))?);
+    } else {
+        body.extend(store(l, int(0)));
+        body.extend(load(l, add(var("kt"), int(1)))?);
+        body.push(Stmt::Barrier);
+        body.extend(multiply(t, a, b, &int(0)));
+    }
+    body.push(Stmt::Barrier);
+    out.extend(prologue);
+    out.push(Stmt::For {
+        var: "kt".into(),
         start: int(0),
-        end: int(mt as i64),
+        end: int(tiles as i64),
         step: int(1),
-        unroll: true,
-        body: vec![Stmt::For {
-            var: "j".into(),
-            start: int(0),
-            end: int(nt as i64),
-            step: int(1),
-            unroll: true,
-            body: vec![
-                let_int(
-                    "row",
-                    add(
-                        add(var("m0"), var("ty")),
-                        mul(var("i"), int(threads_m as i64)),
-                    ),
-                ),
-                let_int(
-                    "col",
-                    add(
-                        add(var("n0"), var("tx")),
-                        mul(var("j"), int(threads_n as i64)),
-                    ),
-                ),
-                Stmt::If(
-                    and(lt(var("row"), int(m as i64)), lt(var("col"), int(n as i64))),
-                    stores,
-                ),
-            ],
-        }],
+        unroll: false,
+        body,
     });
+    Ok(out)
+}
 
-    let in_dtype = g.ty(a).dtype;
+/// The epilogue: every accumulator through the group's tail, stored where
+/// the views after the contraction put it; 4-wide vectors along the
+/// result's contiguous dimension where it and every output allow.
+fn epilogue(
+    l: &mut Lower,
+    op: OpId,
+    c: &Contraction,
+    t: &Tiling,
+    tainted: &BTreeSet<ValueId>,
+    params: &[Param],
+) -> Result<(Vec<Stmt>, &'static str)> {
+    let g = l.g;
+    let outputs: Vec<&Param> = params.iter().filter(|p| p.output).collect();
+    let ys = yields(g, op);
+    let results = g.op(op).results.clone();
+    let (mt, nt, wm, wn) = (t.mt(), t.nt(), t.wm, t.wn);
+    let vector = c.out_vector().filter(|&d| {
+        let w = if d == GemmDim::M { wm } else { wn };
+        w == VECTOR
+            && ys.iter().zip(&results).all(|(&y, &r)| {
+                g.ty(r).dtype.is_float() && keeps_linear_order(l, tainted, c.result, y)
+            })
+    });
+    // Row `m0 + qm·threads_m·wm + ty·wm + em`, column likewise; accumulator
+    // `(qm·wm + em)·nt + qn·wn + en`. The vector dimension's `e` is a lane
+    // unrolled here, the others are loops.
+    let (em, en) = (var("em"), var("en"));
+    let row = |em: Expr| {
+        add(
+            add(
+                add(var("m0"), mul(var("qm"), int((t.threads_m * wm) as i64))),
+                mul(var("ty"), int(wm as i64)),
+            ),
+            em,
+        )
+    };
+    let col = |en: Expr| {
+        add(
+            add(
+                add(var("n0"), mul(var("qn"), int((t.threads_n * wn) as i64))),
+                mul(var("tx"), int(wn as i64)),
+            ),
+            en,
+        )
+    };
+    let acc = |em: Expr, en: Expr| {
+        Expr::Load(
+            array("acc", Ty::F32),
+            Box::new(add(
+                mul(add(mul(var("qm"), int(wm as i64)), em), int(nt as i64)),
+                add(mul(var("qn"), int(wn as i64)), en),
+            )),
+        )
+    };
+    let bounds = all([
+        (!c.m.is_multiple_of(t.tm)).then(|| lt(var("row"), int(c.m as i64))),
+        (!c.n.is_multiple_of(t.tn)).then(|| lt(var("col"), int(c.n as i64))),
+    ]);
+    let result_dims = g.ty(c.result).dims().to_vec();
+    let bz = batch_index(c);
+    let mut body = vec![];
+    let stores = if let Some(dim) = vector {
+        // Lane `j` is row `row + j` (along M) or column `col + j` (along N),
+        // at linear index `vidx·4 + j` of every output.
+        body.push(let_int(
+            "row",
+            row(if dim == GemmDim::M {
+                int(0)
+            } else {
+                em.clone()
+            }),
+        ));
+        body.push(let_int(
+            "col",
+            col(if dim == GemmDim::N {
+                int(0)
+            } else {
+                en.clone()
+            }),
+        ));
+        let first = Index::coords(&result_dims, c.out_at(&bz, var("row"), var("col")));
+        l.scoped(|l| {
+            l.body
+                .push(let_int("vidx", div(first.get_linear(), VECTOR as i64)));
+            l.vector = Some(Vectors {
+                step: "vidx".into(),
+                width: VECTOR,
+                bases: vec![(int(0), var("vidx"))],
+            });
+            let mut lanes = vec![Vec::new(); outputs.len()];
+            for j in 0..VECTOR {
+                let lane = int(j as i64);
+                let (r, cl, a) = match dim {
+                    GemmDim::M => (
+                        add(var("row"), lane.clone()),
+                        var("col"),
+                        acc(lane, en.clone()),
+                    ),
+                    _ => (
+                        var("row"),
+                        add(var("col"), lane.clone()),
+                        acc(em.clone(), lane),
+                    ),
+                };
+                l.reduced = Some((c.result, Reduced::Row(a), 0));
+                let linear = add(mul(var("vidx"), int(VECTOR as i64)), int(j as i64));
+                let coords = c.out_at(&bz, r, cl);
+                for (k, &y) in ys.iter().enumerate() {
+                    let yc = forward_coords(l, tainted, c.result, y, coords.clone())
+                        .expect("checked: every result derives from the contraction");
+                    let idx = Index {
+                        dims: g.ty(y).dims().to_vec(),
+                        linear: Some(linear.clone()),
+                        coords: Some(yc),
+                    };
+                    let v = l.value_at(y, &idx)?;
+                    lanes[k].push(l.narrow(g.ty(results[k]).dtype, v));
+                }
+            }
+            l.vector = None;
+            for ((p, &r), lanes) in outputs.iter().zip(&results).zip(lanes) {
+                let dtype = g.ty(r).dtype;
+                l.body.push(Stmt::Store(
+                    ArrayRef {
+                        name: p.name.clone(),
+                        ty: vector_ty(dtype, VECTOR),
+                        reinterpret: true,
+                    },
+                    var("vidx"),
+                    pack(dtype, lanes),
+                ));
+            }
+            Ok(())
+        })?
+    } else {
+        body.push(let_int("row", row(em.clone())));
+        body.push(let_int("col", col(en.clone())));
+        l.reduced = Some((c.result, Reduced::Row(acc(em.clone(), en.clone())), 0));
+        let coords = c.out_at(&bz, var("row"), var("col"));
+        l.scoped(|l| {
+            for ((p, &y), &res) in outputs.iter().zip(&ys).zip(&results) {
+                let Some(yc) = forward_coords(l, tainted, c.result, y, coords.clone()) else {
+                    return Err(l.unsupported("a result that does not derive from the contraction"));
+                };
+                let y_dims = g.ty(y).dims().to_vec();
+                let linear = Index::coords(&y_dims, yc.clone()).get_linear();
+                let idx = Index {
+                    dims: y_dims,
+                    linear: Some(linear.clone()),
+                    coords: Some(yc),
+                };
+                let v = l.value_at(y, &idx)?;
+                store(l, p, g.ty(res).dtype, linear, v);
+            }
+            Ok(())
+        })?
+    };
+    body.extend(guarded(bounds, stores));
+    // Loops from the outside in: qm, em, qn, en, without the vector's `e`.
+    let mut nest = body;
+    let loops = [
+        ("en", wn, vector != Some(GemmDim::N)),
+        ("qn", nt / wn, true),
+        ("em", wm, vector != Some(GemmDim::M)),
+        ("qm", mt / wm, true),
+    ];
+    for (name, end, present) in loops {
+        if present {
+            nest = vec![unrolled(name, end, nest)];
+        }
+    }
+    let how = match vector {
+        Some(GemmDim::M) => "4 rows per store",
+        Some(_) => "4 columns per store",
+        None => "scalar stores",
+    };
+    Ok((nest, how))
+}
+
+/// The kernel's own locals (IR names that collide are renamed).
+const LOCALS: [&str; 47] = [
+    "tile_m", "tile_n", "bz", "m0", "n0", "tx", "ty", "kt", "kk", "buf", "i", "j", "q", "qm", "qn",
+    "em", "en", "acc", "a_frag", "b_frag", "a_frag4", "a_frag2", "b_frag4", "b_frag2", "row",
+    "col", "vidx", "As", "Bs", "a_e", "a_r", "a_k", "a_row", "a_kg", "a_ld", "a_v", "b_e", "b_r",
+    "b_k", "b_row", "b_kg", "b_ld", "b_v", "a_img", "a_ch", "a_ih", "a_iw",
+];
+
+/// Lowers a group whose contraction is `c`.
+fn lower_contraction(l: &mut Lower, op: OpId, c: &Contraction) -> Result<Kernel> {
+    let g = l.g;
+    // Claimed before the parameters take their names from the IR.
+    for name in LOCALS {
+        l.used_names.insert(name.into());
+    }
+    let params = params(l, op);
+    let tainted = c.check(l, op)?;
+    let (t, fallback) = Tiling::of(l, op, c.out_vector() == Some(GemmDim::M));
+    let (mt, nt) = (t.mt(), t.nt());
+    let (grid_m, grid_n) = (c.m.div_ceil(t.tm), c.n.div_ceil(t.tn));
+    let a = Stage::new(l, c, GemmDim::M, &t);
+    let b = Stage::new(l, c, GemmDim::N, &t);
+    let bid = Expr::Builtin(Builtin::BlockX);
+    let (ty, tx) = thread_position(&t);
+    let mut body = vec![
+        Stmt::Comment(format!(
+            "block tile {}x{}x{}; {}x{} threads, each {mt}x{nt} accumulators in groups of {}x{}",
+            t.tm, t.tn, t.tk, t.threads_m, t.threads_n, t.wm, t.wn
+        )),
+        let_int("tile_n", rem(bid.clone(), grid_n as i64)),
+        let_int(
+            "tile_m",
+            if c.batch > 1 {
+                rem(div(bid.clone(), grid_n as i64), grid_m as i64)
+            } else {
+                div(bid.clone(), grid_n as i64)
+            },
+        ),
+        let_int("m0", mul(var("tile_m"), int(t.tm as i64))),
+        let_int("n0", mul(var("tile_n"), int(t.tn as i64))),
+    ];
+    if c.batch > 1 {
+        body.push(let_int("bz", div(bid, (grid_n * grid_m) as i64)));
+    }
+    body.extend([
+        let_int("ty", ty),
+        let_int("tx", tx),
+        Stmt::LocalArray {
+            name: "acc".into(),
+            ty: Ty::F32,
+            len: mt * nt,
+        },
+        unrolled(
+            "i",
+            mt * nt,
+            vec![Stmt::Store(array("acc", Ty::F32), var("i"), Expr::F32(0.0))],
+        ),
+        Stmt::LocalArray {
+            name: "a_ld".into(),
+            ty: a.slot_ty(),
+            len: a.slots(),
+        },
+        Stmt::LocalArray {
+            name: "b_ld".into(),
+            ty: b.slot_ty(),
+            len: b.slots(),
+        },
+    ]);
+    body.extend(k_loop(l, &t, &a, &b)?);
+    let (epilogue, stores) = epilogue(l, op, c, &t, &tainted, &params)?;
+    body.push(Stmt::Comment("epilogue".into()));
+    body.extend(epilogue);
+
+    let shape = match &c.geometry {
+        Geometry::Matmul {
+            transpose_a,
+            transpose_b,
+            ..
+        } => format!(
+            "{} x [{} x {}]{} @ [{} x {}]{}",
+            c.batch,
+            c.m,
+            c.k,
+            if *transpose_a { "^T" } else { "" },
+            c.k,
+            c.n,
+            if *transpose_b { "^T" } else { "" },
+        ),
+        Geometry::Conv(geo) => format!(
+            "conv {:?} * {:?} -> {:?}, stride {:?}, pad {:?}, dilation {:?}, groups {}: {} x [{} x {}] @ [{} x {}]",
+            geo.input,
+            geo.weight,
+            geo.output,
+            geo.stride,
+            geo.pad,
+            geo.dilation,
+            geo.groups,
+            c.batch,
+            c.m,
+            c.k,
+            c.k,
+            c.n
+        ),
+    };
+    let access = |s: &Stage| if s.width > 1 { "vector" } else { "scalar" };
     let summary = format!(
-        "gemm ({}): {batch} x [{m} x {k}]{} @ [{k} x {n}]{}, tile [{tm}, {tn}, {tk}], {threads} threads, {mt}x{nt} per thread, fma",
-        in_dtype.name(),
-        if ta { "^T" } else { "" },
-        if tb { "^T" } else { "" },
+        "{} ({}): {shape}, tile [{}, {}, {}]{}, {} threads, {mt}x{nt} per thread, {} buffer(s), A {} B {} loads, {stores}, fma",
+        if matches!(c.geometry, Geometry::Conv(_)) {
+            "conv implicit gemm"
+        } else {
+            "gemm"
+        },
+        g.ty(c.a.value).dtype.name(),
+        t.tm,
+        t.tn,
+        t.tk,
+        fallback
+            .map(|why| format!(" (default: the plan's {why} is not a valid shape)"))
+            .unwrap_or_default(),
+        t.threads,
+        t.buffers,
+        access(&a),
+        access(&b),
     );
+    let shared = |name: &str, s: &Stage| SharedArray {
+        name: name.into(),
+        ty: Ty::Float4,
+        len: t.buffers * t.tk * s.ld / 4,
+    };
     Ok(Kernel {
         name: super::kernel_name(g, op),
         summary,
         params,
-        shared: vec![
-            SharedArray {
-                name: "As".into(),
-                ty: Ty::F32,
-                len: tm * tk,
-            },
-            SharedArray {
-                name: "Bs".into(),
-                ty: Ty::F32,
-                len: tn * tk,
-            },
-        ],
+        shared: vec![shared("As", &a), shared("Bs", &b)],
         body,
         helpers: std::mem::take(&mut l.helpers),
-        block: threads as u32,
-        grid: (batch * grid_m * grid_n) as u32,
+        block: t.threads as u32,
+        grid: (c.batch * grid_m * grid_n) as u32,
         dynamic_shared: 0,
+        min_blocks_per_sm: 0,
     })
 }
 
+/// Lowers a `gemm` group.
+pub(super) fn gemm(l: &mut Lower, op: OpId) -> Result<Kernel> {
+    let c = Contraction::of_matmul(l, op)?;
+    lower_contraction(l, op, &c)
+}
+
 /// Lowers a `conv` group as an implicit GEMM.
-pub(super) fn conv(l: &mut Lower, _op: OpId) -> Result<Kernel> {
-    Err(l.unsupported("an implicit-GEMM conv"))
+pub(super) fn conv(l: &mut Lower, op: OpId) -> Result<Kernel> {
+    let c = Contraction::of_conv(l, op)?;
+    lower_contraction(l, op, &c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Tiling, thread_grid};
+    use crate::emit_module_source;
+
+    /// The CUDA source of one explicit group `body` over `params` with `attrs`.
+    fn source(params: &str, result: &str, attrs: &str, body: &str) -> String {
+        let args: Vec<String> = params
+            .split(", ")
+            .map(|p| {
+                let name = p.split(':').next().unwrap().trim_start_matches('%');
+                format!("%{name}.in = %{name}")
+            })
+            .collect();
+        let src = format!(
+            "graph @g({params}) -> ({result}) {{\n\
+             \x20 %y = fused @g0({}) {{{attrs}, level = \"register\", math = \"fma\"}} : {result} {{\n\
+             {body}\n\
+             \x20 }}\n\
+             \x20 return %y\n\
+             }}\n",
+            args.join(", ")
+        );
+        let module = dcir_reader::parse_module(&src).expect("parses");
+        emit_module_source(&module).expect("lowers")
+    }
+
+    fn matmul(m: usize, k: usize, n: usize, tile: &str, threads: usize, stages: usize) -> String {
+        source(
+            &format!("%a: f32[{m},{k}], %b: f32[{k},{n}]"),
+            &format!("f32[{m},{n}]"),
+            &format!("kind = \"gemm\", tile = {tile}, threads = {threads}, stages = {stages}"),
+            &format!("    %y.r = matmul %a.in, %b.in : f32[{m},{n}]\n    yield %y.r"),
+        )
+    }
+
+    #[test]
+    fn thread_grid_prefers_square_micro_tiles_of_four() {
+        assert_eq!(thread_grid(128, 128, 256, false), Some((16, 16)));
+        // 8x16 rather than 16x8 or 4x32.
+        assert_eq!(thread_grid(128, 256, 256, false), Some((16, 16)));
+        // 4x2 or 2x4: longer along the preferred dimension.
+        assert_eq!(thread_grid(64, 32, 256, false), Some((32, 8)));
+        assert_eq!(thread_grid(64, 32, 256, true), Some((16, 16)));
+    }
+
+    #[test]
+    fn tiling_honours_valid_plans_and_shrinks_tk() {
+        let t = Tiling::planned([128, 128, 8], 256, 2, false).unwrap();
+        assert_eq!((t.mt(), t.nt(), t.wm, t.wn, t.buffers), (8, 8, 4, 4, 2));
+        // 128 + 256 rows of tk = 64 would be 96 registers of prefetch per thread.
+        let t = Tiling::planned([128, 256, 64], 256, 1, false).unwrap();
+        assert_eq!(t.tk, 16);
+        // Too many accumulators, a tile not a multiple of 4, odd thread counts.
+        assert_eq!(Tiling::planned([256, 256, 8], 256, 1, false), None);
+        assert_eq!(Tiling::planned([30, 64, 8], 256, 1, false), None);
+        assert_eq!(Tiling::planned([64, 64, 8], 100, 1, false), None);
+    }
+
+    #[test]
+    fn aligned_sizes_have_vector_loads_and_no_bounds_checks() {
+        let s = matmul(256, 512, 256, "[128, 128, 8]", 256, 2);
+        assert!(
+            s.contains("A vector B vector loads, 4 columns per store"),
+            "{s}"
+        );
+        assert!(s.contains("reinterpret_cast<const float4*>(a_in)"), "{s}");
+        assert!(
+            !s.contains("if (a_row <") && !s.contains("if (row <"),
+            "{s}"
+        );
+        assert!(s.contains("two shared buffers;"), "{s}");
+    }
+
+    #[test]
+    fn odd_sizes_check_bounds_at_staging_and_store_only() {
+        let s = matmul(17, 783, 33, "[64, 64, 8]", 256, 1);
+        assert!(s.contains("A scalar B scalar loads, scalar stores"), "{s}");
+        assert!(s.contains("if (a_row < 17 && a_kg < 783)"), "{s}");
+        assert!(s.contains("if (b_row < 33 && b_kg < 783)"), "{s}");
+        assert!(s.contains("if (row < 17 && col < 33)"), "{s}");
+        // The inner loop reads shared memory unguarded.
+        let inner = &s[s.find("for (int kk").unwrap()..s.find("// epilogue").unwrap()];
+        assert!(!inner.contains("if ("), "{inner}");
+    }
+
+    #[test]
+    fn invalid_plans_take_the_default_shape() {
+        let s = matmul(64, 64, 64, "[30, 64, 8]", 100, 1);
+        assert!(s.contains("tile [64, 64, 8] (default: the plan's tile [30, 64, 8] with 100 threads is not a valid shape), 256 threads"), "{s}");
+    }
+
+    fn conv(x: &str, w: &str, y: &str, attrs: &str) -> String {
+        source(
+            &format!("%x: f32[{x}], %w: f32[{w}]"),
+            &format!("f32[{y}]"),
+            "algorithm = \"implicit_gemm\", kind = \"conv\", tile = [64, 64, 8], threads = 256, stages = 1",
+            &format!("    %y.r = conv2d %x.in, %w.in {attrs} : f32[{y}]\n    yield %y.r"),
+        )
+    }
+
+    #[test]
+    fn pointwise_convs_are_plain_gemms_with_vector_loads() {
+        let s = conv("2,64,14,14", "32,64,1,1", "2,32,14,14", "");
+        assert!(
+            s.contains("A vector B vector loads, 4 rows per store"),
+            "{s}"
+        );
+        assert!(!s.contains("a_ih >= 0"), "{s}");
+    }
+
+    #[test]
+    fn padded_windows_are_zero_outside_the_image() {
+        let s = conv("1,3,17,17", "5,3,3,3", "1,5,17,17", "{pad = [1, 0, 1, 2]}");
+        // Top and bottom padding; left 0 (no lower check), right 2.
+        assert!(
+            s.contains("if (a_row < 289 && a_kg < 27 && a_ih >= 0 && a_ih < 17 && a_iw < 17)"),
+            "{s}"
+        );
+        assert!(
+            s.contains("const int a_ih = a_row / 17 % 17 - 1 + a_kg / 3 % 3;"),
+            "{s}"
+        );
+        assert!(s.contains("const int a_iw = a_row % 17 + a_kg % 3;"), "{s}");
+    }
 }

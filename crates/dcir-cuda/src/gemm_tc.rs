@@ -1305,6 +1305,7 @@ pub(super) fn gemm(l: &mut Lower, op: OpId) -> Result<Kernel> {
         block: cfg.threads() as u32,
         grid: problem.blocks(&cfg) as u32,
         dynamic_shared: cfg.shared_bytes(),
+        min_blocks_per_sm: 0,
     })
 }
 

@@ -315,6 +315,12 @@ pub struct Kernel {
     /// sees them as `extern __shared__ __align__(16) unsigned char dcir_smem[]`;
     /// above 48 KiB the loader must raise the function's limit first.
     pub dynamic_shared: usize,
+    /// Resident blocks per SM the kernel asks ptxas to allow for (the second
+    /// `__launch_bounds__` argument), or 0 to leave ptxas its occupancy
+    /// heuristics. Families whose occupancy is bound by shared memory anyway
+    /// say 1: ptxas then never caps registers below what the code needs (with
+    /// small blocks it otherwise aims at 32 registers and may spill).
+    pub min_blocks_per_sm: u32,
 }
 
 impl Kernel {

@@ -821,6 +821,25 @@ fn attr_int(g: &Graph, op: OpId, name: &str, default: i64) -> i64 {
         .unwrap_or(default)
 }
 
+/// Splits `threads` into `threads_m × threads_n` dividing `tm × tn`, the
+/// micro-tile as square as possible (wider than tall on a tie).
+/// (The register-tiled SIMT families that stage tiles in shared memory:
+/// depthwise_pointwise and contraction chains; the GEMM family has its own
+/// vector-aware split.)
+fn thread_grid(tm: usize, tn: usize, threads: usize) -> Option<(usize, usize)> {
+    (1..=threads)
+        .filter(|&tn_t| {
+            threads.is_multiple_of(tn_t)
+                && tn.is_multiple_of(tn_t)
+                && tm.is_multiple_of(threads / tn_t)
+        })
+        .map(|tn_t| (threads / tn_t, tn_t))
+        .min_by_key(|&(tm_t, tn_t)| {
+            let (mm, nn) = ((tm / tm_t) as i64, (tn / tn_t) as i64);
+            ((mm - nn).abs(), -nn)
+        })
+}
+
 /// The kernel name of group `op` of graph `g`: `<graph>_<symbol>`.
 pub fn kernel_name(g: &Graph, op: OpId) -> String {
     let symbol = g.op(op).symbol.clone().unwrap_or_else(|| "g".into());
@@ -1011,6 +1030,7 @@ fn elementwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
         block: threads as u32,
         grid: grid as u32,
         dynamic_shared: 0,
+        min_blocks_per_sm: 0,
     })
 }
 
@@ -1456,6 +1476,7 @@ fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
         block: (tpr * rpb) as u32,
         grid: rows.div_ceil(rpb) as u32,
         dynamic_shared: 0,
+        min_blocks_per_sm: 0,
     })
 }
 

@@ -460,6 +460,7 @@ pub(super) fn pool(l: &mut Lower, op: OpId) -> Result<Kernel> {
         block: threads as u32,
         grid: grid as u32,
         dynamic_shared: 0,
+        min_blocks_per_sm: 0,
     })
 }
 

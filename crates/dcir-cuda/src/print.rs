@@ -101,10 +101,14 @@ pub fn print_kernel(k: &Kernel) -> String {
             format!("{constness}{}* __restrict__ {}", c_type(p.ty), p.name)
         })
         .collect();
+    let bounds = if k.min_blocks_per_sm > 0 {
+        format!("{}, {}", k.block, k.min_blocks_per_sm)
+    } else {
+        k.block.to_string()
+    };
     let _ = writeln!(
         out,
-        "extern \"C\" __global__ void __launch_bounds__({}) {}({}) {{",
-        k.block,
+        "extern \"C\" __global__ void __launch_bounds__({bounds}) {}({}) {{",
         k.name,
         params.join(", ")
     );
