@@ -6,7 +6,12 @@
 //! the fused op's results, under their original names (inside the region the
 //! copy is renamed `name.r`). Small constants a group uses are copied into
 //! its region; a group that is only a `reshape` stays a plain op (a view, no
-//! kernel); a group whose results nobody uses is dropped.
+//! kernel); a group whose results nobody uses is dropped. A view of values
+//! from outside its group (a bias broadcast that CSE shared between two
+//! convolutions, a reshape of the previous layer's output that three
+//! projections read) is never a result: every group that reads it copies the
+//! view into its region and reads the viewed value itself, so no kernel
+//! materializes a view.
 
 use dcir_ir::{Attr, Attrs, BlockId, Graph, OpId, OpKind, ValueDef, ValueId};
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -89,6 +94,35 @@ fn small_constant(graph: &Graph, v: ValueId) -> Option<OpId> {
     }
 }
 
+/// The ops that compute `v` through views alone (innermost first) from
+/// values any group can read — graph parameters, small constants, and values
+/// defined outside the views' own group — or `None` when `v` is not such a
+/// view. `group_of` maps each grouped op to its group.
+fn portable_view(
+    graph: &Graph,
+    group_of: &FxHashMap<OpId, usize>,
+    v: ValueId,
+) -> Option<Vec<OpId>> {
+    let ValueDef::OpResult { op, .. } = graph.value(v).def else {
+        return None;
+    };
+    let d = graph.op(op);
+    if !crate::class::is_view(d.kind) {
+        return None;
+    }
+    let mut chain = Vec::new();
+    for &operand in &d.operands {
+        match graph.value(operand).def {
+            ValueDef::BlockArg { .. } => {}
+            ValueDef::OpResult { .. } if small_constant(graph, operand).is_some() => {}
+            ValueDef::OpResult { op: def, .. } if group_of.get(&def) != group_of.get(&op) => {}
+            ValueDef::OpResult { .. } => chain.extend(portable_view(graph, group_of, operand)?),
+        }
+    }
+    chain.push(op);
+    Some(chain)
+}
+
 /// A group that is only a `reshape`: a view, emitted as a plain op.
 fn is_lone_reshape(graph: &Graph, planned: &PlannedGroup) -> bool {
     matches!(planned.group.ops.as_slice(), [op] if graph.op(*op).kind == OpKind::Reshape)
@@ -144,6 +178,13 @@ pub fn apply_plan(graph: &Graph, plan: &Plan) -> Result<Graph, String> {
         .filter(|g| !is_lone_reshape(graph, g))
         .flat_map(|g| g.group.ops.iter().copied())
         .collect();
+    let group_of: FxHashMap<OpId, usize> = plan
+        .groups
+        .iter()
+        .enumerate()
+        .filter(|(_, g)| !is_lone_reshape(graph, g))
+        .flat_map(|(i, g)| g.group.ops.iter().map(move |&o| (o, i)))
+        .collect();
     for &op in &graph.block(graph.body()).ops {
         let d = graph.op(op);
         if d.kind != OpKind::Constant {
@@ -169,7 +210,7 @@ pub fn apply_plan(graph: &Graph, plan: &Plan) -> Result<Graph, String> {
             rb.map.extend(local);
             continue;
         }
-        emit_group(&mut rb, planned, index, &users)?;
+        emit_group(&mut rb, planned, index, &users, &group_of)?;
     }
     let ret = graph
         .outputs()
@@ -191,6 +232,7 @@ fn emit_group(
     planned: &PlannedGroup,
     index: usize,
     users: &FxHashMap<ValueId, Vec<OpId>>,
+    group_of: &FxHashMap<OpId, usize>,
 ) -> Result<(), String> {
     let graph = rb.old;
     let ops = &planned.group.ops;
@@ -198,10 +240,35 @@ fn emit_group(
     let region = rb.new.create_block();
     let mut local: FxHashMap<ValueId, ValueId> = FxHashMap::default();
     let mut operands = Vec::new();
-    let mut inlined = Vec::new();
+    // Region arguments first, then small constants and views of parameters
+    // copied in (their own inputs become arguments too).
+    let mut copied: Vec<OpId> = Vec::new();
+    let mut arguments: Vec<ValueId> = Vec::new();
     for v in planned.group.inputs(graph) {
         if let Some(c) = small_constant(graph, v) {
-            inlined.push(c);
+            copied.push(c);
+        } else if let Some(chain) = portable_view(graph, group_of, v) {
+            for &op in &chain {
+                for &operand in &graph.op(op).operands {
+                    match small_constant(graph, operand) {
+                        Some(c) => copied.push(c),
+                        None if !chain
+                            .iter()
+                            .any(|o| graph.op(*o).results.contains(&operand)) =>
+                        {
+                            arguments.push(operand)
+                        }
+                        None => {}
+                    }
+                }
+                copied.push(op);
+            }
+        } else {
+            arguments.push(v);
+        }
+    }
+    for v in arguments {
+        if local.contains_key(&v) {
             continue;
         }
         let outer = *rb.map.get(&v).ok_or_else(|| {
@@ -218,16 +285,25 @@ fn emit_group(
         local.insert(v, arg);
         operands.push(outer);
     }
-    for c in inlined {
+    for c in copied {
+        if graph.op(c).results.iter().all(|r| local.contains_key(r)) {
+            continue;
+        }
         rb.copy_op(c, region, &mut local, &|rb, r| {
             let hint = format!("{}.c", rb.old.value(r).name);
             rb.fresh(&hint)
         })?;
     }
+    // A portable view escapes only to readers that are not groups (the
+    // return, a plain reshape): groups copy it instead.
     let escapes = |r: ValueId| {
-        users
-            .get(&r)
-            .is_some_and(|us| us.iter().any(|u| !inside.contains(u)))
+        let copied_by_groups = portable_view(graph, group_of, r).is_some();
+        users.get(&r).is_some_and(|us| {
+            us.iter().any(|u| {
+                let copied_by_reader = copied_by_groups && group_of.contains_key(u);
+                !(inside.contains(u) || copied_by_reader)
+            })
+        })
     };
     let outputs: Vec<ValueId> = ops
         .iter()

@@ -191,6 +191,44 @@ fn chained_through_rows(graph: &Graph, ops: &[OpId], anchors: &[OpId]) -> bool {
         })
 }
 
+/// True when the row operand of every contraction after the first is computed
+/// from the previous anchor without views (reshape, transpose, ...) on the
+/// way: the chain kernel keeps the intermediate tile in the layout the first
+/// contraction produced it in, so a view of it would need a different tile
+/// (BERT's head merge between P·V and the output projection). Views of
+/// other operands (a bias broadcast) are fine.
+fn rows_without_views(graph: &Graph, ops: &[OpId], anchors: &[OpId]) -> bool {
+    // Whether `v` depends, inside the group, on an anchor; `Err` when it does
+    // through a view.
+    fn from_anchor(
+        graph: &Graph,
+        ops: &[OpId],
+        anchors: &[OpId],
+        v: dcir_ir::ValueId,
+    ) -> Result<bool, ()> {
+        let dcir_ir::ValueDef::OpResult { op, .. } = graph.value(v).def else {
+            return Ok(false);
+        };
+        if !ops.contains(&op) {
+            return Ok(false);
+        }
+        if anchors.contains(&op) {
+            return Ok(true);
+        }
+        let mut depends = false;
+        for &operand in &graph.op(op).operands {
+            depends |= from_anchor(graph, ops, anchors, operand)?;
+        }
+        if depends && crate::class::is_view(graph.op(op).kind) {
+            return Err(());
+        }
+        Ok(depends)
+    }
+    anchors[1..]
+        .iter()
+        .all(|&a| from_anchor(graph, ops, anchors, graph.op(a).operands[0]).is_ok())
+}
+
 /// Checks a whole candidate group (`ops` in topological order): every edge
 /// inside it passes [`edge_rule`] — except that injective ops between two
 /// anchors of a chain (the first contraction's or reduction's epilogue) may
@@ -288,7 +326,12 @@ pub fn group_kind(graph: &Graph, ops: &[OpId]) -> Result<GroupKind, String> {
         {
             Ok(GroupKind::ContractionChain)
         }
-        (_, [OpKind::Matmul, OpKind::Matmul]) => Ok(GroupKind::ContractionChain),
+        (_, [OpKind::Matmul, OpKind::Matmul]) if rows_without_views(graph, ops, &anchors) => {
+            Ok(GroupKind::ContractionChain)
+        }
+        (_, [OpKind::Matmul, OpKind::Matmul]) => {
+            Err("a view between chained GEMMs (the chain keeps the intermediate tile as the first GEMM made it)".to_string())
+        }
         // The whole of attention, or either half of it on the way there: a
         // GEMM whose rows are softmaxed in the block, or a softmax feeding a GEMM.
         (_, [OpKind::Matmul, OpKind::Softmax, OpKind::Matmul])
