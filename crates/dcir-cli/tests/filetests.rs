@@ -572,6 +572,114 @@ fn fusion_plans_of_examples_and_models() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// Every ir-example (in f32 and, with every `f32` turned into `f16`, in f16)
+/// and every imported model (ResNet-50, MobileNetV2, BERT-base) lowers
+/// completely, and each distinct kernel compiles with NVRTC without spills.
+/// The examples' kernels are snapshotted in full; the models', one line per
+/// kernel (their sources repeat the families' snapshots).
+#[test]
+fn cuda_of_examples_and_models() {
+    let model = CostModel::new(DeviceSpec::h200());
+    let fuse = |name: &str, mut module: Module| -> Vec<(dcir_cuda::kir::Kernel, String)> {
+        let mut kernels = Vec::new();
+        for graph in &mut module.graphs {
+            let plan = plan_graph(graph, &model).unwrap_or_else(|e| panic!("{name}: {e}"));
+            *graph = apply_plan(graph, &plan).unwrap_or_else(|e| panic!("{name}: {e}"));
+            for k in dcir_cuda::lower_graph(graph).unwrap_or_else(|e| panic!("{name}: {e}")) {
+                let source = dcir_cuda::print_kernel(&k);
+                kernels.push((k, source));
+            }
+        }
+        kernels
+    };
+    let mut to_compile: Vec<(String, String, u32)> = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut distinct = |kernels: &[(dcir_cuda::kir::Kernel, String)]| {
+        for (k, source) in kernels {
+            // Identical kernels under other names (BERT's 12 layers) compile once.
+            if seen.insert(source.replace(&k.name, "KERNEL")) {
+                to_compile.push((k.name.clone(), source.clone(), k.block));
+            }
+        }
+    };
+    for path in dcir_files(&repo_root().join("ir-examples")) {
+        let f32_source = std::fs::read_to_string(&path).expect("readable example");
+        let stem = path
+            .file_stem()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .to_string();
+        for dtype in ["f32", "f16"] {
+            let source = f32_source.replace("f32", dtype);
+            let module = read_and_verify(&source).expect("the example verifies");
+            let kernels = fuse(&stem, module);
+            distinct(&kernels);
+            let text: String = kernels
+                .iter()
+                .map(|(k, source)| format!("// ===== kernel {} =====\n{source}\n", k.name))
+                .collect();
+            insta::with_settings!({
+                snapshot_path => repo_root().join("tests/filetests/cuda/snapshots"),
+                prepend_module_to_snapshot => false,
+                description => format!("CUDA of ir-examples/{stem}.dcir in {dtype}; re-bless with `cargo xtask bless`"),
+                omit_expression => true,
+            }, {
+                insta::assert_snapshot!(format!("example_{stem}_{dtype}"), text);
+            });
+        }
+    }
+    for model_name in ["resnet50", "mobilenet_v2", "bert_base"] {
+        let path = repo_root().join(format!("crates/dcir-onnx/models/{model_name}.onnx"));
+        let imported = dcir_onnx::import_file(&path, &dcir_onnx::ImportOptions::default())
+            .unwrap_or_else(|e| panic!("{model_name}: {e}"));
+        let kernels = fuse(model_name, imported.module);
+        distinct(&kernels);
+        let text: String = kernels
+            .iter()
+            .map(|(k, _)| {
+                let smem = if k.dynamic_shared > 0 {
+                    format!(", {} B dynamic smem", k.dynamic_shared)
+                } else {
+                    String::new()
+                };
+                format!(
+                    "{}: grid {}, block {}{smem}: {}\n",
+                    k.name, k.grid, k.block, k.summary
+                )
+            })
+            .collect();
+        insta::with_settings!({
+            snapshot_path => repo_root().join("tests/filetests/cuda/snapshots"),
+            prepend_module_to_snapshot => false,
+            description => format!("kernels of the imported {model_name}; re-bless with `cargo xtask bless`"),
+            omit_expression => true,
+        }, {
+            insta::assert_snapshot!(format!("model_{model_name}"), text);
+        });
+    }
+    // NVRTC on both cores.
+    let failures: Vec<String> = std::thread::scope(|scope| {
+        let halves: Vec<_> = to_compile
+            .chunks(to_compile.len().div_ceil(2).max(1))
+            .map(|chunk| {
+                scope.spawn(move || {
+                    chunk
+                        .iter()
+                        .filter_map(|(name, source, block)| {
+                            compile_with_nvrtc(source, name, *block).err()
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        halves
+            .into_iter()
+            .flat_map(|h| h.join().expect("no panic"))
+            .collect()
+    });
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 #[test]
 fn run_stage_files() {
     run_stage("run");

@@ -1517,8 +1517,23 @@ fn lower_contraction(l: &mut Lower, op: OpId, c: &Contraction) -> Result<Kernel>
         block: t.threads as u32,
         grid: (c.batch * grid_m * grid_n) as u32,
         dynamic_shared: 0,
-        min_blocks_per_sm: 0,
+        min_blocks_per_sm: min_blocks_per_sm(&t),
     })
+}
+
+/// Registers per thread besides accumulators, fragments and prefetch:
+/// addresses, indices, loop state.
+const OVERHEAD_REGISTERS: usize = 40;
+
+/// The blocks per SM to promise ptxas: as many as the registers this tiling
+/// needs leave room for (accumulators counted twice: the epilogue's
+/// temporaries and im2col index math live beside them). Without a promise
+/// ptxas aims at its own occupancy target (48 registers for 256 threads)
+/// and spills a 4×4 micro-tile's loop.
+fn min_blocks_per_sm(t: &Tiling) -> u32 {
+    let prefetch = ((t.tm + t.tn) * t.tk).div_ceil(t.threads);
+    let registers = 2 * t.mt() * t.nt() + t.mt() + t.nt() + prefetch + OVERHEAD_REGISTERS;
+    (65536 / (t.threads * registers)).clamp(1, 32) as u32
 }
 
 /// Lowers a `gemm` group.

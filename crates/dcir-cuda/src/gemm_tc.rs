@@ -176,6 +176,18 @@ impl Config {
     fn shared_bytes(&self) -> usize {
         self.stages * (self.tm + self.tn) * self.tk * ELEM
     }
+
+    /// The blocks per SM to promise ptxas: as many as this tiling's registers
+    /// leave room for — f32 accumulators (`wm·wn/32` per thread), twice the
+    /// double-buffered A and B fragments, 48 for addresses and loop state.
+    /// Without a promise ptxas aims at its own occupancy target and spilled a
+    /// 32×32 warp tile at 80 registers.
+    fn min_blocks_per_sm(&self) -> u32 {
+        let accumulators = self.wm() * self.wn() / 32;
+        let fragments = 2 * (self.wm() / 16 * 4 + self.wn() / 8 * 2);
+        let registers = accumulators + 2 * fragments + 48;
+        (65536 / (self.threads() * registers)).clamp(1, 32) as u32
+    }
 }
 
 /// Splits `warps` into `warps_m × warps_n` with warp tiles of at least
@@ -1305,7 +1317,7 @@ pub(super) fn gemm(l: &mut Lower, op: OpId) -> Result<Kernel> {
         block: cfg.threads() as u32,
         grid: problem.blocks(&cfg) as u32,
         dynamic_shared: cfg.shared_bytes(),
-        min_blocks_per_sm: 0,
+        min_blocks_per_sm: cfg.min_blocks_per_sm(),
     })
 }
 
