@@ -8,6 +8,8 @@
 #             interpreter (NaN-poisoned outputs), then timed (kernel_check)
 #   examples  every ir-example in f32 and f16 through dcir-run --backend cuda
 #             --check (whole graph, memory plan, CUDA graph) and --bench
+#   models    the imported ONNX models (ResNet-50, MobileNetV2, BERT-base, batch 1,
+#             random weights) through dcir-run --backend cuda --check --bench
 #   perf      the kernel families at real sizes (kernel_check --no-check)
 #   peers     PyTorch (cuBLAS/cuDNN) at the perf shapes (family_peers.py)
 #   test      the GPU test target (crates/dcir-cli/tests/gpu_check.rs)
@@ -45,6 +47,19 @@ examples() {
     done
 }
 
+models() {
+    : >"$OUT/models.log"
+    for m in resnet50 mobilenet_v2 bert_base; do
+        "$B/dcir-import" "crates/dcir-onnx/models/$m.onnx" -o "/tmp/$m.dcir" --no-weights >>"$OUT/models.log" 2>&1
+        echo "== $m f32" >>"$OUT/models.log"
+        if "$B/dcir-run" "/tmp/$m.dcir" --backend cuda --check --bench 20 >>"$OUT/models.log" 2>&1; then
+            summary+=("model $m f32: PASS $(grep '^bench:' "$OUT/models.log" | tail -1 | sed 's/.*median/median/')")
+        else
+            status=1; summary+=("model $m f32: FAIL (see models.log)")
+        fi
+    done
+}
+
 perf() {
     "$B/kernel_check" --no-check --reps 100 crates/dcir-cuda/examples/data/*.dcir >"$OUT/perf.log" 2>&1 || status=1
     cp "$OUT/kernel_check.md" "$OUT/perf.md" 2>/dev/null
@@ -62,7 +77,7 @@ test() {
 
 for step in "$@"; do
     case $step in
-        kernels|examples|perf|peers|test) $step ;;
+        kernels|examples|models|perf|peers|test) $step ;;
         *) echo "unknown step $step"; exit 2 ;;
     esac
 done
