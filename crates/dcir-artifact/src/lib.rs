@@ -81,6 +81,9 @@ pub enum BufferKind {
     Input,
     /// A graph result.
     Output,
+    /// A constant of the graph too large to inline into kernels; its bytes
+    /// are in [`Buffer::data`] and are uploaded once.
+    Constant,
     /// A value produced and consumed by launches only.
     Intermediate,
 }
@@ -108,6 +111,9 @@ pub struct Buffer {
     pub last_use: Option<u32>,
     /// What it holds.
     pub kind: BufferKind,
+    /// A constant's contents: its elements little-endian, row-major.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<Vec<u8>>,
 }
 
 /// Why an artifact could not be read or written.
@@ -205,6 +211,7 @@ mod tests {
                 first_use: Some(0),
                 last_use: Some(0),
                 kind: BufferKind::Input,
+                data: None,
             }],
             inputs: vec![0],
             outputs: vec![],

@@ -4,7 +4,9 @@
 //! Buffers: one per graph parameter (`input`), one per group result
 //! (`intermediate`, or `output` when returned). A top-level `reshape` (the
 //! planner leaves a lone reshape as a view) gets a buffer that is a view of
-//! its operand's root buffer (`view_of`): same bytes, no launch. Liveness is
+//! its operand's root buffer (`view_of`): same bytes, no launch. A top-level
+//! `constant` (one too large and too varied to inline into kernels, such as
+//! BERT's position ids) is a `constant` buffer carrying its bytes. Liveness is
 //! per root buffer: the first and last launch that reads or writes it or any
 //! view of it; graph outputs live to the end. Launch arguments follow the
 //! kernel's parameter order: the group's operands, then its results.
@@ -61,6 +63,7 @@ pub fn build_artifact(g: &Graph, options: &BuildOptions) -> Result<Artifact, Str
             first_use: None,
             last_use: None,
             kind,
+            data: None,
         });
         id
     };
@@ -104,6 +107,13 @@ pub fn build_artifact(g: &Graph, options: &BuildOptions) -> Result<Artifact, Str
                     kernel: index,
                     args,
                 });
+            }
+            OpKind::Constant => {
+                let r = data.results[0];
+                let bytes = constant_bytes(g, op)?;
+                let id = new_buffer(&mut a, r, BufferKind::Constant, None);
+                a.buffers[id as usize].data = Some(bytes);
+                buffer_of.insert(r, id);
             }
             OpKind::Reshape => {
                 let source = buffer_of[&data.operands[0]];
@@ -172,6 +182,38 @@ fn canonical_source(kernel: &Kernel, source: &str) -> String {
     }
     out.push_str(rest);
     out
+}
+
+/// The elements of constant op `op`, little-endian in its result's dtype.
+fn constant_bytes(g: &Graph, op: dcir_ir::OpId) -> Result<Vec<u8>, String> {
+    use dcir_ir::{Attr, DType};
+    let d = g.op(op);
+    let ty = g.ty(d.results[0]);
+    let n = ty.num_elements().unwrap_or(0);
+    let values: Vec<f64> = match d.attrs.get("value") {
+        Some(Attr::Float(x)) => vec![*x; n],
+        Some(Attr::Int(x)) => vec![*x as f64; n],
+        Some(Attr::Floats(xs)) => xs.clone(),
+        Some(Attr::Ints(xs)) => xs.iter().map(|&x| x as f64).collect(),
+        other => return Err(format!("constant with value {other:?} has no bytes")),
+    };
+    if values.len() != n {
+        return Err(format!(
+            "constant of {n} elements has {} values",
+            values.len()
+        ));
+    }
+    Ok(values
+        .iter()
+        .flat_map(|&x| match ty.dtype {
+            DType::F32 => (x as f32).to_le_bytes().to_vec(),
+            DType::F16 => half::f16::from_f64(x).to_le_bytes().to_vec(),
+            DType::BF16 => half::bf16::from_f64(x).to_le_bytes().to_vec(),
+            DType::I32 => (x as i32).to_le_bytes().to_vec(),
+            DType::I64 => (x as i64).to_le_bytes().to_vec(),
+            DType::Bool => vec![u8::from(x != 0.0)],
+        })
+        .collect())
 }
 
 /// The artifact entry of `kernel`, compiled when `options` ask for it.
@@ -311,6 +353,26 @@ mod tests {
         assert_eq!(a.launches.len(), 2);
         assert_eq!(a.launches[1].kernel, 0);
         assert_eq!(a.launches[1].args, vec![1, 2]);
+    }
+
+    #[test]
+    fn a_top_level_constant_is_a_buffer_with_its_bytes() {
+        let a = artifact(
+            "graph @g(%x: i32[65]) -> (i32[65]) {\n\
+             \x20 %c = constant {value = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64]} : i32[65]\n\
+             \x20 %y = fused @g0(%x.in = %x, %c.in = %c) {kind = \"elementwise\", threads = 128} : i32[65] {\n\
+             \x20   %y.r = add %x.in, %c.in : i32[65]\n\
+             \x20   yield %y.r\n\
+             \x20 }\n\
+             \x20 return %y\n\
+             }\n",
+        );
+        let c = &a.buffers[1];
+        assert_eq!((c.name.as_str(), c.kind), ("c", BufferKind::Constant));
+        let data = c.data.as_ref().expect("bytes");
+        assert_eq!(data.len(), 65 * 4);
+        assert_eq!(&data[4..8], &1i32.to_le_bytes());
+        assert_eq!(a.launches[0].args, vec![0, 1, 2]);
     }
 
     #[test]

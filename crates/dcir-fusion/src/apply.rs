@@ -4,8 +4,8 @@
 //! `fused @gN(...) {kind, level, <kernel parameters>}` whose region holds
 //! copies of the group's ops; values the group defines and others use become
 //! the fused op's results, under their original names (inside the region the
-//! copy is renamed `name.r`). Small constants a group uses are copied into
-//! its region; a group that is only a `reshape` stays a plain op (a view, no
+//! copy is renamed `name.r`). Small and splat constants a group uses are
+//! copied into its region; a group that is only a `reshape` stays a plain op (a view, no
 //! kernel); a group whose results nobody uses is dropped. A view of values
 //! from outside its group (a bias broadcast that CSE shared between two
 //! convolutions, a reshape of the previous layer's output that three
@@ -79,19 +79,28 @@ impl Rebuild<'_> {
     }
 }
 
+/// The constant op defining `v` when regions should hold a copy of it: up
+/// to [`INLINE_CONSTANT_ELEMS`] elements, or any size when every element is
+/// the same value (a splat: the emitter turns it into a literal).
 fn small_constant(graph: &Graph, v: ValueId) -> Option<OpId> {
-    match graph.value(v).def {
-        ValueDef::OpResult { op, .. }
-            if graph.op(op).kind == OpKind::Constant
-                && graph
-                    .ty(v)
-                    .num_elements()
-                    .is_some_and(|n| n <= INLINE_CONSTANT_ELEMS) =>
-        {
-            Some(op)
-        }
-        _ => None,
+    let ValueDef::OpResult { op, .. } = graph.value(v).def else {
+        return None;
+    };
+    let d = graph.op(op);
+    if d.kind != OpKind::Constant {
+        return None;
     }
+    let splat = match d.attrs.get("value") {
+        Some(Attr::Float(_) | Attr::Int(_)) => true,
+        Some(Attr::Floats(xs)) => xs.windows(2).all(|w| w[0] == w[1]),
+        Some(Attr::Ints(xs)) => xs.windows(2).all(|w| w[0] == w[1]),
+        _ => false,
+    };
+    let small = graph
+        .ty(v)
+        .num_elements()
+        .is_some_and(|n| n <= INLINE_CONSTANT_ELEMS);
+    (splat || small).then_some(op)
 }
 
 /// The ops that compute `v` through views alone (innermost first) from

@@ -195,6 +195,23 @@ impl Executor {
                 _ => None,
             });
         }
+        for b in artifact.buffers.iter().filter(|b| b.data.is_some()) {
+            let bytes = b.data.as_deref().unwrap_or_default();
+            let dst = owned[b.id as usize].as_mut().ok_or_else(|| {
+                RuntimeError::Signature(format!("constant {} is not a buffer of its own", b.name))
+            })?;
+            if bytes.len() as u64 != b.bytes {
+                return Err(RuntimeError::Signature(format!(
+                    "constant {} has {} bytes of data for {} bytes",
+                    b.name,
+                    bytes.len(),
+                    b.bytes
+                )));
+            }
+            stream
+                .memcpy_htod(bytes, dst)
+                .map_err(driver(format!("uploading constant {}", b.name)))?;
+        }
         let arena_base = ptr_of(&arena, &stream);
         let pointer = |id: u32| -> u64 {
             let root = artifact.buffers[id as usize].view_of.unwrap_or(id) as usize;

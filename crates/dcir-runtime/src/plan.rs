@@ -125,6 +125,7 @@ mod tests {
                 view_of: None,
                 first_use: Some(i.saturating_sub(1) as u32),
                 last_use: Some(i.min(n - 1) as u32),
+                data: None,
                 kind: if i == 0 {
                     BufferKind::Input
                 } else if i == n {
