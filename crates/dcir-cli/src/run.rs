@@ -243,7 +243,8 @@ fn check_outputs(
 ) -> Result<(), Reported> {
     let mut failed = false;
     for ((output_name, w), g) in io::output_names(graph).iter().zip(want).zip(got) {
-        match dcir_interp::compare(w, g, &dcir_interp::Tolerance::for_dtype(w.dtype())) {
+        let tolerance = dcir_interp::Tolerance::for_output_of(graph, w.dtype());
+        match dcir_interp::compare(w, g, &tolerance) {
             Ok(s) => println!(
                 "check %{output_name}: PASS rel_l2={:.3e} max_abs={:.3e}",
                 s.rel_l2, s.max_abs

@@ -383,7 +383,13 @@ fn check_graph(
         let inputs: Vec<&Tensor> = data.operands.iter().map(|v| &values[v]).collect();
         let expected: Vec<&Tensor> = results.iter().map(|v| &values[v]).collect();
         let outcome = match ctx {
-            Some(ctx) => run_kernel(ctx, spec, options, &kernel, &inputs, &expected, &mut row),
+            Some(ctx) => {
+                let expected = Expected {
+                    tensors: &expected,
+                    graph,
+                };
+                run_kernel(ctx, spec, options, &kernel, &inputs, &expected, &mut row)
+            }
             None => compile(&kernel).map(|c| {
                 row.registers = c.resources.map(|r| r.registers);
                 row.check = "built";
@@ -503,13 +509,19 @@ fn placeholder_values(graph: &Graph, seed: u64) -> HashMap<ValueId, Tensor> {
 }
 
 /// Compiles and loads `kernel`, checks it against `expected`, and times it.
+/// A group's reference results, and the graph whose dtypes set their tolerance.
+struct Expected<'a> {
+    tensors: &'a [&'a Tensor],
+    graph: &'a Graph,
+}
+
 fn run_kernel(
     ctx: &Arc<CudaContext>,
     spec: &DeviceSpec,
     options: &Options,
     kernel: &Kernel,
     inputs: &[&Tensor],
-    expected: &[&Tensor],
+    expected: &Expected,
     row: &mut Row,
 ) -> Result<(), String> {
     let compiled = compile(kernel)?;
@@ -533,7 +545,7 @@ fn run_kernel(
     };
 
     // Correctness: the inputs, poisoned outputs, one launch, compare.
-    let bufs = upload_set(stream, inputs, expected)?;
+    let bufs = upload_set(stream, inputs, expected.tensors)?;
     launch(stream, &function, cfg, &bufs)?;
     stream.synchronize().map_err(driver)?;
     if options.no_check {
@@ -549,16 +561,17 @@ fn check_outputs(
     stream: &Arc<CudaStream>,
     kernel: &Kernel,
     n_in: usize,
-    expected: &[&Tensor],
+    expected: &Expected,
     bufs: &[CudaSlice<u8>],
     row: &mut Row,
 ) -> Result<(), String> {
     let mut worst: Option<(f64, f64)> = None;
     let mut failure = None;
-    for (k, want) in expected.iter().enumerate() {
+    for (k, want) in expected.tensors.iter().enumerate() {
         let bytes = stream.clone_dtoh(&bufs[n_in + k]).map_err(driver)?;
         let got = from_bytes(want.ty(), &bytes)?;
-        match compare(want, &got, &Tolerance::for_dtype(want.dtype())) {
+        let tolerance = Tolerance::for_output_of(expected.graph, want.dtype());
+        match compare(want, &got, &tolerance) {
             Ok(s) => {
                 let (r, m) = worst.unwrap_or((0.0, 0.0));
                 worst = Some((r.max(s.rel_l2), m.max(s.max_abs)));

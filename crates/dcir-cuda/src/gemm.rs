@@ -745,10 +745,33 @@ impl Tiling {
             _ => Err(format!("tile = {tile:?}")),
         };
         match planned {
+            // The epilogue runs with every accumulator live: transcendental
+            // math beside 128 of them spilled (BERT's FFN with GELU at
+            // 8x16 per thread); halve the tile's longer side to 64.
+            Ok(t) if t.mt() * t.nt() > 64 && heavy_epilogue(l, op) => {
+                let halved = if t.tn >= t.tm {
+                    [t.tm, t.tn / 2, t.tk]
+                } else {
+                    [t.tm / 2, t.tn, t.tk]
+                };
+                match Tiling::planned(halved, t.threads, stages, prefer_m) {
+                    Some(h) if h.mt() * h.nt() <= 64 => (
+                        h,
+                        Some(format!(
+                            "halved: the plan's tile [{}, {}, {}] keeps {} accumulators per thread beside a math epilogue",
+                            t.tm,
+                            t.tn,
+                            t.tk,
+                            t.mt() * t.nt()
+                        )),
+                    ),
+                    _ => (t, None),
+                }
+            }
             Ok(t) => (t, None),
             Err(why) => (
                 Tiling::planned([64, 64, 8], 256, stages, prefer_m).expect("the default is valid"),
-                Some(why),
+                Some(format!("default: the plan's {why} is not a valid shape")),
             ),
         }
     }
@@ -1494,9 +1517,7 @@ fn lower_contraction(l: &mut Lower, op: OpId, c: &Contraction) -> Result<Kernel>
         t.tm,
         t.tn,
         t.tk,
-        fallback
-            .map(|why| format!(" (default: the plan's {why} is not a valid shape)"))
-            .unwrap_or_default(),
+        fallback.map(|why| format!(" ({why})")).unwrap_or_default(),
         t.threads,
         t.buffers,
         access(&a),
@@ -1518,6 +1539,35 @@ fn lower_contraction(l: &mut Lower, op: OpId, c: &Contraction) -> Result<Kernel>
         grid: (c.batch * grid_m * grid_n) as u32,
         dynamic_shared: 0,
         min_blocks_per_sm: min_blocks_per_sm(&t),
+    })
+}
+
+/// Whether group `op` holds math beyond additions, multiplications, ReLU,
+/// clipping, casts, batchnorm and views: its epilogue then needs registers
+/// of its own beside the accumulators.
+fn heavy_epilogue(l: &Lower, op: OpId) -> bool {
+    let g = l.g;
+    let region = g.op(op).region.expect("a fused op has a region");
+    g.block(region).ops.iter().any(|&o| {
+        let kind = g.op(o).kind;
+        !(matches!(
+            kind,
+            OpKind::Matmul
+                | OpKind::Conv2d
+                | OpKind::Add
+                | OpKind::Sub
+                | OpKind::Mul
+                | OpKind::Relu
+                | OpKind::Clip
+                | OpKind::Cast
+                | OpKind::Batchnorm
+                | OpKind::Constant
+                | OpKind::Yield
+                | OpKind::Broadcast
+                | OpKind::Reshape
+                | OpKind::Transpose
+                | OpKind::Slice
+        ))
     })
 }
 

@@ -1476,7 +1476,15 @@ fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
         block: (tpr * rpb) as u32,
         grid: rows.div_ceil(rpb) as u32,
         dynamic_shared: 0,
-        min_blocks_per_sm: 0,
+        // A register-cached row holds `width · steps` values per thread for
+        // the whole kernel; promise ptxas the blocks that leaves room for
+        // (it otherwise aimed at 32 resident 64-thread blocks and spilled).
+        min_blocks_per_sm: match plan.cache {
+            RowCache::Registers { width, steps } => {
+                (65536 / ((tpr * rpb) * (width * steps + 64))).clamp(1, 32) as u32
+            }
+            RowCache::Shared | RowCache::Reread => 0,
+        },
     })
 }
 

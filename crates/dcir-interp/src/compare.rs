@@ -16,10 +16,15 @@
 //! | f16 | 2e-3 | 1e-2 | 1e-2 | epsilon 9.8e-4: a few roundings of difference per result |
 //! | bf16 | 1.6e-2 | 5e-2 | 5e-2 | epsilon 7.8e-3: the same at bf16's precision |
 //! | i32, i64, bool | 0 | 0 | 0 | exact |
+//!
+//! A float result of a graph that computes partly in f16 or bf16 (an f16
+//! matmul cast to f32) carries that precision's rounding:
+//! [`Tolerance::for_output_of`] takes the least precise float dtype of the
+//! whole graph (regions included).
 
 use std::fmt;
 
-use dcir_ir::{DType, TensorType};
+use dcir_ir::{DType, Graph, TensorType};
 
 use crate::tensor::Tensor;
 
@@ -41,6 +46,21 @@ impl Tolerance {
         atol: 0.0,
         rtol: 0.0,
     };
+
+    /// The tolerance for an output of `graph` of dtype `output`: that of the
+    /// least precise float dtype among the output's and every value's of the
+    /// graph (bf16, then f16); integer outputs stay exact.
+    pub fn for_output_of(graph: &Graph, output: DType) -> Tolerance {
+        if !output.is_float() {
+            return Tolerance::EXACT;
+        }
+        let dtypes: Vec<DType> = graph.value_ids().map(|v| graph.ty(v).dtype).collect();
+        let working = [DType::BF16, DType::F16]
+            .into_iter()
+            .find(|d| dtypes.contains(d))
+            .unwrap_or(output);
+        Tolerance::for_dtype(working)
+    }
 
     /// The default tolerance for results of `dtype` (table in the module doc).
     pub fn for_dtype(dtype: DType) -> Tolerance {

@@ -101,6 +101,11 @@ pub(crate) struct Scored {
 /// about 0.6 µs; queueing at full bandwidth adds the rest.)
 const DRAM_LATENCY_S: f64 = 1.0e-6;
 
+/// Latency a contraction's shared-memory pipeline must cover per k-step
+/// (operand tiles come mostly from L2 under load, some from DRAM); the
+/// loaded DRAM figure, conservatively.
+pub(crate) const LOAD_LATENCY_S: f64 = DRAM_LATENCY_S;
+
 fn to_u32(x: f64) -> u32 {
     x.ceil().clamp(0.0, u32::MAX as f64) as u32
 }
@@ -150,7 +155,8 @@ pub(crate) fn score(dev: &DeviceSpec, info: &GroupInfo, c: &Cand) -> Scored {
         dram += (reads - p.operands).max(0.0);
     }
 
-    let comp = (c.matrix_flops / c.rate + c.scalar_flops / dev.scalar_rate()) / sm.max(1e-9);
+    let comp = (c.matrix_flops / c.rate / c.feed.max(1e-9) + c.scalar_flops / dev.scalar_rate())
+        / sm.max(1e-9);
     // Little's law: bandwidth needs bytes in flight. A kernel whose resident
     // threads keep too few loads outstanding runs below the device's rate.
     let mem = match c.in_flight {

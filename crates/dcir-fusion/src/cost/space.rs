@@ -256,6 +256,10 @@ pub(crate) struct Cand {
     /// kernel's memory-level parallelism limits it (Little's law; see
     /// docs/cost-model.md, "Latency-bound bandwidth"); `None` elsewhere.
     pub in_flight: Option<f64>,
+    /// Fraction of the time a contraction's math units are fed, given the
+    /// k-steps its shared-memory pipeline keeps in flight (1 elsewhere; see
+    /// docs/cost-model.md, "Pipeline depth").
+    pub feed: f64,
 }
 
 fn ceil_div(a: f64, b: f64) -> f64 {
@@ -364,6 +368,7 @@ pub(crate) fn for_each(dev: &DeviceSpec, info: &GroupInfo, out: &mut dyn FnMut(C
                             in_flight: Some(
                                 vector as f64 * (info.bytes as f64 / n - info.elem).max(info.elem),
                             ),
+                            feed: 1.0,
                         });
                     }
                 }
@@ -440,6 +445,7 @@ pub(crate) fn for_each(dev: &DeviceSpec, info: &GroupInfo, out: &mut dyn FnMut(C
                                 RowCache::Registers => held * info.elem,
                                 _ => info.elem,
                             }),
+                            feed: 1.0,
                         });
                     }
                 }
@@ -466,6 +472,7 @@ pub(crate) fn for_each(dev: &DeviceSpec, info: &GroupInfo, out: &mut dyn FnMut(C
                         panels: None,
                         serialize: false,
                         in_flight: None,
+                        feed: 1.0,
                     });
                 }
             }
@@ -561,6 +568,7 @@ pub(crate) fn for_each(dev: &DeviceSpec, info: &GroupInfo, out: &mut dyn FnMut(C
                                 panels: None,
                                 serialize: stages == 1,
                                 in_flight: None,
+                                feed: 1.0,
                             });
                         }
                     }
@@ -599,6 +607,8 @@ fn gemm(dev: &DeviceSpec, info: &GroupInfo, g: &GemmShape, conv: bool, out: &mut
                     let block_flops = 2.0 * tmf * tnf * g.k;
                     let block_bytes = (tmf * g.a_row_elems + tnf * g.k) * e;
                     let comp = tile_comp_per_load(dev, tmf, tnf, threads, tc, rate);
+                    // One k-step of the tile at the SM's full rate.
+                    let kstep = 2.0 * tmf * tnf * tkf / (rate / dev.sm_count.max(1) as f64);
                     for stages in STAGES {
                         out(Cand {
                             params: P::Gemm {
@@ -628,12 +638,23 @@ fn gemm(dev: &DeviceSpec, info: &GroupInfo, g: &GemmShape, conv: bool, out: &mut
                             }),
                             serialize: stages == 1,
                             in_flight: None,
+                            feed: pipeline_feed(stages, kstep),
                         });
                     }
                 }
             }
         }
     }
+}
+
+/// Fraction of the time the math units are fed when `stages` shared-memory
+/// buffers keep `stages − 1` k-steps of `kstep` seconds in flight against
+/// the load latency (Little's law); 1 stage is modelled by `serialize`.
+fn pipeline_feed(stages: u32, kstep: f64) -> f64 {
+    if stages <= 1 {
+        return 1.0;
+    }
+    ((stages - 1) as f64 * kstep / super::pul::LOAD_LATENCY_S).min(1.0)
 }
 
 /// Rows × columns of the input patch one block reads for a `th × tw`
@@ -684,6 +705,7 @@ fn direct(dev: &DeviceSpec, info: &GroupInfo, dw: &Depthwise, out: &mut dyn FnMu
                     panels: None,
                     serialize: false,
                     in_flight: None,
+                    feed: 1.0,
                 });
             }
         }
@@ -733,6 +755,7 @@ fn dwpw(dev: &DeviceSpec, info: &GroupInfo, dw: &Depthwise, o: f64, out: &mut dy
                     panels: None,
                     serialize: false,
                     in_flight: None,
+                    feed: 1.0,
                 });
             }
         }
@@ -800,5 +823,6 @@ fn chain(
         panels: None,
         serialize: stages == 1,
         in_flight: None,
+        feed: 1.0,
     })
 }
