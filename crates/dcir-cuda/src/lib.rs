@@ -3,9 +3,13 @@
 //! [`lower::lower_fused`] turns one group into a [`kir::Kernel`] (the kernel
 //! IR) following the group's attributes (`kind`, `threads`, `vector`,
 //! `items`, `threads_per_row`, `rows_per_block`); [`print::print_kernel`]
-//! prints it as header-free CUDA C; [`nvrtc::compile`] makes PTX. Kinds done:
-//! `elementwise`, `reduction`, `gemm`, `contraction_chain`, `attention` (f32
-//! SIMT). Others return [`EmitError::Unsupported`].
+//! prints it as header-free CUDA C; [`nvrtc::compile`] makes PTX and reads
+//! ptxas's resource report; [`artifact::build_artifact`] makes the compiled
+//! program the runtime loads. Every kind the planner forms is lowered:
+//! `elementwise`, `reduction`, `pool`, `gemm` (FMA, or `mma.sync` for
+//! f16/bf16), `conv` (implicit GEMM, or direct for depthwise),
+//! `depthwise_pointwise`, `contraction_chain`, `attention`; a form a family
+//! does not handle is an [`EmitError::Unsupported`] naming it.
 //! See `docs/cuda.md`.
 
 pub mod artifact;
