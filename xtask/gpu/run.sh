@@ -12,6 +12,7 @@
 #             random weights) through dcir-run --backend cuda --check --bench
 #   perf      the kernel families at real sizes (kernel_check --no-check)
 #   peers     PyTorch (cuBLAS/cuDNN) at the perf shapes (family_peers.py)
+#   sanitize  every ir-example (f32) under compute-sanitizer memcheck and racecheck
 #   test      the GPU test target (crates/dcir-cli/tests/gpu_check.rs)
 #
 # Logs go to $OUT (the device tool fetches it); the last lines printed are a
@@ -70,6 +71,21 @@ peers() {
     python3 "$B/family_peers.py" 2>&1 | tee "$OUT/peers.log" | tail -25
 }
 
+sanitize() {
+    local cs=/usr/local/cuda/bin/compute-sanitizer
+    : >"$OUT/sanitize.log"
+    for f in ir-examples/*.dcir; do
+        for tool in memcheck racecheck; do
+            echo "== $f $tool" >>"$OUT/sanitize.log"
+            if "$cs" --tool $tool --error-exitcode 3 "$B/dcir-run" "$f" --backend cuda >>"$OUT/sanitize.log" 2>&1; then
+                summary+=("sanitize $(basename "$f" .dcir) $tool: $(grep -c 'ERROR SUMMARY: 0 errors\|RACECHECK SUMMARY: 0 hazards' "$OUT/sanitize.log") clean summaries so far")
+            else
+                status=1; summary+=("sanitize $(basename "$f" .dcir) $tool: FAIL (see sanitize.log)")
+            fi
+        done
+    done
+}
+
 test() {
     if "$B/gpu_check" --nocapture >"$OUT/gpu_check.log" 2>&1; then summary+=("gpu_check: ok"); else status=1; summary+=("gpu_check: FAILED"); fi
     grep -E "test result|SKIP|FAIL" "$OUT/gpu_check.log" | tail -5
@@ -77,7 +93,7 @@ test() {
 
 for step in "$@"; do
     case $step in
-        kernels|examples|models|perf|peers|test) $step ;;
+        kernels|examples|models|perf|peers|sanitize|test) $step ;;
         *) echo "unknown step $step"; exit 2 ;;
     esac
 done
