@@ -12,6 +12,8 @@
 #             random weights) through dcir-run --backend cuda --check --bench
 #   perf      the kernel families at real sizes (kernel_check --no-check)
 #   peers     PyTorch (cuBLAS/cuDNN) at the perf shapes (family_peers.py)
+#   suite     dcir against PyTorch eager and torch.compile on the suite's
+#             workloads, one table of ratios (suite.py --compile)
 #   sanitize  every ir-example (f32) under compute-sanitizer memcheck and racecheck
 #   test      the GPU test target (crates/dcir-cli/tests/gpu_check.rs)
 #
@@ -71,6 +73,10 @@ peers() {
     python3 "$B/family_peers.py" 2>&1 | tee "$OUT/peers.log" | tail -25
 }
 
+suite() {
+    python3 "$B/suite.py" --compile 2>&1 | tee "$OUT/suite.log" | grep -E '^\|' | tail -20
+}
+
 sanitize() {
     local cs=/usr/local/cuda/bin/compute-sanitizer
     : >"$OUT/sanitize.log"
@@ -94,7 +100,7 @@ test() {
 
 for step in "$@"; do
     case $step in
-        kernels|examples|models|perf|peers|sanitize|test) $step ;;
+        kernels|examples|models|perf|peers|suite|sanitize|test) $step ;;
         *) echo "unknown step $step"; exit 2 ;;
     esac
 done

@@ -1,0 +1,166 @@
+"""The benchmark suite on the GPU machine: dcir and PyTorch on the same
+workloads, in the same call, one table of ratios.
+
+    python3 target/gpu/suite.py [--compile] [--out FILE.md]
+
+dcir: `dcir-run FILE --backend cuda --bench 100` (fused kernels, memory plan,
+one CUDA graph per forward pass; the median of 100 replays). PyTorch (our own
+definitions of the same computations, random weights, eval mode, TF32 off):
+eager, and with `--compile` also torch.compile default and
+mode="reduce-overhead" (CUDA graphs), each the median of 5 x 50 event-timed
+calls after warm-up. f16 graphs are the f32 ones with every f32 made f16.
+"""
+import argparse, os, re, statistics, subprocess, sys, tempfile
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+torch.backends.cudnn.benchmark = True
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEV = "cuda"
+
+
+def timed_ms(fn, warm=10, iters=50, rounds=5):
+    with torch.no_grad():
+        for _ in range(warm):
+            fn()
+        torch.cuda.synchronize()
+        samples = []
+        for _ in range(rounds):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                fn()
+            end.record()
+            torch.cuda.synchronize()
+            samples.append(start.elapsed_time(end) / iters)
+    return statistics.median(samples)
+
+
+class LnGelu(nn.Module):
+    """ir-examples/ln_gelu.dcir: gelu(layernorm(x + r)) * 1.5 over rows of 4096."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm(4096)
+
+    def forward(self, x, r):
+        return F.gelu(self.ln(x + r)) * 1.5
+
+
+class ConvBlock(nn.Module):
+    """ir-examples/convblock_c64_56.dcir: conv3x3+bias+relu, conv1x1+bias+relu."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(64, 64, 3, padding=1)
+        self.c2 = nn.Conv2d(64, 64, 1)
+
+    def forward(self, x):
+        return F.relu(self.c2(F.relu(self.c1(x))))
+
+
+class BertLayer(nn.Module):
+    """ir-examples/bert_encoder_layer.dcir: post-LN BERT-base layer, 12 heads."""
+
+    def __init__(self, h=768, heads=12, ff=3072):
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v, self.o = (nn.Linear(h, h) for _ in range(4))
+        self.ln1, self.ln2 = nn.LayerNorm(h, eps=1e-12), nn.LayerNorm(h, eps=1e-12)
+        self.f1, self.f2 = nn.Linear(h, ff), nn.Linear(ff, h)
+
+    def forward(self, x):
+        t, h = x.shape
+        split = lambda y: y.view(t, self.heads, -1).transpose(0, 1)
+        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        a = torch.softmax(q @ k.transpose(1, 2) * 0.125, -1) @ v
+        x = self.ln1(self.o(a.transpose(0, 1).reshape(t, h)) + x)
+        return self.ln2(self.f2(F.gelu(self.f1(x))) + x)
+
+
+def torchvision_model(name):
+    import torchvision
+    return getattr(torchvision.models, name)()
+
+
+def workloads():
+    """(name, batch, dcir file (f32), torch module factory, input shapes)."""
+    data = "crates/dcir-cuda/examples/data"
+    yield "ln_gelu_4096", 1, "ir-examples/ln_gelu.dcir", LnGelu, [(128, 4096), (128, 4096)]
+    yield "ln_gelu_4096", 32, f"{data}/ln_gelu_b32.dcir", LnGelu, [(4096, 4096), (4096, 4096)]
+    yield "convblock_c64_56", 1, "ir-examples/convblock_c64_56.dcir", ConvBlock, [(1, 64, 56, 56)]
+    yield "convblock_c64_56", 32, "convblock_b32", ConvBlock, [(32, 64, 56, 56)]
+    yield "bert_layer_s128", 1, "ir-examples/bert_encoder_layer.dcir", BertLayer, [(128, 768)]
+    yield "resnet50", 1, "onnx:resnet50", lambda: torchvision_model("resnet50"), [(1, 3, 224, 224)]
+    yield "mobilenet_v2", 1, "onnx:mobilenet_v2", lambda: torchvision_model("mobilenet_v2"), [(1, 3, 224, 224)]
+
+
+def dcir_graph(spec, dtype, scratch):
+    """The .dcir file of a workload in `dtype` (f32 text, f32 -> f16 for f16)."""
+    if spec.startswith("onnx:"):
+        model = spec[5:]
+        path = os.path.join(scratch, f"{model}.dcir")
+        if not os.path.exists(path):
+            subprocess.run([f"{HERE}/dcir-import", f"crates/dcir-onnx/models/{model}.onnx",
+                            "-o", path, "--no-weights"], check=True, capture_output=True)
+        text = open(path).read()
+    elif spec == "convblock_b32":
+        text = open("ir-examples/convblock_c64_56.dcir").read().replace("[1,64,56,56]", "[32,64,56,56]")
+    else:
+        text = open(spec).read()
+    if dtype == "f16":
+        text = text.replace("f32", "f16")
+    out = os.path.join(scratch, f"{abs(hash((spec, dtype)))}.dcir")
+    open(out, "w").write(text)
+    return out
+
+
+def dcir_ms(path):
+    run = subprocess.run([f"{HERE}/dcir-run", path, "--backend", "cuda", "--bench", "100"],
+                         capture_output=True, text=True)
+    found = re.search(r"median ([0-9.]+) ms", run.stdout)
+    if run.returncode != 0 or not found:
+        print(f"dcir failed on {path}: {run.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+        return None
+    return float(found.group(1))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--compile", action="store_true", help="also time torch.compile (default, reduce-overhead)")
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "/tmp"), "suite.md"))
+    args = ap.parse_args()
+    print(f"# torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, {torch.cuda.get_device_name()}",
+          flush=True)
+    systems = ["eager"] + (["inductor", "inductor+CG"] if args.compile else [])
+    header = "| workload | dtype | batch | dcir ms | " + " | ".join(f"{s} ms" for s in systems) + \
+             " | best peer ms | dcir vs best |"
+    rows = [header, "|" + "---|" * (header.count("|") - 1)]
+    scratch = tempfile.mkdtemp()
+    for name, batch, spec, make, shapes in workloads():
+        for dtype, tdtype in [("f32", torch.float32), ("f16", torch.float16)]:
+            dcir = dcir_ms(dcir_graph(spec, dtype, scratch))
+            module = make().to(DEV).eval().to(tdtype)
+            inputs = [torch.randn(*s, device=DEV, dtype=tdtype) for s in shapes]
+            peers = {"eager": timed_ms(lambda: module(*inputs))}
+            if args.compile:
+                for label, mode in [("inductor", "default"), ("inductor+CG", "reduce-overhead")]:
+                    torch._dynamo.reset()
+                    compiled = torch.compile(module, mode=mode)
+                    peers[label] = timed_ms(lambda: compiled(*inputs))
+            best = min(peers.values())
+            ratio = "-" if dcir is None else (f"{best / dcir:.2f}x faster" if dcir <= best
+                                              else f"{dcir / best:.2f}x slower")
+            row = f"| {name} | {dtype} | {batch} | " + ("FAIL" if dcir is None else f"{dcir:.4f}") + " | " + \
+                  " | ".join(f"{peers[s]:.4f}" for s in systems) + f" | {best:.4f} | {ratio} |"
+            rows.append(row)
+            print(row, flush=True)
+    open(args.out, "w").write("\n".join(rows) + "\n")
+
+
+if __name__ == "__main__":
+    main()
