@@ -83,10 +83,10 @@ sanitize() {
     for f in ir-examples/*.dcir; do
         for tool in memcheck racecheck; do
             echo "== $f $tool" >>"$OUT/sanitize.log"
-            timeout 90 "$cs" --tool $tool --error-exitcode 3 "$B/dcir-run" "$f" --backend cuda >>"$OUT/sanitize.log" 2>&1
+            timeout 45 "$cs" --tool $tool --error-exitcode 3 "$B/dcir-run" "$f" --backend cuda >>"$OUT/sanitize.log" 2>&1
             case $? in
                 0) summary+=("sanitize $(basename "$f" .dcir) $tool: clean") ;;
-                124) summary+=("sanitize $(basename "$f" .dcir) $tool: not finished in 90 s") ;;
+                124) summary+=("sanitize $(basename "$f" .dcir) $tool: not finished in 45 s") ;;
                 *) status=1; summary+=("sanitize $(basename "$f" .dcir) $tool: FAIL (see sanitize.log)") ;;
             esac
         done
