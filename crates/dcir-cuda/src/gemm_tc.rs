@@ -1,7 +1,8 @@
-//! The tensor-core path of the `gemm` family: one batched `matmul` with f16
-//! or bf16 operands on `mma.sync.aligned.m16n8k16` with f32 accumulators,
-//! view prologues and an elementwise epilogue (the groups [`super::gemm`]
-//! takes, when `math = "tensor_core"`).
+//! The tensor-core path of the `gemm` and `conv` (`algorithm =
+//! "implicit_gemm"`) families: one batched `matmul`, or one `conv2d` as an
+//! implicit GEMM, with f16 or bf16 operands on `mma.sync.aligned.m16n8k16`
+//! with f32 accumulators, view prologues and an elementwise epilogue (the
+//! groups [`super::gemm`] takes, when `math = "tensor_core"`).
 //!
 //! Shape of the kernel:
 //!
@@ -39,17 +40,19 @@
 //!   bounds-checked.
 //!
 //! The kernel is described by a [`Problem`] (extents and one [`Operand`] per
-//! side) and an epilogue callback, so other contractions (an implicit-GEMM
-//! conv, whose A is an im2col view) can reuse [`emit`].
+//! side) and an epilogue callback: [`gemm`] builds it from a matmul and its
+//! views, [`conv`] from a conv's implicit-GEMM geometry (A the im2col view of
+//! the input, B the weight, channel groups as batch entries).
 
 use std::collections::BTreeSet;
 
 use dcir_ir::{Attr, DType, Graph, OpId, OpKind, ValueDef, ValueId};
 
+use super::gemm::{Contraction, Geometry};
 use super::{EmitError, Index, Lower, Reduced, attr_int, pack, params, store, yields};
 use crate::kir::{
-    ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Stmt, Ty, add, bin, call, div, int, mul, rem,
-    select, var,
+    ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Param, Stmt, Ty, add, bin, call, div, int, mul,
+    rem, select, var,
 };
 
 type Result<T> = std::result::Result<T, EmitError>;
@@ -73,7 +76,8 @@ const MAX_SHARED: usize = 227 * 1024;
 /// Tile rows per group of the block order.
 const GROUP_ROWS: usize = 8;
 
-/// Whether group `op` takes the tensor-core path (`math = "tensor_core"`, f16/bf16 operands).
+/// Whether group `op` (`gemm` or `conv`) takes the tensor-core path
+/// (`math = "tensor_core"`, its matmul's or conv2d's operands both f16 or both bf16).
 pub(super) fn applies(g: &Graph, op: OpId) -> bool {
     let data = g.op(op);
     if data.attrs.get("math").and_then(Attr::as_str) != Some("tensor_core") {
@@ -85,7 +89,7 @@ pub(super) fn applies(g: &Graph, op: OpId) -> bool {
     g.block(region).ops.iter().any(|&o| {
         let mm = g.op(o);
         let dtypes: Vec<DType> = mm.operands.iter().map(|&v| g.ty(v).dtype).collect();
-        mm.kind == OpKind::Matmul
+        matches!(mm.kind, OpKind::Matmul | OpKind::Conv2d)
             && matches!(dtypes[..], [a, b] if a == b && matches!(a, DType::F16 | DType::BF16))
     })
 }
@@ -1239,10 +1243,6 @@ pub(super) fn gemm(l: &mut Lower, op: OpId) -> Result<Kernel> {
     if batch * m * n == 0 {
         return Err(l.unsupported("an empty matmul"));
     }
-    let tile = match g.op(op).attrs.get("tile").and_then(Attr::as_ints) {
-        Some(&[tm, tn, tk]) => [tm, tn, tk],
-        _ => [128, 128, 32],
-    };
     let batch_coords = Index::linear(&batch_dims, var("bz")).get_coords();
     // A is [.., M, K] ([.., K, M] with transpose_a); B is [.., K, N] ([.., N, K] with transpose_b).
     let problem = Problem {
@@ -1254,6 +1254,154 @@ pub(super) fn gemm(l: &mut Lower, op: OpId) -> Result<Kernel> {
         a: matmul_operand(l, a, !ta, m, k, &batch_coords),
         b: matmul_operand(l, b, tb, n, k, &batch_coords),
     };
+    let what = format!(
+        "gemm ({}, tensor cores): {batch} x [{m} x {k}]{} @ [{k} x {n}]{}",
+        problem.dtype.name(),
+        if ta { "^T" } else { "" },
+        if tb { "^T" } else { "" },
+    );
+    let out_at = |row: Expr, col: Expr| {
+        let mut coords = batch_coords.clone();
+        coords.extend([row, col]);
+        coords
+    };
+    lower_problem(l, op, params, &problem, (mm, &tainted), &out_at, what)
+}
+
+/// Lowers a tensor-core `conv` group (`algorithm = "implicit_gemm"`): the
+/// implicit GEMM of [`super::gemm::ConvGeometry`] as a [`Problem`], channel groups as
+/// batch entries. A is the im2col view of the input, read through the index
+/// maps (zero outside the padded image), or by `cp.async` for a 1×1
+/// stride-1 unpadded conv of one image whose `H·W` is a multiple of 8
+/// (`A(pixel, c) = x[c·H·W + pixel]`); B is the weight as `[O, C/g·KH·KW]`,
+/// by `cp.async` when `K` is a multiple of 8. The group's tail (batchnorm
+/// included) is the epilogue, at the output pixel's NCHW coordinates.
+pub(super) fn conv(l: &mut Lower, op: OpId) -> Result<Kernel> {
+    let g = l.g;
+    reserve_names(l);
+    // The im2col element's locals (see `ConvGeometry::a_at`).
+    for name in ["a_img", "a_ch", "a_ih", "a_iw", "a_x"] {
+        l.used_names.insert(name.into());
+    }
+    let params = params(l, op);
+    let c = Contraction::of_conv(l, op)?;
+    let derived = c.check(l, op)?;
+    let Geometry::Conv(geo) = &c.geometry else {
+        unreachable!("of_conv describes a conv");
+    };
+    let (x, w) = (c.a.value, c.b.value);
+    let input_param = |v: ValueId| match g.value(v).def {
+        ValueDef::BlockArg { .. } => l.inputs.get(&v).cloned(),
+        ValueDef::OpResult { .. } => None,
+    };
+    let bz = if geo.groups == 1 { int(0) } else { var("bz") };
+    let pixels = geo.input[2] * geo.input[3];
+    let a_strided = (geo.is_pointwise() && geo.input[0] == 1 && pixels.is_multiple_of(CHUNK))
+        .then(|| input_param(x))
+        .flatten()
+        .map(|param| Strided {
+            param,
+            offset: mul(bz.clone(), int((geo.weight[1] * pixels) as i64)),
+            stride_r: 1,
+            stride_k: pixels as i64,
+        });
+    let b_strided =
+        c.k.is_multiple_of(CHUNK)
+            .then(|| input_param(w))
+            .flatten()
+            .map(|param| Strided {
+                param,
+                offset: mul(bz.clone(), int((c.n * c.k) as i64)),
+                stride_r: c.k as i64,
+                stride_k: 1,
+            });
+    let (a_bz, b_bz, a_geo, w_dims) =
+        (bz.clone(), bz.clone(), geo.clone(), g.ty(w).dims().to_vec());
+    let problem = Problem {
+        batch: c.batch,
+        m: c.m,
+        n: c.n,
+        k: c.k,
+        dtype: g.ty(x).dtype,
+        // Consecutive pixels are adjacent in NCHW: the tile keeps rows contiguous.
+        a: Operand {
+            rows: c.m,
+            strided: a_strided,
+            k_inner: false,
+            element: Box::new(move |l: &mut Lower, m: Expr, k: Expr| {
+                let e = a_geo.a_at("a", &a_bz, m, k);
+                for (name, value) in e.lets {
+                    l.body.push(let_int(&name, value));
+                }
+                let Some(inside) = e.inside.into_iter().reduce(and) else {
+                    return l.value_at(x, &e.index);
+                };
+                // Loaded only inside the image: the index is out of bounds in the padding.
+                l.body.push(Stmt::Let {
+                    name: "a_x".into(),
+                    ty: Ty::F32,
+                    value: Expr::F32(0.0),
+                    constant: false,
+                });
+                let load = l.scoped(|l| {
+                    let v = l.value_at(x, &e.index)?;
+                    l.body.push(Stmt::Assign("a_x".into(), v));
+                    Ok(())
+                })?;
+                l.body.push(Stmt::If(inside, load));
+                Ok(var("a_x"))
+            }),
+        },
+        b: Operand {
+            rows: c.n,
+            strided: b_strided,
+            k_inner: true,
+            element: Box::new(move |l: &mut Lower, n: Expr, k: Expr| {
+                let w_at = Index::linear(&w_dims, geo.b_at(&b_bz, k, n));
+                l.value_at(w, &w_at)
+            }),
+        },
+    };
+    let what = format!(
+        "conv implicit gemm ({}, tensor cores): conv {:?} * {:?} -> {:?}, stride {:?}, pad {:?}, dilation {:?}, groups {}: {} x [{} x {}] @ [{} x {}]",
+        problem.dtype.name(),
+        geo.input,
+        geo.weight,
+        geo.output,
+        geo.stride,
+        geo.pad,
+        geo.dilation,
+        geo.groups,
+        c.batch,
+        c.m,
+        c.k,
+        c.k,
+        c.n
+    );
+    let out_at = |m: Expr, n: Expr| geo.out_at(&bz, m, n);
+    lower_problem(l, op, params, &problem, (c.result, &derived), &out_at, what)
+}
+
+/// The kernel of `problem` for group `op`, blocked by the group's `tile`,
+/// `threads` and `stages` ([`Config::new`]; `[128, 128, 32]`, 256, 3 when
+/// absent). Its epilogue binds the contraction `result` to the accumulator
+/// and stores every output of the group through the tail (`derived`: the
+/// values computed from `result`), `out_at(row, col)` being the coordinates
+/// of the accumulator's element in `result`. `what` opens the summary.
+fn lower_problem(
+    l: &mut Lower,
+    op: OpId,
+    params: Vec<Param>,
+    problem: &Problem,
+    (result, derived): (ValueId, &BTreeSet<ValueId>),
+    out_at: &dyn Fn(Expr, Expr) -> Vec<Expr>,
+    what: String,
+) -> Result<Kernel> {
+    let g = l.g;
+    let tile = match g.op(op).attrs.get("tile").and_then(Attr::as_ints) {
+        Some(&[tm, tn, tk]) => [tm, tn, tk],
+        _ => [128, 128, 32],
+    };
     let cfg = Config::new(
         tile,
         attr_int(g, op, "threads", 256),
@@ -1264,12 +1412,11 @@ pub(super) fn gemm(l: &mut Lower, op: OpId) -> Result<Kernel> {
     let ys = yields(g, op);
     let results = g.op(op).results.clone();
     let epilogue = |l: &mut Lower, row: Expr, col: Expr, acc: Expr| -> Result<()> {
-        l.reduced = Some((mm, Reduced::Row(acc), 0));
-        let mut mm_coords = batch_coords.clone();
-        mm_coords.extend([row, col]);
+        l.reduced = Some((result, Reduced::Row(acc), 0));
+        let coords = out_at(row, col);
         for ((p, &y), &res) in outputs.iter().zip(&ys).zip(&results) {
-            let Some(yc) = forward_coords(l, &tainted, mm, y, mm_coords.clone()) else {
-                return Err(l.unsupported("a result that does not derive from the matmul"));
+            let Some(yc) = forward_coords(l, derived, result, y, coords.clone()) else {
+                return Err(l.unsupported("a result that does not derive from the contraction"));
             };
             let y_dims = g.ty(y).dims().to_vec();
             let linear = Index::coords(&y_dims, yc.clone()).get_linear();
@@ -1283,7 +1430,7 @@ pub(super) fn gemm(l: &mut Lower, op: OpId) -> Result<Kernel> {
         }
         Ok(())
     };
-    let body = emit(l, &problem, &cfg, &epilogue)?;
+    let body = emit(l, problem, &cfg, &epilogue)?;
     let path = |o: &Operand| {
         if o.strided.is_some() {
             "cp.async"
@@ -1292,10 +1439,7 @@ pub(super) fn gemm(l: &mut Lower, op: OpId) -> Result<Kernel> {
         }
     };
     let summary = format!(
-        "gemm ({}, tensor cores): {batch} x [{m} x {k}]{} @ [{k} x {n}]{}, tile [{}, {}, {}], {}x{} warps of {}x{}, {} stages; A by {}, B by {}",
-        problem.dtype.name(),
-        if ta { "^T" } else { "" },
-        if tb { "^T" } else { "" },
+        "{what}, tile [{}, {}, {}], {}x{} warps of {}x{}, {} stages; A by {}, B by {}",
         cfg.tm,
         cfg.tn,
         cfg.tk,
@@ -1657,6 +1801,48 @@ mod tests {
         assert!(s.contains("if (a_r < 17 && a_k + 7 < 783)"), "{s}");
         assert!(s.contains("if (b_r + 7 < 33 && b_k < 783)"), "{s}");
         assert!(s.contains("if (row < 17 && col < 33)"), "{s}");
+    }
+
+    /// The CUDA source of one conv group `x * w` with conv attributes `attrs`.
+    fn conv_source(dtype: &str, x: &str, w: &str, out: &str, attrs: &str) -> String {
+        let src = format!(
+            "graph @g(%x: {dtype}[{x}], %w: {dtype}[{w}]) -> ({dtype}[{out}]) {{\n\
+             \x20 %y = fused @g0(%x.in = %x, %w.in = %w) {{algorithm = \"implicit_gemm\", kind = \"conv\", level = \"register\", math = \"tensor_core\", stages = 3, threads = 128, tile = [64, 64, 32]}} : {dtype}[{out}] {{\n\
+             \x20   %y.r = conv2d %x.in, %w.in {attrs} : {dtype}[{out}]\n\
+             \x20   yield %y.r\n\
+             \x20 }}\n\
+             \x20 return %y\n\
+             }}\n"
+        );
+        let module = dcir_reader::parse_module(&src).expect("parses");
+        emit_module_source(&module).expect("lowers")
+    }
+
+    #[test]
+    fn padded_convs_load_the_window_only_inside_the_image() {
+        let s = conv_source(
+            "f16",
+            "2,3,17,17",
+            "5,3,3,3",
+            "2,5,17,17",
+            "{pad = [1, 1, 1, 1]}",
+        );
+        assert!(s.contains("conv implicit gemm (f16, tensor cores)"), "{s}");
+        assert!(s.contains("A by index maps, B by index maps"), "{s}");
+        assert!(
+            s.contains("if (a_ih >= 0 && a_ih < 17 && a_iw >= 0 && a_iw < 17) {"),
+            "{s}"
+        );
+        assert!(s.contains("if (row < 578 && col < 5)"), "{s}");
+    }
+
+    #[test]
+    fn pointwise_convs_of_one_image_copy_with_cp_async() {
+        let s = conv_source("bf16", "1,64,8,8", "32,64,1,1", "1,32,8,8", "");
+        assert!(s.contains("A by cp.async, B by cp.async"), "{s}");
+        // Two images: the pixels of A are no longer one strided run.
+        let s = conv_source("bf16", "2,64,8,8", "32,64,1,1", "2,32,8,8", "");
+        assert!(s.contains("A by index maps, B by cp.async"), "{s}");
     }
 
     #[test]

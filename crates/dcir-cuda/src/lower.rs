@@ -879,6 +879,7 @@ pub fn lower_fused(g: &Graph, op: OpId) -> Result<Kernel> {
         "conv" if data.attrs.get("algorithm").and_then(Attr::as_str) == Some("direct") => {
             depthwise::direct(&mut l, op)
         }
+        "conv" if gemm_tc::applies(g, op) => gemm_tc::conv(&mut l, op),
         "conv" => gemm::conv(&mut l, op),
         "pool" => pool::pool(&mut l, op),
         "depthwise_pointwise" => depthwise::depthwise_pointwise(&mut l, op),
