@@ -638,7 +638,12 @@ fn gemm(dev: &DeviceSpec, info: &GroupInfo, g: &GemmShape, conv: bool, out: &mut
                             }),
                             serialize: stages == 1,
                             in_flight: None,
-                            feed: pipeline_feed(stages, kstep),
+                            feed: pipeline_feed(stages, kstep)
+                                / if tc {
+                                    1.0 + KSTEP_OVERHEAD_S / kstep
+                                } else {
+                                    1.0
+                                },
                         });
                     }
                 }
@@ -646,6 +651,14 @@ fn gemm(dev: &DeviceSpec, info: &GroupInfo, g: &GemmShape, conv: bool, out: &mut
         }
     }
 }
+
+/// Time a tensor-core k-step loses to its barrier, the wait for the next
+/// stage's copies and the restart of the fragment pipeline, seconds. Fitted
+/// to two H200 measurements of the f16 4096³ GEMM with fully fed pipelines
+/// (docs/cost-model.md, "Pipeline depth"): 128×256×32 (0.36 µs k-steps) ran
+/// 1.14× slower than 128×256×64 (0.73 µs). FMA tiles are not calibrated
+/// and keep no such term.
+const KSTEP_OVERHEAD_S: f64 = 1.15e-7;
 
 /// Fraction of the time the math units are fed when `stages` shared-memory
 /// buffers keep `stages − 1` k-steps of `kstep` seconds in flight against
