@@ -91,7 +91,7 @@ def workloads():
     """(name, batch, dcir file (f32), torch module factory, input shapes)."""
     data = "crates/dcir-cuda/examples/data"
     yield "ln_gelu_4096", 1, "ir-examples/ln_gelu.dcir", LnGelu, [(128, 4096), (128, 4096)]
-    yield "ln_gelu_4096", 32, f"{data}/ln_gelu_b32.dcir", LnGelu, [(4096, 4096), (4096, 4096)]
+    yield "ln_gelu_4096", 32, f"{data}/ln_gelu_b32.dcir#ln_gelu_b32_{{dtype}}", LnGelu, [(4096, 4096), (4096, 4096)]
     yield "convblock_c64_56", 1, "ir-examples/convblock_c64_56.dcir", ConvBlock, [(1, 64, 56, 56)]
     yield "convblock_c64_56", 32, "convblock_b32", ConvBlock, [(32, 64, 56, 56)]
     yield "bert_layer_s128", 1, "ir-examples/bert_encoder_layer.dcir", BertLayer, [(128, 768)]
@@ -100,7 +100,11 @@ def workloads():
 
 
 def dcir_graph(spec, dtype, scratch):
-    """The .dcir file of a workload in `dtype` (f32 text, f32 -> f16 for f16)."""
+    """The .dcir file of a workload in `dtype` (f32 text, f32 -> f16 for f16),
+    and the graph to run (`file#graph`: a file holding each dtype's graph)."""
+    if "#" in spec:
+        path, graph = spec.split("#")
+        return path, graph.format(dtype=dtype)
     if spec.startswith("onnx:"):
         model = spec[5:]
         path = os.path.join(scratch, f"{model}.dcir")
@@ -116,12 +120,14 @@ def dcir_graph(spec, dtype, scratch):
         text = text.replace("f32", "f16")
     out = os.path.join(scratch, f"{abs(hash((spec, dtype)))}.dcir")
     open(out, "w").write(text)
-    return out
+    return out, None
 
 
-def dcir_ms(path):
-    run = subprocess.run([f"{HERE}/dcir-run", path, "--backend", "cuda", "--bench", "100"],
-                         capture_output=True, text=True)
+def dcir_ms(path, graph):
+    args = [f"{HERE}/dcir-run", path, "--backend", "cuda", "--bench", "100"]
+    if graph:
+        args += ["--graph", graph]
+    run = subprocess.run(args, capture_output=True, text=True)
     found = re.search(r"median ([0-9.]+) ms", run.stdout)
     if run.returncode != 0 or not found:
         print(f"dcir failed on {path}: {run.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
@@ -132,6 +138,7 @@ def dcir_ms(path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--compile", action="store_true", help="also time torch.compile (default, reduce-overhead)")
+    ap.add_argument("--only", help="run only this workload")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "/tmp"), "suite.md"))
     args = ap.parse_args()
     print(f"# torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, {torch.cuda.get_device_name()}",
@@ -142,8 +149,10 @@ def main():
     rows = [header, "|" + "---|" * (header.count("|") - 1)]
     scratch = tempfile.mkdtemp()
     for name, batch, spec, make, shapes in workloads():
+        if args.only and name != args.only:
+            continue
         for dtype, tdtype in [("f32", torch.float32), ("f16", torch.float16)]:
-            dcir = dcir_ms(dcir_graph(spec, dtype, scratch))
+            dcir = dcir_ms(*dcir_graph(spec, dtype, scratch))
             module = make().to(DEV).eval().to(tdtype)
             inputs = [torch.randn(*s, device=DEV, dtype=tdtype) for s in shapes]
             peers = {"eager": timed_ms(lambda: module(*inputs))}
