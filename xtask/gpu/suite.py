@@ -8,9 +8,17 @@ one CUDA graph per forward pass; the median of 100 replays). PyTorch (our own
 definitions of the same computations, random weights, eval mode, TF32 off):
 eager, and with `--compile` also torch.compile default and
 mode="reduce-overhead" (CUDA graphs), each the median of 5 x 50 event-timed
-calls after warm-up. f16 graphs are the f32 ones with every f32 made f16.
+calls after warm-up. JAX/XLA (jax.jit, matmul precision "highest") for the
+workloads defined in JAX here (ln_gelu, convblock, the BERT layer), the
+median of 5 x 50 calls timed to block_until_ready. f16 graphs are the f32
+ones with every f32 made f16. Writes the table (with date, GPU, driver and
+versions) to --out and a bar chart of dcir's speedup over the best peer to
+--chart.
 """
 import argparse, os, re, statistics, subprocess, sys, tempfile
+
+# JAX would otherwise take 75 % of the GPU's memory at its first call.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import torch
 import torch.nn as nn
@@ -82,6 +90,67 @@ class BertLayer(nn.Module):
         return self.ln2(self.f2(F.gelu(self.f1(x))) + x)
 
 
+def jax_workload(name, batch, dtype):
+    """A jitted JAX function and its inputs for workload `name`, or None."""
+    try:
+        import jax
+        import jax.numpy as jnp
+    except ImportError:
+        return None
+    jax.config.update("jax_default_matmul_precision", "highest")
+    dt = jnp.float32 if dtype == "f32" else jnp.float16
+    key = iter(jax.random.split(jax.random.PRNGKey(0), 32))
+    rand = lambda *shape: jax.random.normal(next(key), shape, dt)
+
+    def layernorm(x, g, b, eps):
+        m = x.mean(-1, keepdims=True)
+        v = ((x - m) ** 2).mean(-1, keepdims=True)
+        return (x - m) / jnp.sqrt(v + eps) * g + b
+
+    if name == "ln_gelu_4096":
+        rows = 128 * batch
+        g, b = rand(4096), rand(4096)
+        fn = lambda x, r: jax.nn.gelu(layernorm(x + r, g, b, 1e-5), approximate=False) * 1.5
+        return jax.jit(fn), [rand(rows, 4096), rand(rows, 4096)]
+    if name == "convblock_c64_56":
+        w1, b1, w2, b2 = rand(64, 64, 3, 3), rand(64), rand(64, 64, 1, 1), rand(64)
+        dn = ("NCHW", "OIHW", "NCHW")
+        conv = lambda x, w, p: jax.lax.conv_general_dilated(x, w, (1, 1), p, dimension_numbers=dn)
+        fn = lambda x: jax.nn.relu(conv(jax.nn.relu(conv(x, w1, "SAME") + b1[:, None, None]), w2, "VALID")
+                                   + b2[:, None, None])
+        return jax.jit(fn), [rand(batch, 64, 56, 56)]
+    if name == "bert_layer_s128":
+        h, ff, t = 768, 3072, 128
+        wq, wk, wv, wo = (rand(h, h) for _ in range(4))
+        bq, bk, bv, bo = (rand(h) for _ in range(4))
+        w1, b1, w2, b2 = rand(h, ff), rand(ff), rand(ff, h), rand(h)
+        g1, c1, g2, c2 = rand(h), rand(h), rand(h), rand(h)
+
+        def fn(x):
+            split = lambda y: y.reshape(t, 12, 64).transpose(1, 0, 2)
+            q, k, v = split(x @ wq + bq), split(x @ wk + bk), split(x @ wv + bv)
+            a = jax.nn.softmax(q @ k.transpose(0, 2, 1) * 0.125, -1) @ v
+            x = layernorm(a.transpose(1, 0, 2).reshape(t, h) @ wo + bo + x, g1, c1, 1e-12)
+            return layernorm(jax.nn.gelu(x @ w1 + b1, approximate=False) @ w2 + b2 + x, g2, c2, 1e-12)
+        return jax.jit(fn), [rand(t, h)]
+    return None
+
+
+def jax_ms(job, warm=10, iters=50, rounds=5):
+    import time
+    fn, inputs = job
+    for _ in range(warm):
+        fn(*inputs).block_until_ready()
+    samples = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(iters):
+            out = fn(*inputs)
+        out.block_until_ready()
+        samples.append((time.perf_counter() - start) * 1e3 / iters)
+    return statistics.median(samples)
+
+
 def torchvision_model(name):
     import torchvision
     return getattr(torchvision.models, name)()
@@ -139,14 +208,25 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--compile", action="store_true", help="also time torch.compile (default, reduce-overhead)")
     ap.add_argument("--only", help="run only this workload")
+    ap.add_argument("--chart", default=os.path.join(os.environ.get("OUT", "/tmp"), "suite.png"))
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "/tmp"), "suite.md"))
     args = ap.parse_args()
-    print(f"# torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, {torch.cuda.get_device_name()}",
-          flush=True)
-    systems = ["eager"] + (["inductor", "inductor+CG"] if args.compile else [])
+    try:
+        import jax
+        jax_version = f"JAX {jax.__version__}"
+    except ImportError:
+        jax_version = "no JAX"
+    driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                            capture_output=True, text=True).stdout.strip()
+    date = subprocess.run(["date", "-u", "+%Y-%m-%d"], capture_output=True, text=True).stdout.strip()
+    title = (f"{date}, {torch.cuda.get_device_name()}, driver {driver}, torch {torch.__version__}, "
+             f"cuDNN {torch.backends.cudnn.version()}, {jax_version}")
+    print(f"# {title}", flush=True)
+    systems = ["eager"] + (["inductor", "inductor+CG"] if args.compile else []) + ["JAX"]
     header = "| workload | dtype | batch | dcir ms | " + " | ".join(f"{s} ms" for s in systems) + \
              " | best peer ms | dcir vs best |"
-    rows = [header, "|" + "---|" * (header.count("|") - 1)]
+    rows = [f"{title}", "", header, "|" + "---|" * (header.count("|") - 1)]
+    speedups = []
     scratch = tempfile.mkdtemp()
     for name, batch, spec, make, shapes in workloads():
         if args.only and name != args.only:
@@ -156,19 +236,43 @@ def main():
             module = make().to(DEV).eval().to(tdtype)
             inputs = [torch.randn(*s, device=DEV, dtype=tdtype) for s in shapes]
             peers = {"eager": timed_ms(lambda: module(*inputs))}
+            job = jax_workload(name, batch, dtype)
+            if job is not None:
+                peers["JAX"] = jax_ms(job)
             if args.compile:
                 for label, mode in [("inductor", "default"), ("inductor+CG", "reduce-overhead")]:
                     torch._dynamo.reset()
                     compiled = torch.compile(module, mode=mode)
                     peers[label] = timed_ms(lambda: compiled(*inputs))
             best = min(peers.values())
+            if dcir is not None:
+                speedups.append((f"{name} {dtype} b{batch}", best / dcir))
             ratio = "-" if dcir is None else (f"{best / dcir:.2f}x faster" if dcir <= best
                                               else f"{dcir / best:.2f}x slower")
             row = f"| {name} | {dtype} | {batch} | " + ("FAIL" if dcir is None else f"{dcir:.4f}") + " | " + \
-                  " | ".join(f"{peers[s]:.4f}" for s in systems) + f" | {best:.4f} | {ratio} |"
+                  " | ".join(f"{peers[s]:.4f}" if s in peers else "—" for s in systems) + \
+                  f" | {best:.4f} | {ratio} |"
             rows.append(row)
             print(row, flush=True)
     open(args.out, "w").write("\n".join(rows) + "\n")
+    chart(speedups, title, args.chart)
+
+
+def chart(speedups, title, path):
+    """A horizontal bar per workload: best peer time / dcir time (log scale)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    labels, values = [s[0] for s in speedups], [s[1] for s in speedups]
+    fig, ax = plt.subplots(figsize=(8, 0.35 * len(labels) + 1.5))
+    ax.barh(labels, values, color=["tab:green" if v >= 1 else "tab:red" for v in values])
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_xscale("log")
+    ax.invert_yaxis()
+    ax.set_xlabel("speedup of dcir over the best peer (best peer time / dcir time)")
+    ax.set_title(title, fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":
