@@ -66,6 +66,10 @@ pub struct KernelParam {
 /// One kernel launch and the buffers bound to its parameters.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Launch {
+    /// What the launch computes: the group's kernel name (launches of one
+    /// shared kernel entry differ here).
+    #[serde(default)]
+    pub name: String,
     /// Index into [`Artifact::kernels`].
     pub kernel: u32,
     /// Buffer id of each kernel parameter, in parameter order.
@@ -198,6 +202,7 @@ mod tests {
                 }],
             }],
             launches: vec![Launch {
+                name: "g0".into(),
                 kernel: 0,
                 args: vec![0],
             }],

@@ -104,6 +104,7 @@ pub fn build_artifact(g: &Graph, options: &BuildOptions) -> Result<Artifact, Str
                     args.push(id);
                 }
                 a.launches.push(Launch {
+                    name: kernel.name.clone(),
                     kernel: index,
                     args,
                 });
@@ -352,6 +353,7 @@ mod tests {
         assert_eq!(a.kernels[0].name, "g_g0");
         assert_eq!(a.launches.len(), 2);
         assert_eq!(a.launches[1].kernel, 0);
+        assert_eq!(a.launches[1].name, "g_g1");
         assert_eq!(a.launches[1].args, vec![1, 2]);
     }
 

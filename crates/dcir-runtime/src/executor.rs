@@ -94,6 +94,7 @@ impl Timing {
 
 /// One launch, resolved: function, shape and argument pointers.
 struct Resolved {
+    name: String,
     kernel: usize,
     config: LaunchConfig,
     args: Vec<u64>,
@@ -229,6 +230,11 @@ impl Executor {
             .map(|l| {
                 let k = &artifact.kernels[l.kernel as usize];
                 Resolved {
+                    name: if l.name.is_empty() {
+                        k.name.clone()
+                    } else {
+                        l.name.clone()
+                    },
                     kernel: l.kernel as usize,
                     config: LaunchConfig {
                         grid_dim: (k.grid[0], k.grid[1], k.grid[2]),
@@ -319,7 +325,7 @@ impl Executor {
     /// whose launch or execution failed (each launch is followed by a wait).
     pub fn run_checked(&mut self) -> Result<()> {
         for i in 0..self.launches.len() {
-            let name = &self.kernel_names[self.launches[i].kernel];
+            let name = &self.launches[i].name;
             let failed = |e| RuntimeError::Launch {
                 kernel: name.clone(),
                 error: format!("{e:?}"),
@@ -384,7 +390,7 @@ impl Executor {
     }
 
     /// Median time of each launch over `reps` passes launched one by one
-    /// (no graph), milliseconds, in launch order with the kernel's name.
+    /// (no graph), milliseconds, in launch order with the launch's name.
     pub fn per_launch(&mut self, reps: usize) -> Result<Vec<(String, f64)>> {
         let n = self.launches.len();
         let mut samples = vec![Vec::with_capacity(reps); n];
@@ -412,10 +418,7 @@ impl Executor {
         Ok(samples
             .into_iter()
             .enumerate()
-            .map(|(i, s)| {
-                let name = self.kernel_names[self.launches[i].kernel].clone();
-                (name, Timing::of(s).median_ms)
-            })
+            .map(|(i, s)| (self.launches[i].name.clone(), Timing::of(s).median_ms))
             .collect())
     }
 
@@ -447,7 +450,7 @@ impl Executor {
             Some(g) => g.launch().map_err(driver("replaying the graph")),
             None => (0..self.launches.len()).try_for_each(|i| {
                 self.enqueue(i).map_err(|e| RuntimeError::Launch {
-                    kernel: self.kernel_names[self.launches[i].kernel].clone(),
+                    kernel: self.launches[i].name.clone(),
                     error: format!("{e:?}"),
                 })
             }),

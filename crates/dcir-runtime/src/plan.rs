@@ -138,6 +138,7 @@ mod tests {
         Artifact {
             launches: (0..n)
                 .map(|i| Launch {
+                    name: format!("k{i}"),
                     kernel: 0,
                     args: vec![i as u32, i as u32 + 1],
                 })
