@@ -499,7 +499,7 @@ fn def_op(l: &Lower, v: ValueId) -> Option<OpId> {
 }
 
 /// Checks that `v` is a view (reshape, transpose, broadcast, slice) of a group input.
-fn check_prologue(l: &Lower, v: ValueId, which: &str) -> Result<()> {
+pub(super) fn check_prologue(l: &Lower, v: ValueId, which: &str) -> Result<()> {
     let mut v = v;
     while let Some(op) = def_op(l, v) {
         let data = l.g.op(op);
@@ -520,7 +520,7 @@ fn check_prologue(l: &Lower, v: ValueId, which: &str) -> Result<()> {
 /// The epilogue: everything computed from the contraction's result must be
 /// elementwise math, batchnorm, casts, reshapes or transposes of it (one
 /// output element per accumulator). Returns the values derived from the result.
-fn check_epilogue(l: &Lower, op: OpId, result: ValueId) -> Result<BTreeSet<ValueId>> {
+pub(super) fn check_epilogue(l: &Lower, op: OpId, result: ValueId) -> Result<BTreeSet<ValueId>> {
     let g = l.g;
     let region = g.op(op).region.expect("a fused op has a region");
     let mut tainted = BTreeSet::from([result]);
@@ -550,7 +550,7 @@ fn check_epilogue(l: &Lower, op: OpId, result: ValueId) -> Result<BTreeSet<Value
 
 /// Where the result element at `coords` lands in `y`: follows the views
 /// between them forward. `None` when `y` does not derive from the result.
-fn forward_coords(
+pub(super) fn forward_coords(
     l: &Lower,
     tainted: &BTreeSet<ValueId>,
     result: ValueId,

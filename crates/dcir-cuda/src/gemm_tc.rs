@@ -48,7 +48,7 @@ use std::collections::BTreeSet;
 
 use dcir_ir::{Attr, DType, Graph, OpId, OpKind, ValueDef, ValueId};
 
-use super::gemm::{Contraction, Geometry};
+use super::gemm::{Contraction, Geometry, check_epilogue, check_prologue, forward_coords};
 use super::{EmitError, Index, Lower, Reduced, attr_int, pack, params, store, yields};
 use crate::kir::{
     ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Param, Stmt, Ty, add, bin, call, div, int, mul,
@@ -1586,95 +1586,6 @@ fn strided_view(l: &Lower, v: ValueId) -> Option<(String, Vec<i64>, i64)> {
         }
         _ => None,
     }
-}
-
-/// The op defining `v` inside the group, if any.
-fn def_op(l: &Lower, v: ValueId) -> Option<OpId> {
-    match l.g.value(v).def {
-        ValueDef::OpResult { op, .. } => Some(op),
-        ValueDef::BlockArg { .. } => None,
-    }
-}
-
-/// Checks that `v` is a view (reshape, transpose, broadcast, slice) of a group input.
-fn check_prologue(l: &Lower, v: ValueId, which: &str) -> Result<()> {
-    let mut v = v;
-    while let Some(op) = def_op(l, v) {
-        let data = l.g.op(op);
-        if !matches!(
-            data.kind,
-            OpKind::Reshape | OpKind::Transpose | OpKind::Broadcast | OpKind::Slice
-        ) {
-            return Err(l.unsupported(format!(
-                "`{}` feeding operand {which} of the matmul (only reshape, transpose, broadcast and slice prologues)",
-                data.kind.name()
-            )));
-        }
-        v = data.operands[0];
-    }
-    Ok(())
-}
-
-/// Checks that everything computed from the matmul result is elementwise
-/// math, casts, reshapes or transposes of it (one output element per
-/// accumulator); returns the values derived from it.
-fn check_epilogue(l: &Lower, op: OpId, mm: ValueId) -> Result<BTreeSet<ValueId>> {
-    let g = l.g;
-    let region = g.op(op).region.expect("a fused op has a region");
-    let mut derived = BTreeSet::from([mm]);
-    for &o in &g.block(region).ops {
-        let data = g.op(o);
-        if data.kind == OpKind::Yield || !data.operands.iter().any(|v| derived.contains(v)) {
-            continue;
-        }
-        let ok = data.kind.is_elementwise_binary()
-            || data.kind.is_elementwise_unary()
-            || matches!(
-                data.kind,
-                OpKind::Cast | OpKind::Reshape | OpKind::Transpose
-            );
-        if !ok {
-            return Err(l.unsupported(format!(
-                "`{}` after the matmul (only elementwise, reshape and transpose epilogues)",
-                data.kind.name()
-            )));
-        }
-        derived.extend(data.results.iter().copied());
-    }
-    Ok(derived)
-}
-
-/// The coordinates in `y` of the matmul element at `coords`, following the
-/// views between them forward; `None` when `y` does not derive from the matmul.
-fn forward_coords(
-    l: &Lower,
-    derived: &BTreeSet<ValueId>,
-    mm: ValueId,
-    y: ValueId,
-    coords: Vec<Expr>,
-) -> Option<Vec<Expr>> {
-    if y == mm {
-        return Some(coords);
-    }
-    let data = l.g.op(def_op(l, y)?);
-    let src = *data.operands.iter().find(|v| derived.contains(v))?;
-    let c = forward_coords(l, derived, mm, src, coords)?;
-    let src_dims = l.g.ty(src).dims().to_vec();
-    let dims = l.g.ty(y).dims().to_vec();
-    Some(match data.kind {
-        OpKind::Reshape => {
-            Index::linear(&dims, Index::coords(&src_dims, c).get_linear()).get_coords()
-        }
-        OpKind::Transpose => {
-            let perm = data
-                .attrs
-                .get("perm")
-                .and_then(Attr::as_ints)
-                .unwrap_or(&[]);
-            perm.iter().map(|&p| c[p as usize].clone()).collect()
-        }
-        _ => c,
-    })
 }
 
 #[cfg(test)]
