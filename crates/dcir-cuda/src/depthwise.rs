@@ -40,8 +40,8 @@ use super::pool::{
 use super::thread_grid;
 use super::{EmitError, Index, Lower, Reduced, attr_int, kernel_name, params, store};
 use crate::kir::{
-    ArrayRef, BinOp, Builtin, Expr, Kernel, SharedArray, Stmt, Ty, add, bin, call, div, int, mul,
-    rem, select, var,
+    ArrayRef, BinOp, Builtin, Expr, Kernel, Param, SharedArray, Stmt, Ty, add, bin, call, div, int,
+    mul, rem, select, var,
 };
 
 type Result<T> = std::result::Result<T, EmitError>;
@@ -485,14 +485,7 @@ pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
         let stores = l.scoped(|l| {
             l.reduced = Some((dw.out, Reduced::Row(var("acc")), 0));
             let coords = vec![block.n.clone(), oc.clone(), oy.clone(), ox.clone()];
-            let linear = Index::coords(&out_dims, coords.clone()).get_linear();
-            let outputs: Vec<_> = params.iter().filter(|p| p.output).cloned().collect();
-            for (param, &y) in outputs.iter().zip(&ys) {
-                let idx = result_index(l, y, &out_dims, linear.clone(), coords.clone());
-                let v = l.value_at(y, &idx)?;
-                store(l, param, g.ty(y).dtype, linear.clone(), v);
-            }
-            Ok(())
+            store_outputs(l, &params, &ys, &out_dims, coords)
         })?;
         match guard {
             Some(cond) => l.body.push(Stmt::If(cond, stores)),
@@ -852,14 +845,7 @@ pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
         let each = l.scoped(|l| {
             l.reduced = Some((pw_out, Reduced::Row(load("acc", acc_ij.clone())), 0));
             let coords = vec![block.n.clone(), o.clone(), oy.clone(), ox.clone()];
-            let linear = Index::coords(&out_dims, coords.clone()).get_linear();
-            let outputs: Vec<_> = params.iter().filter(|p| p.output).cloned().collect();
-            for (param, &y) in outputs.iter().zip(&ys) {
-                let idx = result_index(l, y, &out_dims, linear.clone(), coords.clone());
-                let v = l.value_at(y, &idx)?;
-                store(l, param, g.ty(y).dtype, linear.clone(), v);
-            }
-            Ok(())
+            store_outputs(l, &params, &ys, &out_dims, coords)
         })?;
         match guard {
             Some(cond) => l.body.push(Stmt::If(cond, each)),
@@ -915,6 +901,26 @@ pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
         dynamic_shared: 0,
         min_blocks_per_sm: 0,
     })
+}
+
+/// Stores every result of the group (`ys`, through the output `params`) at
+/// the output element `coords` of `out_dims`, each read through its index
+/// map with the accumulator bound as the convolution's value.
+fn store_outputs(
+    l: &mut Lower,
+    params: &[Param],
+    ys: &[ValueId],
+    out_dims: &[usize],
+    coords: Vec<Expr>,
+) -> Result<()> {
+    let linear = Index::coords(out_dims, coords.clone()).get_linear();
+    let outputs = params.iter().filter(|p| p.output);
+    for (param, &y) in outputs.zip(ys) {
+        let idx = result_index(l, y, out_dims, linear.clone(), coords.clone());
+        let v = l.value_at(y, &idx)?;
+        store(l, param, l.g.ty(y).dtype, linear.clone(), v);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

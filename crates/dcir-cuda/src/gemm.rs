@@ -548,6 +548,37 @@ pub(super) fn check_epilogue(l: &Lower, op: OpId, result: ValueId) -> Result<BTr
     Ok(tainted)
 }
 
+/// Stores every result of the group at the element derived from the
+/// contraction's element at `coords` (the accumulator bound as its value):
+/// `ys` are the yielded values, `outputs` their kernel parameters and
+/// `results` the fused op's results, in the same order.
+pub(super) fn store_results(
+    l: &mut Lower,
+    tainted: &BTreeSet<ValueId>,
+    result: ValueId,
+    coords: &[Expr],
+    outputs: &[&Param],
+    ys: &[ValueId],
+    results: &[ValueId],
+) -> Result<()> {
+    let g = l.g;
+    for ((p, &y), &res) in outputs.iter().zip(ys).zip(results) {
+        let Some(yc) = forward_coords(l, tainted, result, y, coords.to_vec()) else {
+            return Err(l.unsupported("a result that does not derive from the contraction"));
+        };
+        let y_dims = g.ty(y).dims().to_vec();
+        let linear = Index::coords(&y_dims, yc.clone()).get_linear();
+        let idx = Index {
+            dims: y_dims,
+            linear: Some(linear.clone()),
+            coords: Some(yc),
+        };
+        let v = l.value_at(y, &idx)?;
+        store(l, p, g.ty(res).dtype, linear, v);
+    }
+    Ok(())
+}
+
 /// Where the result element at `coords` lands in `y`: follows the views
 /// between them forward. `None` when `y` does not derive from the result.
 pub(super) fn forward_coords(
@@ -1361,23 +1392,7 @@ fn epilogue(
         body.push(let_int("col", col(en.clone())));
         l.reduced = Some((c.result, Reduced::Row(acc(em.clone(), en.clone())), 0));
         let coords = c.out_at(&bz, var("row"), var("col"));
-        l.scoped(|l| {
-            for ((p, &y), &res) in outputs.iter().zip(&ys).zip(&results) {
-                let Some(yc) = forward_coords(l, tainted, c.result, y, coords.clone()) else {
-                    return Err(l.unsupported("a result that does not derive from the contraction"));
-                };
-                let y_dims = g.ty(y).dims().to_vec();
-                let linear = Index::coords(&y_dims, yc.clone()).get_linear();
-                let idx = Index {
-                    dims: y_dims,
-                    linear: Some(linear.clone()),
-                    coords: Some(yc),
-                };
-                let v = l.value_at(y, &idx)?;
-                store(l, p, g.ty(res).dtype, linear, v);
-            }
-            Ok(())
-        })?
+        l.scoped(|l| store_results(l, tainted, c.result, &coords, &outputs, &ys, &results))?
     };
     body.extend(guarded(bounds, stores));
     // Loops from the outside in: qm, em, qn, en, without the vector's `e`.

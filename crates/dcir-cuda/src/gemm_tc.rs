@@ -48,8 +48,8 @@ use std::collections::BTreeSet;
 
 use dcir_ir::{Attr, DType, Graph, OpId, OpKind, ValueDef, ValueId};
 
-use super::gemm::{Contraction, Geometry, check_epilogue, check_prologue, forward_coords};
-use super::{EmitError, Index, Lower, Reduced, attr_int, pack, params, store, yields};
+use super::gemm::{Contraction, Geometry, check_epilogue, check_prologue, store_results};
+use super::{EmitError, Index, Lower, Reduced, attr_int, pack, params, yields};
 use crate::kir::{
     ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Param, Stmt, Ty, add, bin, call, div, int, mul,
     rem, select, var,
@@ -1408,27 +1408,13 @@ fn lower_problem(
         attr_int(g, op, "stages", 3),
         problem.a.strided.is_none() || problem.b.strided.is_none(),
     );
-    let outputs: Vec<_> = params.iter().filter(|p| p.output).cloned().collect();
+    let outputs: Vec<&Param> = params.iter().filter(|p| p.output).collect();
     let ys = yields(g, op);
     let results = g.op(op).results.clone();
     let epilogue = |l: &mut Lower, row: Expr, col: Expr, acc: Expr| -> Result<()> {
         l.reduced = Some((result, Reduced::Row(acc), 0));
         let coords = out_at(row, col);
-        for ((p, &y), &res) in outputs.iter().zip(&ys).zip(&results) {
-            let Some(yc) = forward_coords(l, derived, result, y, coords.clone()) else {
-                return Err(l.unsupported("a result that does not derive from the contraction"));
-            };
-            let y_dims = g.ty(y).dims().to_vec();
-            let linear = Index::coords(&y_dims, yc.clone()).get_linear();
-            let idx = Index {
-                dims: y_dims,
-                linear: Some(linear.clone()),
-                coords: Some(yc),
-            };
-            let v = l.value_at(y, &idx)?;
-            store(l, p, g.ty(res).dtype, linear, v);
-        }
-        Ok(())
+        store_results(l, derived, result, &coords, &outputs, &ys, &results)
     };
     let body = emit(l, problem, &cfg, &epilogue)?;
     let path = |o: &Operand| {
