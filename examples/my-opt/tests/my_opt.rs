@@ -12,12 +12,19 @@ fn my_opt(args: &[&str], input: &str) -> (i32, String, String) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("my-opt starts");
-    child
+    // A usage error exits before reading standard input: a closed pipe is fine.
+    let written = child
         .stdin
         .take()
         .expect("piped")
-        .write_all(input.as_bytes())
-        .expect("input written");
+        .write_all(input.as_bytes());
+    if let Err(e) = written {
+        assert_eq!(
+            e.kind(),
+            std::io::ErrorKind::BrokenPipe,
+            "input written: {e}"
+        );
+    }
     let out = child.wait_with_output().expect("my-opt finishes");
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
     (

@@ -18,8 +18,14 @@ pub fn run_tool(exe: &str, args: &[&str], stdin: Option<&[u8]>) -> Output {
         .spawn()
         .unwrap_or_else(|e| panic!("{exe} starts: {e}"));
     let mut pipe = child.stdin.take().expect("stdin is piped");
-    pipe.write_all(stdin.unwrap_or_default())
-        .expect("stdin accepts input");
+    // A tool that fails before reading standard input closes the pipe early.
+    if let Err(e) = pipe.write_all(stdin.unwrap_or_default()) {
+        assert_eq!(
+            e.kind(),
+            std::io::ErrorKind::BrokenPipe,
+            "stdin accepts input: {e}"
+        );
+    }
     drop(pipe);
     child.wait_with_output().expect("the tool finishes")
 }
