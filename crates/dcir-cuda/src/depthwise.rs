@@ -3,19 +3,25 @@
 //!
 //! A depthwise conv2d reads x[N, C, H, W] with weights w[C·m, 1, KH, KW]
 //! (`groups = C`, channel multiplier m) into [N, C·m, OH, OW]; output channel
-//! `k` reads input channel `k / m`. Both kernels stage, per channel, the
-//! input patch under an output tile — `(th-1)·sh + (kh-1)·dh + 1` rows by
-//! `(tw-1)·sw + (kw-1)·dw + 1` columns — in shared memory, loaded through
-//! the index maps (so view prologues such as `pad` work) with zeros outside
-//! the image, then compute each output pixel from shared memory.
+//! `k` reads input channel `k / m`.
 //!
-//! **direct**: a block owns `channels` output channels × a `tile = [th, tw]`
-//! output tile of one image (the 1-D grid is split into image, channel block,
-//! tile row, tile column). The block's `threads` are split evenly over its
-//! channels; each thread keeps its channel's `kh·kw` weights in registers
-//! and computes pixels `lane, lane + threads/channels, ...` of the tile (so a
-//! warp reads consecutive shared addresses), then the elementwise epilogue
-//! (batchnorm, bias, clip ...) per pixel, bounds-checked on partial tiles.
+//! **direct**: register strips, no shared memory and no barrier. Each thread
+//! owns `tile = [rows, cols]` outputs of one (image, channel) — `rows`
+//! consecutive output rows × `cols` consecutive columns — with threads on
+//! consecutive column groups, then strips, channels and images, so a warp's
+//! loads cover whole input rows. The thread keeps its channel's `kh·kw`
+//! weights and `rows·cols` accumulators in registers and walks the
+//! `(rows-1)·sh + (kh-1)·dh + 1` input rows its strip reads: each row's
+//! span of `(cols-1)·sw + (kw-1)·dw + 1` columns goes into registers (zero
+//! outside the image) and is added, with the right taps, into every output
+//! row whose window holds it. Where the conv reads a group input directly
+//! with stride 1, no dilation and rows a multiple of `cols`, the span's
+//! `cols`-aligned middle is one vector load (`float4`, or 4 f16 in a
+//! `uint2`) and only its ends are loaded per element; otherwise every
+//! element comes through the index maps (so view prologues such as `pad`
+//! work). The elementwise epilogue (batchnorm, bias, clip ...) runs per
+//! output and the results are stored `cols` at a time when the output row
+//! is a multiple of `cols`, else per element with bounds checks.
 //!
 //! **depthwise_pointwise**: a block owns a `tile = [th, tw]` output tile of
 //! one image and `tile_n` output channels of the pointwise conv (capped at
@@ -38,18 +44,19 @@ use super::pool::{
     unrolled,
 };
 use super::thread_grid;
-use super::{EmitError, Index, Lower, Reduced, attr_int, kernel_name, params, store};
+use super::{
+    EmitError, Index, Lower, Reduced, attr_int, kernel_name, pack, params, storage_ty, store,
+    vector_lane, vector_ty,
+};
 use crate::kir::{
     ArrayRef, BinOp, Builtin, Expr, Kernel, Param, SharedArray, Stmt, Ty, add, bin, call, div, int,
-    mul, rem, select, var,
+    mul, rem, select, sub, var,
 };
 
 type Result<T> = std::result::Result<T, EmitError>;
 
 /// Most bytes of static shared memory a kernel may declare.
 const MAX_STATIC_SHARED: usize = 48 * 1024;
-/// Most bytes of dynamic shared memory a block may use on sm_90.
-const MAX_DYNAMIC_SHARED: usize = 227 * 1024;
 /// Most steps of a block-strided loop that are unrolled.
 const MAX_UNROLLED_STEPS: usize = 16;
 /// Most depthwise channels a `depthwise_pointwise` block stages at once.
@@ -380,14 +387,12 @@ fn depthwise_sum(
     ]
 }
 
-/// Lowers a `conv` group whose `algorithm` is `direct`: a depthwise conv2d.
+/// Lowers a `conv` group whose `algorithm` is `direct`: a depthwise conv2d
+/// as register strips (see the module doc).
 pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
     let g = l.g;
     // Locals of the kernel, so that no parameter takes their names.
-    for name in "tile_x tile_y chan_block n oy0 ox0 iy0 ix0 o0 cl lane oc wk u s s_ch s_y s_x \
-         s_val patch p py px oy ox ki kj acc dcir_smem"
-        .split_whitespace()
-    {
+    for name in "t cg strip oc ic n ox0 oy0 ix0 iy0 wk acc xr oy ox i j ki kj".split_whitespace() {
         l.used_names.insert(name.into());
     }
     let params = params(l, op);
@@ -398,143 +403,342 @@ pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
     per_element_after(l, op, dw.out, None, "conv")?;
     let out_dims = g.ty(dw.out).dims().to_vec();
     let ys = per_output_results(l, op, out_dims.iter().product())?;
-    let tile = tile_attr(l, op, [8, 8])?;
-    let cb = attr_int(g, op, "channels", 1).max(1) as usize;
-    let threads = attr_int(g, op, "threads", 128).clamp(32, 1024) as usize;
-    if !threads.is_multiple_of(cb) {
-        return Err(l.unsupported(format!("{cb} channels per block over {threads} threads")));
-    }
-    let tpc = threads / cb;
-    let [ph, pw] = dw.patch(tile);
-    let pixels = tile[0] * tile[1];
-    let patch_bytes = cb * ph * pw * 4;
-    if patch_bytes > MAX_DYNAMIC_SHARED {
-        return Err(l.unsupported(format!("{patch_bytes} bytes of shared memory")));
-    }
-    let dynamic = patch_bytes > MAX_STATIC_SHARED;
-    let (kh, kw) = (dw.win.kernel[0], dw.win.kernel[1]);
     let [oh, ow] = dw.win.output;
-    let partial_channels = !dw.channels.is_multiple_of(cb);
+    let [h, w] = dw.win.input;
+    let [rows, cols] = tile_attr(l, op, [4, 4])?;
+    let (rows, cols) = (rows.min(oh), cols.min(ow));
+    if rows * cols > MAX_STRIP {
+        return Err(l.unsupported(format!(
+            "a strip of {rows}x{cols} outputs per thread (at most {MAX_STRIP})"
+        )));
+    }
+    let threads = (attr_int(g, op, "threads", 128).clamp(32, 1024) as usize).next_multiple_of(32);
+    let (kh, kw) = (dw.win.kernel[0], dw.win.kernel[1]);
+    let ([sh, sw], [dh, dwl]) = (dw.win.stride, dw.win.dilation);
+    let [span_rows, span_cols] = dw.patch([rows, cols]);
+    let (strips, col_groups) = (oh.div_ceil(rows), ow.div_ceil(cols));
+    let total = dw.n * dw.channels * strips * col_groups;
+    if total >= i32::MAX as usize {
+        return Err(l.unsupported("more than 2^31 threads"));
+    }
+    // The input is read straight from its parameter, in vectors of `cols`
+    // elements where each span's aligned middle allows (see the module doc).
+    let x_param = l.inputs.get(&dw.x).cloned();
+    let x_vector = x_param.is_some()
+        && sw == 1
+        && dwl == 1
+        && vector_width(dw.dtype, cols)
+        && w.is_multiple_of(cols);
+    let y_vector = ow.is_multiple_of(cols)
+        && vector_width(dw.dtype, cols)
+        && ys.iter().all(|&y| g.ty(y).dims() == out_dims);
 
     let mut body = vec![Stmt::Comment(format!(
-        "{cb} channels x {}x{} output pixels per block; {tpc} threads per channel",
-        tile[0], tile[1]
+        "thread t: {rows} output rows x {cols} columns of one (image, channel), column groups fastest"
     ))];
-    let (block, chan_block) = block_tile(&mut body, &dw, tile, dw.channels.div_ceil(cb), false);
-    let o0 = let_int(&mut body, "o0", mul(chan_block, int(cb as i64)));
-    let cl = let_int(
+    let t = let_int(
         &mut body,
-        "cl",
-        div(Expr::Builtin(Builtin::ThreadX), tpc as i64),
+        "t",
+        add(
+            mul(Expr::Builtin(Builtin::BlockX), int(threads as i64)),
+            Expr::Builtin(Builtin::ThreadX),
+        ),
     );
-    let lane = let_int(
-        &mut body,
-        "lane",
-        rem(Expr::Builtin(Builtin::ThreadX), tpc as i64),
+    let mut strip = Vec::new();
+    let cg = let_int(&mut strip, "cg", rem(t.clone(), col_groups as i64));
+    let st = let_int(
+        &mut strip,
+        "strip",
+        rem(div(t.clone(), col_groups as i64), strips as i64),
     );
-    let oc = let_int(&mut body, "oc", add(o0.clone(), cl.clone()));
+    let oc = let_int(
+        &mut strip,
+        "oc",
+        rem(
+            div(t.clone(), (col_groups * strips) as i64),
+            dw.channels as i64,
+        ),
+    );
+    let n = let_int(
+        &mut strip,
+        "n",
+        div(t, (col_groups * strips * dw.channels) as i64),
+    );
+    let ic = let_int(&mut strip, "ic", div(oc.clone(), dw.mult as i64));
+    let ox0 = let_int(&mut strip, "ox0", mul(cg.clone(), int(cols as i64)));
+    let oy0 = let_int(&mut strip, "oy0", mul(st, int(rows as i64)));
+    let ix0 = let_int(&mut strip, "ix0", dw.win.tap(1, ox0.clone(), int(0)));
+    let iy0 = let_int(&mut strip, "iy0", dw.win.tap(0, oy0.clone(), int(0)));
 
-    // This thread's channel's weights, in registers.
-    body.push(Stmt::LocalArray {
+    // The channel's weights and the accumulators, in registers.
+    let w_dims = g.ty(dw.w).dims().to_vec();
+    strip.push(Stmt::LocalArray {
         name: "wk".into(),
         ty: Ty::F32,
         len: kh * kw,
     });
-    let w_dims = g.ty(dw.w).dims().to_vec();
     let load_w = l.scoped(|l| {
-        let ch = clamp_high(oc.clone(), dw.channels, partial_channels);
-        let idx = Index::coords(&w_dims, vec![ch, int(0), var("ki"), var("kj")]);
+        let idx = Index::coords(&w_dims, vec![oc.clone(), int(0), var("ki"), var("kj")]);
         let v = l.value_at(dw.w, &idx)?;
         let slot = add(mul(var("ki"), int(kw as i64)), var("kj"));
         l.body.push(Stmt::Store(array("wk"), slot, v));
         Ok(())
     })?;
-    body.push(unrolled("ki", kh, vec![unrolled("kj", kw, load_w)]));
-    // Above 48 KiB the patch lives in dynamic shared memory.
-    let patch = if dynamic {
-        ArrayRef {
-            name: "dcir_smem".into(),
+    strip.push(unrolled("ki", kh, vec![unrolled("kj", kw, load_w)]));
+    for (name, len) in [("acc", rows * cols), ("xr", span_cols)] {
+        strip.push(Stmt::LocalArray {
+            name: name.into(),
             ty: Ty::F32,
-            reinterpret: true,
-        }
-    } else {
-        array("patch")
-    };
-    body.push(stage_patch(l, &dw, &block, cb, threads, o0, &patch)?);
-    body.push(Stmt::Barrier);
+            len,
+        });
+    }
+    let zero = |name: &str| Stmt::Store(array(name), var("i"), Expr::F32(0.0));
+    strip.push(unrolled("i", rows * cols, vec![zero("acc")]));
 
-    let pixel = l.scoped(|l| {
-        let mut b = Vec::new();
-        let py = let_int(&mut b, "py", div(var("p"), tile[1] as i64));
-        let px = let_int(&mut b, "px", rem(var("p"), tile[1] as i64));
-        let oy = let_int(&mut b, "oy", add(block.oy0.clone(), py.clone()));
-        let ox = let_int(&mut b, "ox", add(block.ox0.clone(), px.clone()));
-        l.body.extend(b);
-        let weight = |ki: Expr, kj: Expr| load("wk", add(mul(ki, int(kw as i64)), kj));
-        let at = (cl.clone(), py, px);
-        l.body
-            .extend(depthwise_sum(&dw, tile, &patch, "acc", at, &weight));
-        let guard = [
-            (partial_channels, lt(oc.clone(), dw.channels)),
-            (!oh.is_multiple_of(tile[0]), lt(oy.clone(), oh)),
-            (!ow.is_multiple_of(tile[1]), lt(ox.clone(), ow)),
-        ]
-        .into_iter()
-        .filter_map(|(needed, c)| needed.then_some(c))
-        .reduce(|a, b| bin(BinOp::And, a, b));
-        let stores = l.scoped(|l| {
-            l.reduced = Some((dw.out, Reduced::Row(var("acc")), 0));
-            let coords = vec![block.n.clone(), oc.clone(), oy.clone(), ox.clone()];
-            store_outputs(l, &params, &ys, &out_dims, coords)
+    // Input rows in order; each adds into the output rows whose windows hold it.
+    let (row_leaves, col_leaves) = (strip_leaves(&dw, 0, rows), strip_leaves(&dw, 1, cols));
+    for r in 0..span_rows {
+        strip.push(unrolled("i", span_cols, vec![zero("xr")]));
+        let iy = add(iy0.clone(), int(r as i64));
+        let loads = l.scoped(|l| {
+            if let (true, Some(param)) = (x_vector, &x_param) {
+                let at = [&n, &ic, &iy, &ox0, &cg];
+                load_row_vectors(l, &dw, param, [cols, col_groups, span_cols], at, col_leaves)
+            } else {
+                load_row_elements(l, &dw, span_cols, [&n, &ic, &iy, &ix0], col_leaves)
+            }
         })?;
-        match guard {
-            Some(cond) => l.body.push(Stmt::If(cond, stores)),
-            None => l.body.extend(stores),
+        match in_range(&iy, h, row_leaves) {
+            Some(cond) => strip.push(Stmt::If(cond, loads)),
+            None => strip.extend(loads),
         }
-        Ok(())
-    })?;
-    body.push(strided("p", lane, tpc, pixels, pixel));
+        for ki in 0..kh {
+            // Output row i reads input row r at tap ki when i·sh + ki·dh = r.
+            let Some(off) = r.checked_sub(ki * dh).filter(|o| o.is_multiple_of(sh)) else {
+                continue;
+            };
+            let i = (off / sh) as i64;
+            if i >= rows as i64 {
+                continue;
+            }
+            let slot = add(int(i * cols as i64), var("j"));
+            let x = load(
+                "xr",
+                add(
+                    mul(var("j"), int(sw as i64)),
+                    mul(var("kj"), int(dwl as i64)),
+                ),
+            );
+            let wt = load("wk", add(int((ki * kw) as i64), var("kj")));
+            let fma = call("fmaf", vec![x, wt, load("acc", slot.clone())]);
+            let taps = unrolled("kj", kw, vec![Stmt::Store(array("acc"), slot, fma)]);
+            strip.push(unrolled("j", cols, vec![taps]));
+        }
+    }
 
-    let (shared, dynamic_shared) = if dynamic {
-        (Vec::new(), patch_bytes)
-    } else {
-        let shared = vec![SharedArray {
-            name: "patch".into(),
-            ty: Ty::F32,
-            len: cb * ph * pw,
-        }];
-        (shared, 0)
-    };
-    let [h, w] = dw.win.input;
+    // The epilogue per output, stored `cols` at a time where the row allows.
+    for i in 0..rows {
+        let oy = add(oy0.clone(), int(i as i64));
+        let row = l.scoped(|l| {
+            let row_start = Index::coords(
+                &out_dims,
+                vec![n.clone(), oc.clone(), oy.clone(), ox0.clone()],
+            )
+            .get_linear();
+            let mut lanes: Vec<Vec<Expr>> = vec![Vec::new(); ys.len()];
+            for j in 0..cols {
+                let ox = add(ox0.clone(), int(j as i64));
+                let acc = load("acc", int((i * cols + j) as i64));
+                l.reduced = Some((dw.out, Reduced::Row(acc), 0));
+                let coords = vec![n.clone(), oc.clone(), oy.clone(), ox.clone()];
+                if y_vector {
+                    let linear = Index::coords(&out_dims, coords.clone()).get_linear();
+                    for (k, &y) in ys.iter().enumerate() {
+                        let idx = result_index(l, y, &out_dims, linear.clone(), coords.clone());
+                        let v = l.value_at(y, &idx)?;
+                        lanes[k].push(l.narrow(g.ty(y).dtype, v));
+                    }
+                } else {
+                    let stores = l.scoped(|l| store_outputs(l, &params, &ys, &out_dims, coords))?;
+                    if ow.is_multiple_of(cols) {
+                        l.body.extend(stores);
+                    } else {
+                        l.body.push(Stmt::If(lt(ox, ow), stores));
+                    }
+                }
+            }
+            if y_vector {
+                let outputs = params.iter().filter(|p| p.output);
+                for ((param, &y), lanes) in outputs.zip(&ys).zip(lanes) {
+                    let dtype = g.ty(y).dtype;
+                    l.body.push(Stmt::Store(
+                        ArrayRef {
+                            name: param.name.clone(),
+                            ty: vector_ty(dtype, cols),
+                            reinterpret: true,
+                        },
+                        div(row_start.clone(), cols as i64),
+                        pack(dtype, lanes),
+                    ));
+                }
+            }
+            Ok(())
+        })?;
+        if oh.is_multiple_of(rows) {
+            strip.extend(row);
+        } else {
+            strip.push(Stmt::If(lt(oy, oh), row));
+        }
+    }
+    l.reduced = None;
+    body.push(Stmt::If(lt(var("t"), total), strip));
+
     let summary = format!(
-        "depthwise conv ({}): {}x{}x{h}x{w} -> {}x{}x{oh}x{ow}, window {kh}x{kw} stride {}x{} pad {}x{} dilation {}x{}, tile [{}, {}], {cb} channels per block, {threads} threads, direct",
+        "depthwise conv ({}): {}x{}x{h}x{w} -> {}x{}x{oh}x{ow}, window {kh}x{kw} stride {sh}x{sw} pad {}x{} dilation {dh}x{dwl}, {rows}x{cols} outputs per thread, {threads} threads, direct; input {}, output {}",
         dw.dtype.name(),
         dw.n,
         dw.c,
         dw.n,
         dw.channels,
-        dw.win.stride[0],
-        dw.win.stride[1],
         dw.win.pad[0],
         dw.win.pad[1],
-        dw.win.dilation[0],
-        dw.win.dilation[1],
-        tile[0],
-        tile[1],
+        if x_vector {
+            format!("in vectors of {cols}")
+        } else {
+            "per element".to_string()
+        },
+        if y_vector {
+            format!("in vectors of {cols}")
+        } else {
+            "per element".to_string()
+        },
     );
-    let grid = dw.n * dw.channels.div_ceil(cb) * dw.tiles(0, tile[0]) * dw.tiles(1, tile[1]);
     Ok(Kernel {
         name: kernel_name(g, op),
         summary,
         params,
-        shared,
+        shared: Vec::new(),
         body,
         helpers: std::mem::take(&mut l.helpers),
         block: threads as u32,
-        grid: grid as u32,
-        dynamic_shared,
+        grid: total.div_ceil(threads) as u32,
+        dynamic_shared: 0,
         min_blocks_per_sm: 0,
     })
+}
+
+/// Most outputs one thread of a `direct` kernel accumulates.
+const MAX_STRIP: usize = 64;
+
+/// Whether some strip of `extent` outputs along `axis` (edge strips past
+/// the output included) reads before the input, and whether some reads past it.
+fn strip_leaves(dw: &Depthwise, axis: usize, extent: usize) -> (bool, bool) {
+    let padded = dw.tiles(axis, extent) * extent;
+    let mut output = dw.win.output;
+    output[axis] = padded;
+    Window { output, ..dw.win }.leaves(axis)
+}
+
+/// Loads span `xr[0 .. span)` of input row `iy` element by element through
+/// the index maps, zero outside the image.
+fn load_row_elements(
+    l: &mut Lower,
+    dw: &Depthwise,
+    span: usize,
+    [n, ic, iy, ix0]: [&Expr; 4],
+    leaves: (bool, bool),
+) -> Result<()> {
+    let [h, w] = dw.win.input;
+    for j in 0..span {
+        let ix = add(ix0.clone(), int(j as i64));
+        let load = l.scoped(|l| {
+            let idx = Index::coords(
+                &[dw.n, dw.c, h, w],
+                vec![n.clone(), ic.clone(), iy.clone(), ix.clone()],
+            );
+            let v = l.value_at(dw.x, &idx)?;
+            l.body.push(Stmt::Store(array("xr"), int(j as i64), v));
+            Ok(())
+        })?;
+        match in_range(&ix, w, leaves) {
+            Some(cond) => l.body.push(Stmt::If(cond, load)),
+            None => l.body.extend(load),
+        }
+    }
+    Ok(())
+}
+
+/// Loads span `xr[0 .. span)` of input row `iy` of parameter `param`
+/// (stride 1, no dilation, `cols`-aligned rows): the `cols`-aligned chunks
+/// the span covers as vectors (each entirely inside or outside the row),
+/// the rest element by element; zero outside the image.
+fn load_row_vectors(
+    l: &mut Lower,
+    dw: &Depthwise,
+    param: &str,
+    [cols, col_groups, span]: [usize; 3],
+    [n, ic, iy, ox0, cg]: [&Expr; 5],
+    leaves: (bool, bool),
+) -> Result<()> {
+    let [h, w] = dw.win.input;
+    let pad = dw.win.pad[1] as i64;
+    let (cols_i, w_i) = (cols as i64, w as i64);
+    let plane = add(mul(n.clone(), int(dw.c as i64)), ic.clone());
+    let row = add(mul(plane, int(h as i64)), iy.clone());
+    // Span element j is column ox0 - pad + j; chunk q covers columns
+    // ox0 + q·cols .. + cols, span elements pad + q·cols ..
+    let mut j = 0;
+    while j < span {
+        let q = (j as i64 - pad).div_euclid(cols_i);
+        if pad + q * cols_i == j as i64 && j + cols <= span {
+            let col = add(ox0.clone(), int(q * cols_i));
+            let index = add(mul(row.clone(), int(w_i / cols_i)), add(cg.clone(), int(q)));
+            let loads = l.scoped(|l| {
+                let v = l.vector_load(param, dw.dtype, index, cols);
+                for e in 0..cols {
+                    let lane = vector_lane(v.clone(), dw.dtype, cols, e);
+                    let x = l.widen(dw.dtype, lane);
+                    l.body
+                        .push(Stmt::Store(array("xr"), int((j + e) as i64), x));
+                }
+                Ok(())
+            })?;
+            // Columns of chunk q over the column groups: q·cols .. (groups - 1 + q)·cols + cols.
+            let low = (q < 0).then(|| bin(BinOp::Ge, col.clone(), int(0)));
+            let last = (col_groups as i64 - 1 + q) * cols_i + cols_i;
+            let high = (last > w_i).then(|| lt(col, w));
+            match and_opt(low, high) {
+                Some(cond) => l.body.push(Stmt::If(cond, loads)),
+                None => l.body.extend(loads),
+            }
+            j += cols;
+        } else {
+            let ix = add(sub(ox0.clone(), int(pad)), int(j as i64));
+            let input = ArrayRef {
+                name: param.to_string(),
+                ty: storage_ty(dw.dtype),
+                reinterpret: false,
+            };
+            let index = add(mul(row.clone(), int(w_i)), ix.clone());
+            let x = l.widen(dw.dtype, Expr::Load(input, Box::new(index)));
+            let store = vec![Stmt::Store(array("xr"), int(j as i64), x)];
+            match in_range(&ix, w, leaves) {
+                Some(cond) => l.body.push(Stmt::If(cond, store)),
+                None => l.body.extend(store),
+            }
+            j += 1;
+        }
+    }
+    Ok(())
+}
+
+/// Whether `cols` elements of `dtype` make one of the emitter's vector types.
+fn vector_width(dtype: DType, cols: usize) -> bool {
+    match dtype {
+        DType::F32 => matches!(cols, 2 | 4),
+        DType::F16 | DType::BF16 => matches!(cols, 2 | 4 | 8),
+        _ => false,
+    }
 }
 
 /// Lowers a `depthwise_pointwise` group.
@@ -949,29 +1153,52 @@ mod tests {
     }
 
     #[test]
-    fn direct_checks_partial_tiles_and_channel_blocks() {
-        let k = direct(5, 5, 5, "channels = 2, threads = 64, tile = [4, 8]").expect("lowers");
+    fn direct_checks_partial_strips_and_image_edges() {
+        // 9x9 outputs in strips of 4x4: partial last strip and column group.
+        let k = direct(5, 5, 5, "threads = 64, tile = [4, 4]").expect("lowers");
         let s = print_kernel(&k);
-        assert!(s.contains("if (oc < 5 && oy < 9 && ox < 9)"), "{s}");
-        // Patch rows (4-1)*2 + 3 = 9, columns (8-1)*2 + 3 = 17, for 2 channels.
-        assert!(s.contains("__shared__ float patch[306]"), "{s}");
-        assert_eq!(k.dynamic_shared, 0);
-        // 3 channels x 3 tile rows x 2 tile columns.
-        assert_eq!(k.grid, 18);
+        assert!(
+            s.contains("if (oy0 + 3 < 9)") && s.contains("if (ox0 + 3 < 9)"),
+            "{s}"
+        );
+        // Stride 2: element loads only, bounds-checked on both sides.
+        assert!(s.contains("input per element, output per element"), "{s}");
+        assert!(s.contains("if (ix0 + 8 >= 0 && ix0 + 8 < 17)"), "{s}");
+        // 5 channels x 3 strips x 3 column groups, one per thread.
+        assert_eq!((k.grid, k.block, k.dynamic_shared), (1, 64, 0));
+        assert!(k.shared.is_empty());
     }
 
     #[test]
-    fn large_patches_go_to_dynamic_shared_memory() {
-        let k = direct(8, 8, 8, "channels = 8, threads = 256, tile = [16, 32]").expect("lowers");
-        // 8 channels x 33 x 65 floats.
-        assert_eq!(k.dynamic_shared, 8 * 33 * 65 * 4);
-        assert!(k.shared.is_empty());
-        assert!(print_kernel(&k).contains("reinterpret_cast<float*>(dcir_smem)[s]"));
+    fn direct_loads_and_stores_aligned_rows_as_vectors() {
+        let k = lower(
+            "graph @g(%x: f32[2,8,16,16], %w: f32[8,1,3,3]) -> (f32[2,8,16,16]) {\n\
+             \x20 %y = fused @g0(%x.in = %x, %w.in = %w) {algorithm = \"direct\", kind = \"conv\", level = \"register\", threads = 128, tile = [2, 4]} : f32[2,8,16,16] {\n\
+             \x20   %y.r = conv2d %x.in, %w.in {pad = [1, 1, 1, 1], groups = 8} : f32[2,8,16,16]\n\
+             \x20   yield %y.r\n\
+             \x20 }\n\
+             \x20 return %y\n\
+             }\n",
+        )
+        .expect("lowers");
+        let s = print_kernel(&k);
+        assert!(
+            s.contains("input in vectors of 4, output in vectors of 4"),
+            "{s}"
+        );
+        // The span [ox0 - 1, ox0 + 4]: one float4 and two edge elements.
+        assert!(
+            s.contains("reinterpret_cast<const float4*>(x_in)[((n * 8 + oc) * 16 + iy0) * 4 + cg]"),
+            "{s}"
+        );
+        assert!(s.contains("reinterpret_cast<float4*>(y)["), "{s}");
+        // No bounds check on the rows: 16 is a multiple of 2.
+        assert!(!s.contains("oy0 + 1 < 16"), "{s}");
     }
 
     #[test]
     fn direct_takes_depthwise_convs_only() {
-        let e = direct(4, 4, 2, "channels = 2, threads = 64, tile = [8, 8]").unwrap_err();
+        let e = direct(4, 4, 2, "threads = 64, tile = [4, 4]").unwrap_err();
         assert!(e.to_string().contains("not depthwise"), "{e}");
     }
 

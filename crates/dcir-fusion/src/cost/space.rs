@@ -66,10 +66,9 @@ pub(crate) enum P {
         stages: u32,
         tensor_core: bool,
     },
-    /// Depthwise conv, direct.
+    /// Depthwise conv, direct: `tile` = output rows × columns per thread.
     Direct {
         tile: [u32; 2],
-        channels: u32,
         threads: u32,
     },
     DwPw {
@@ -157,14 +156,9 @@ impl P {
                 ]);
                 v
             }
-            P::Direct {
-                tile,
-                channels,
-                threads,
-            } => vec![
+            P::Direct { tile, threads } => vec![
                 ("algorithm", Attr::Str("direct".into())),
                 ("tile", list(tile)),
-                ("channels", int(channels)),
                 ("threads", int(threads)),
             ],
             P::DwPw {
@@ -684,43 +678,48 @@ fn spatial_util(dw: &Depthwise, th: f64, tw: f64) -> f64 {
 fn direct(dev: &DeviceSpec, info: &GroupInfo, dw: &Depthwise, out: &mut dyn FnMut(Cand)) {
     let e = info.elem;
     let taps = dw.kh * dw.kw;
-    for tile in [[8u32, 8], [8, 16], [16, 16], [16, 32]] {
-        for channels in [1u32, 2, 4, 8] {
-            for threads in THREADS_GEMM {
-                let (th, tw, c) = (tile[0] as f64, tile[1] as f64, channels as f64);
-                let outputs = th * tw * c;
-                let items = ceil_div(outputs, threads as f64);
-                let blocks =
-                    dw.n * ceil_div(dw.channels, c) * ceil_div(dw.oh, th) * ceil_div(dw.ow, tw);
-                let patch = halo(dw, th, tw);
-                let block_flops = 2.0 * outputs * taps;
-                let block_bytes = (c * patch + c * taps + outputs) * e;
-                // `items` outputs of a row share their input loads.
-                let per_row = items.min(tw);
-                let comp = taps * per_row / ((per_row + dw.kw - 1.0) * dw.kh);
-                out(Cand {
-                    params: P::Direct {
-                        tile,
-                        channels,
-                        threads,
-                    },
-                    blocks,
+    // Rows per thread, 4 first: ties keep the first candidate, and 4 rows ran
+    // fastest on the H200 (docs/cost-model.md, "Direct depthwise").
+    // Columns per thread: 4 (one 16-byte f32 vector), 2 where the output row
+    // is even but not a multiple of 4 (so rows stay vector-aligned).
+    let cols: u32 = if dw.ow % 4.0 != 0.0 && dw.ow % 2.0 == 0.0 {
+        2
+    } else {
+        4
+    };
+    for rows in [4u32, 2, 8] {
+        for threads in [128u32, 256] {
+            let (r, c) = (rows as f64, cols as f64);
+            let span = halo(dw, r, c);
+            let span_cols = (c - 1.0) * dw.stride[1] + (dw.kw - 1.0) * dw.dilation[1] + 1.0;
+            let strips = ceil_div(dw.oh, r) * ceil_div(dw.ow, c);
+            let total = dw.n * dw.channels * strips;
+            let blocks = ceil_div(total, threads as f64);
+            let outputs = r * c;
+            let thread_flops = 2.0 * outputs * taps;
+            let thread_bytes = (span + taps + outputs) * e;
+            out(Cand {
+                params: P::Direct {
+                    tile: [rows, cols],
                     threads,
-                    smem: c * patch * e,
-                    regs: BASE_REGISTERS + 2.0 * items + taps,
-                    oi: block_flops / block_bytes,
-                    rate: dev.scalar_rate(),
-                    comp_per_load: Some(comp),
-                    lane_util: (outputs / (items * threads as f64)) * spatial_util(dw, th, tw),
-                    matrix_flops: 0.0,
-                    scalar_flops: info.scalar_flops + info.matrix_flops,
-                    extra_dram: 0.0,
-                    panels: None,
-                    serialize: false,
-                    in_flight: None,
-                    feed: 1.0,
-                });
-            }
+                },
+                blocks,
+                threads,
+                smem: 0.0,
+                regs: BASE_REGISTERS + outputs + taps + span_cols,
+                oi: thread_flops / thread_bytes,
+                rate: dev.scalar_rate(),
+                comp_per_load: None,
+                lane_util: (total / (blocks * threads as f64)) * spatial_util(dw, r, c),
+                matrix_flops: 0.0,
+                scalar_flops: info.scalar_flops + info.matrix_flops,
+                extra_dram: 0.0,
+                panels: None,
+                serialize: false,
+                // Every load of the strip is unrolled and independent.
+                in_flight: Some(span * e),
+                feed: 1.0,
+            });
         }
     }
 }
