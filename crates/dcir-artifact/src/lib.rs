@@ -90,6 +90,10 @@ pub enum BufferKind {
     Constant,
     /// A value produced and consumed by launches only.
     Intermediate,
+    /// Scratch of one launch that must read zero when the launch starts
+    /// (split-K's arrival counters): allocated on its own and zeroed once;
+    /// the kernels that use it leave it zeroed.
+    Zeroed,
 }
 
 /// A device buffer with its liveness over the launches.
@@ -97,7 +101,7 @@ pub enum BufferKind {
 pub struct Buffer {
     /// The id launches refer to.
     pub id: u32,
-    /// The IR value's name, for diagnostics.
+    /// The IR value's name (for scratch, `<kernel>.<parameter>`), for diagnostics.
     pub name: String,
     /// Size in bytes.
     pub bytes: u64,

@@ -545,13 +545,14 @@ fn run_kernel(
     };
 
     // Correctness: the inputs, poisoned outputs, one launch, compare.
-    let bufs = upload_set(stream, inputs, expected.tensors)?;
+    let bufs = upload_set(stream, inputs, expected.tensors, kernel)?;
     launch(stream, &function, cfg, &bufs)?;
     stream.synchronize().map_err(driver)?;
     if options.no_check {
         row.check = "timed";
     } else {
         check_outputs(stream, kernel, inputs.len(), expected, &bufs, row)?;
+        check_scratch_zeroed(stream, kernel, &bufs, row)?;
     }
     time_kernel(ctx, spec, options, &function, cfg, bufs, row)
 }
@@ -646,14 +647,16 @@ fn time_kernel(
     Ok(())
 }
 
-/// One set of device buffers for a kernel: the inputs' values, then the
-/// outputs filled with 0xFF bytes (NaN in every float dtype).
+/// One set of device buffers for a kernel: the inputs' values, the
+/// outputs filled with 0xFF bytes (NaN in every float dtype), then the
+/// kernel's scratch: zeroed where it must read zero, else poisoned too.
 fn upload_set(
     stream: &Arc<CudaStream>,
     inputs: &[&Tensor],
     outputs: &[&Tensor],
+    kernel: &Kernel,
 ) -> Result<Vec<CudaSlice<u8>>, String> {
-    let mut bufs = Vec::with_capacity(inputs.len() + outputs.len());
+    let mut bufs = Vec::with_capacity(inputs.len() + outputs.len() + kernel.scratch.len());
     for t in inputs {
         bufs.push(stream.clone_htod(&to_bytes(t)).map_err(driver)?);
     }
@@ -661,7 +664,42 @@ fn upload_set(
         let poison = vec![0xFFu8; t.ty().size_bytes().unwrap_or(0).max(1)];
         bufs.push(stream.clone_htod(&poison).map_err(driver)?);
     }
+    for s in &kernel.scratch {
+        let fill = if s.zeroed { 0u8 } else { 0xFF };
+        bufs.push(
+            stream
+                .clone_htod(&vec![fill; s.bytes.max(1)])
+                .map_err(driver)?,
+        );
+    }
     Ok(bufs)
+}
+
+/// Fails the row when a launch left a zeroed scratch buffer (split-K's
+/// arrival counters) nonzero: the next launch would read it.
+fn check_scratch_zeroed(
+    stream: &Arc<CudaStream>,
+    kernel: &Kernel,
+    bufs: &[CudaSlice<u8>],
+    row: &mut Row,
+) -> Result<(), String> {
+    let first = bufs.len() - kernel.scratch.len();
+    for (s, buf) in kernel.scratch.iter().zip(&bufs[first..]) {
+        if s.zeroed
+            && stream
+                .clone_dtoh(buf)
+                .map_err(driver)?
+                .iter()
+                .any(|&b| b != 0)
+        {
+            println!(
+                "  {}: FAIL scratch {} not left zeroed",
+                kernel.name, s.param
+            );
+            row.check = "FAIL";
+        }
+    }
+    Ok(())
 }
 
 /// Launches `function` with one device pointer per buffer.
@@ -677,11 +715,13 @@ fn launch(
         builder.arg(b);
     }
     // SAFETY: every emitted kernel takes exactly one pointer parameter per
-    // region argument, in region-argument order, then one per result
-    // (`lower::params`; all `T* __restrict__`, no scalars), and `bufs` holds
-    // the fused op's operands (in the region arguments' order) then its
-    // results, each an allocation of the value's full type size in the
-    // kernel's storage layout (little-endian elements, bool as one byte).
+    // region argument, in region-argument order, then one per result, then
+    // one per scratch buffer (`lower::params`, `Kernel::scratch`; all
+    // `T* __restrict__`, no scalars), and `bufs` holds the fused op's
+    // operands (in the region arguments' order), its results, each an
+    // allocation of the value's full type size in the kernel's storage
+    // layout (little-endian elements, bool as one byte), then the scratch
+    // buffers at their declared sizes.
     // The kernel's loads and stores stay in bounds (grid-stride and row loops
     // bounded by the element/row counts; views clamp), and nothing on the
     // host touches the buffers until the stream is synchronized.

@@ -9,7 +9,9 @@
 //! BERT's position ids) is a `constant` buffer carrying its bytes. Liveness is
 //! per root buffer: the first and last launch that reads or writes it or any
 //! view of it; graph outputs live to the end. Launch arguments follow the
-//! kernel's parameter order: the group's operands, then its results.
+//! kernel's parameter order: the group's operands, then its results, then
+//! the kernel's scratch (split-K's partial sums, an intermediate live for
+//! the one launch, and its arrival counters, a `zeroed` buffer).
 //! Groups that lower to the same kernel up to the names it declares (BERT's
 //! twelve layers) share one kernel entry: compiled once, loaded once.
 
@@ -101,6 +103,27 @@ pub fn build_artifact(g: &Graph, options: &BuildOptions) -> Result<Artifact, Str
                 for &r in &data.results {
                     let id = new_buffer(&mut a, r, result_kind(r), None);
                     buffer_of.insert(r, id);
+                    args.push(id);
+                }
+                // Scratch (split-K) binds the kernel's trailing parameters.
+                for s in &kernel.scratch {
+                    let id = a.buffers.len() as u32;
+                    a.buffers.push(Buffer {
+                        id,
+                        name: format!("{}.{}", kernel.name, s.param),
+                        bytes: s.bytes as u64,
+                        dtype: "u8".into(),
+                        shape: vec![s.bytes as u64],
+                        view_of: None,
+                        first_use: None,
+                        last_use: None,
+                        kind: if s.zeroed {
+                            BufferKind::Zeroed
+                        } else {
+                            BufferKind::Intermediate
+                        },
+                        data: None,
+                    });
                     args.push(id);
                 }
                 a.launches.push(Launch {

@@ -374,6 +374,7 @@ pub(super) fn attention(l: &mut Lower, op: OpId) -> Result<Kernel> {
         grid: (batch * grid_m) as u32,
         dynamic_shared: shared_bytes,
         min_blocks_per_sm: 1,
+        scratch: Vec::new(),
     })
 }
 

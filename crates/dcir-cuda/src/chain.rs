@@ -392,6 +392,7 @@ pub(super) fn chain(l: &mut Lower, op: OpId) -> Result<Kernel> {
         grid: (batch * grid_r * split) as u32,
         dynamic_shared: shared_bytes,
         min_blocks_per_sm: 1,
+        scratch: Vec::new(),
     })
 }
 

@@ -624,6 +624,7 @@ pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
         grid: total.div_ceil(threads) as u32,
         dynamic_shared: 0,
         min_blocks_per_sm: 0,
+        scratch: Vec::new(),
     })
 }
 
@@ -1104,6 +1105,7 @@ pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
         grid: grid as u32,
         dynamic_shared: 0,
         min_blocks_per_sm: 0,
+        scratch: Vec::new(),
     })
 }
 

@@ -54,6 +54,7 @@ use std::collections::BTreeSet;
 
 use dcir_ir::{Attr, DType, OpId, OpKind, ValueDef, ValueId};
 
+use super::split_k::SplitK;
 use super::{
     EmitError, Index, Lower, Reduced, Vectors, attr_int, pack, params, store, vector_lane,
     vector_ty, yields,
@@ -1196,12 +1197,13 @@ fn multiply(t: &Tiling, a: &Stage, b: &Stage, buf: &Expr) -> Vec<Stmt> {
 ///   (the other buffer was last read before the previous barrier);
 /// - one buffer: `load 0;` then per tile: `store kt; load kt+1; sync;
 ///   multiply; sync`.
-fn k_loop(l: &mut Lower, t: &Tiling, a: &Stage, b: &Stage) -> Result<Vec<Stmt>> {
-    let tiles = a.contraction.k.div_ceil(t.tk);
+fn k_loop(l: &mut Lower, t: &Tiling, split: &SplitK, a: &Stage, b: &Stage) -> Result<Vec<Stmt>> {
+    let tiles = split.tiles_per_split;
+    let (_, _, k_tile0) = split.block_index();
     let (m0, n0) = (var("m0"), var("n0"));
-    // The loads of tile `kt`, skipped past the last tile.
+    // The loads of tile `kt` (of this block's split), skipped past the last tile.
     let load = |l: &mut Lower, kt: Expr| -> Result<Vec<Stmt>> {
-        let k0 = mul(kt.clone(), int(t.tk as i64));
+        let k0 = mul(add(kt.clone(), k_tile0.clone()), int(t.tk as i64));
         let body = vec![a.load(l, &m0, k0.clone())?, b.load(l, &n0, k0)?];
         Ok(match kt {
             Expr::Int(i) if i < tiles as i64 => body,
@@ -1428,8 +1430,8 @@ const LOCALS: [&str; 47] = [
 fn lower_contraction(l: &mut Lower, op: OpId, c: &Contraction) -> Result<Kernel> {
     let g = l.g;
     // Claimed before the parameters take their names from the IR.
-    for name in LOCALS {
-        l.used_names.insert(name.into());
+    for name in LOCALS.iter().chain(super::split_k::LOCALS) {
+        l.used_names.insert((*name).into());
     }
     let params = params(l, op);
     let tainted = c.check(l, op)?;
@@ -1438,9 +1440,15 @@ fn lower_contraction(l: &mut Lower, op: OpId, c: &Contraction) -> Result<Kernel>
     let (grid_m, grid_n) = (c.m.div_ceil(t.tm), c.n.div_ceil(t.tn));
     let a = Stage::new(l, c, GemmDim::M, &t);
     let b = Stage::new(l, c, GemmDim::N, &t);
-    let bid = Expr::Builtin(Builtin::BlockX);
+    let split = SplitK::new(
+        attr_int(g, op, "split_k", 1),
+        c.k.div_ceil(t.tk),
+        c.batch * grid_m * grid_n,
+    );
+    let (split_setup, bid, _) = split.block_index();
     let (ty, tx) = thread_position(&t);
-    let mut body = vec![
+    let mut body = split_setup;
+    body.extend([
         Stmt::Comment(format!(
             "block tile {}x{}x{}; {}x{} threads, each {mt}x{nt} accumulators in groups of {}x{}",
             t.tm, t.tn, t.tk, t.threads_m, t.threads_n, t.wm, t.wn
@@ -1456,7 +1464,7 @@ fn lower_contraction(l: &mut Lower, op: OpId, c: &Contraction) -> Result<Kernel>
         ),
         let_int("m0", mul(var("tile_m"), int(t.tm as i64))),
         let_int("n0", mul(var("tile_n"), int(t.tn as i64))),
-    ];
+    ]);
     if c.batch > 1 {
         body.push(let_int("bz", div(bid, (grid_n * grid_m) as i64)));
     }
@@ -1484,10 +1492,13 @@ fn lower_contraction(l: &mut Lower, op: OpId, c: &Contraction) -> Result<Kernel>
             len: b.slots(),
         },
     ]);
-    body.extend(k_loop(l, &t, &a, &b)?);
+    body.extend(k_loop(l, &t, &split, &a, &b)?);
     let (epilogue, stores) = epilogue(l, op, c, &t, &tainted, &params)?;
-    body.push(Stmt::Comment("epilogue".into()));
-    body.extend(epilogue);
+    let mut tail = vec![Stmt::Comment("epilogue".into())];
+    tail.extend(epilogue);
+    body.extend(split.finish(&mut l.helpers, mt * nt, t.threads, tail));
+    let mut params = params;
+    let scratch = split.scratch(&mut params, mt * nt, t.threads);
 
     let shape = match &c.geometry {
         Geometry::Matmul {
@@ -1522,7 +1533,7 @@ fn lower_contraction(l: &mut Lower, op: OpId, c: &Contraction) -> Result<Kernel>
     };
     let access = |s: &Stage| if s.width > 1 { "vector" } else { "scalar" };
     let summary = format!(
-        "{} ({}): {shape}, tile [{}, {}, {}]{}, {} threads, {mt}x{nt} per thread, {} buffer(s), A {} B {} loads, {stores}, fma",
+        "{} ({}): {shape}, tile [{}, {}, {}]{}, {} threads, {mt}x{nt} per thread, {} buffer(s){}, A {} B {} loads, {stores}, fma",
         if matches!(c.geometry, Geometry::Conv(_)) {
             "conv implicit gemm"
         } else {
@@ -1535,6 +1546,11 @@ fn lower_contraction(l: &mut Lower, op: OpId, c: &Contraction) -> Result<Kernel>
         fallback.map(|why| format!(" ({why})")).unwrap_or_default(),
         t.threads,
         t.buffers,
+        if split.is_split() {
+            format!(", split-K {}", split.splits)
+        } else {
+            String::new()
+        },
         access(&a),
         access(&b),
     );
@@ -1551,9 +1567,10 @@ fn lower_contraction(l: &mut Lower, op: OpId, c: &Contraction) -> Result<Kernel>
         body,
         helpers: std::mem::take(&mut l.helpers),
         block: t.threads as u32,
-        grid: (c.batch * grid_m * grid_n) as u32,
+        grid: split.blocks() as u32,
         dynamic_shared: 0,
         min_blocks_per_sm: min_blocks_per_sm(&t),
+        scratch,
     })
 }
 

@@ -49,6 +49,7 @@ use std::collections::BTreeSet;
 use dcir_ir::{Attr, DType, Graph, OpId, OpKind, ValueDef, ValueId};
 
 use super::gemm::{Contraction, Geometry, check_epilogue, check_prologue, store_results};
+use super::split_k::{self, SplitK};
 use super::{EmitError, Index, Lower, Reduced, attr_int, pack, params, yields};
 use crate::kir::{
     ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Param, Stmt, Ty, add, bin, call, div, int, mul,
@@ -103,6 +104,11 @@ pub(super) struct Config {
     warps_m: usize,
     warps_n: usize,
     stages: usize,
+    /// Split-K splits of the k loop (1: none; see [`super::split_k`]).
+    splits: usize,
+    /// Whether an operand takes the element path (its staging chunks and
+    /// addresses live in registers).
+    element_path: bool,
 }
 
 impl Config {
@@ -162,6 +168,33 @@ impl Config {
             warps_m,
             warps_n,
             stages,
+            splits: 1,
+            element_path,
+        }
+    }
+
+    /// The split-K of `p` under this blocking.
+    fn split_k(&self, p: &Problem) -> SplitK {
+        SplitK::new(self.splits as i64, p.k.div_ceil(self.tk), p.blocks(self))
+    }
+
+    /// This blocking with the k loop cut into (at most) `asked` splits.
+    fn with_splits(self, asked: i64, p: &Problem) -> Config {
+        let splits = SplitK::new(asked, p.k.div_ceil(self.tk), p.blocks(&self)).splits;
+        Config { splits, ..self }
+    }
+
+    /// The k-tiles one block runs: all of them, or one split's.
+    fn k_tiles(&self, p: &Problem) -> usize {
+        p.k.div_ceil(self.tk) / self.splits
+    }
+
+    /// Global k-tile of the block's k-tile `kt` (offset by its split's first).
+    fn k_tile(&self, kt: Expr) -> Expr {
+        if self.splits > 1 {
+            add(kt, var("k_tile0"))
+        } else {
+            kt
         }
     }
 
@@ -183,13 +216,18 @@ impl Config {
 
     /// The blocks per SM to promise ptxas: as many as this tiling's registers
     /// leave room for — f32 accumulators (`wm·wn/32` per thread), twice the
-    /// double-buffered A and B fragments, 48 for addresses and loop state.
+    /// double-buffered A and B fragments, 48 for addresses and loop state, 32
+    /// more for the element path's staging and 16 for split-K's sums.
     /// Without a promise ptxas aims at its own occupancy target and spilled a
     /// 32×32 warp tile at 80 registers.
     fn min_blocks_per_sm(&self) -> u32 {
         let accumulators = self.wm() * self.wn() / 32;
         let fragments = 2 * (self.wm() / 16 * 4 + self.wn() / 8 * 2);
-        let registers = accumulators + 2 * fragments + 48;
+        let registers = accumulators
+            + 2 * fragments
+            + 48
+            + if self.element_path { 32 } else { 0 }
+            + if self.splits > 1 { 16 } else { 0 };
         (65536 / (self.threads() * registers)).clamp(1, 32) as u32
     }
 }
@@ -311,7 +349,7 @@ const OPERAND_LOCALS: &[&str] = &[
 
 /// Reserves the kernel's local names (call before [`params`]).
 pub(super) fn reserve_names(l: &mut Lower) {
-    for &n in LOCALS {
+    for &n in LOCALS.iter().chain(split_k::LOCALS) {
         l.used_names.insert(n.into());
     }
     for p in ["a", "b"] {
@@ -482,7 +520,8 @@ pub(super) fn emit(
         l.helpers.insert(Helper::MmaF16);
         "dcir_mma_f16"
     };
-    let mut body = block_setup(p, c);
+    let split = c.split_k(p);
+    let mut body = block_setup(p, c, &split);
     for (t, op, r0, warp_r0) in [(&a, &p.a, "m0", "warp_m0"), (&b, &p.b, "n0", "warp_n0")] {
         body.extend(thread_setup(t, op, var(r0)));
         body.extend(ldmatrix_setup(t, warp_r0));
@@ -490,16 +529,18 @@ pub(super) fn emit(
     body.extend(registers(p, c, &a, &b));
     body.extend(prologue(l, p, c, &a, &b)?);
     body.push(main_loop(l, p, c, &a, &b, mma)?);
-    body.extend(epilogue_loops(l, p, c, epilogue)?);
+    let epilogue = epilogue_loops(l, p, c, epilogue)?;
+    let acc_len = c.wm() * c.wn() / 32;
+    body.extend(split.finish(&mut l.helpers, acc_len, c.threads(), epilogue));
     Ok(body)
 }
 
 /// The block's batch entry and tile origin (`bz`, `m0`, `n0`), the warp's
 /// sub-tile origin (`warp_m0`, `warp_n0`), `lane`, and the shared base `smem`.
-fn block_setup(p: &Problem, c: &Config) -> Vec<Stmt> {
+fn block_setup(p: &Problem, c: &Config, split: &SplitK) -> Vec<Stmt> {
     let (grid_m, grid_n) = (p.m.div_ceil(c.tm), p.n.div_ceil(c.tn));
     let tiles = (grid_m * grid_n) as i64;
-    let bid = Expr::Builtin(Builtin::BlockX);
+    let (split_setup, bid, _) = split.block_index();
     let tid = Expr::Builtin(Builtin::ThreadX);
     let mut out = vec![
         Stmt::Comment(format!(
@@ -518,6 +559,7 @@ fn block_setup(p: &Problem, c: &Config) -> Vec<Stmt> {
         let_int("tile", rem(bid.clone(), tiles)),
         let_int("bz", div(bid, tiles)),
     ];
+    out.splice(0..0, split_setup);
     out.extend(block_order(grid_m, grid_n));
     out.extend([
         let_int("m0", mul(var("tile_m"), int(c.tm as i64))),
@@ -579,7 +621,7 @@ fn prologue(
     a: &TileLayout,
     b: &TileLayout,
 ) -> Result<Vec<Stmt>> {
-    let kt_count = p.k.div_ceil(c.tk);
+    let kt_count = c.k_tiles(p);
     let ahead = c.stages - 1;
     let loaded = ahead.min(kt_count);
     let mut out = vec![Stmt::Comment(format!(
@@ -631,7 +673,7 @@ fn main_loop(
     b: &TileLayout,
     mma: &str,
 ) -> Result<Stmt> {
-    let kt_count = p.k.div_ceil(c.tk);
+    let kt_count = c.k_tiles(p);
     let slices = c.tk / 16;
     let per_step = if slices % 2 == 1 { 2 } else { 1 };
     let mut step = Vec::new();
@@ -866,7 +908,7 @@ fn copy_tile(
         }
     };
     let r0 = if t.p == "a" { var("m0") } else { var("n0") };
-    let k0 = mul(kt, int(c.tk as i64));
+    let k0 = mul(c.k_tile(kt), int(c.tk as i64));
     let chunk0 = mul(var(t.name("col")), int(CHUNK as i64));
     // (r, k) of the first element of chunk `s`; the chunk runs along k when
     // the tile is k-inner, else along r.
@@ -1098,7 +1140,7 @@ fn main_step(
     first_slice: usize,
     mma: &str,
 ) -> Result<Vec<Stmt>> {
-    let kt_count = p.k.div_ceil(c.tk) as i64;
+    let kt_count = c.k_tiles(p) as i64;
     let slices = c.tk / 16;
     let frag_blocks = [(a, c.wm() / 16), (b, c.wn() / 16)];
     let ahead = (c.stages - 1) as i64;
@@ -1407,7 +1449,8 @@ fn lower_problem(
         attr_int(g, op, "threads", 256),
         attr_int(g, op, "stages", 3),
         problem.a.strided.is_none() || problem.b.strided.is_none(),
-    );
+    )
+    .with_splits(attr_int(g, op, "split_k", 1), problem);
     let outputs: Vec<&Param> = params.iter().filter(|p| p.output).collect();
     let ys = yields(g, op);
     let results = g.op(op).results.clone();
@@ -1417,6 +1460,9 @@ fn lower_problem(
         store_results(l, derived, result, &coords, &outputs, &ys, &results)
     };
     let body = emit(l, problem, &cfg, &epilogue)?;
+    let split = cfg.split_k(problem);
+    let mut params = params;
+    let scratch = split.scratch(&mut params, cfg.wm() * cfg.wn() / 32, cfg.threads());
     let path = |o: &Operand| {
         if o.strided.is_some() {
             "cp.async"
@@ -1425,7 +1471,7 @@ fn lower_problem(
         }
     };
     let summary = format!(
-        "{what}, tile [{}, {}, {}], {}x{} warps of {}x{}, {} stages; A by {}, B by {}",
+        "{what}, tile [{}, {}, {}], {}x{} warps of {}x{}, {} stages{}; A by {}, B by {}",
         cfg.tm,
         cfg.tn,
         cfg.tk,
@@ -1434,6 +1480,11 @@ fn lower_problem(
         cfg.wm(),
         cfg.wn(),
         cfg.stages,
+        if split.is_split() {
+            format!(", split-K {}", split.splits)
+        } else {
+            String::new()
+        },
         path(&problem.a),
         path(&problem.b),
     );
@@ -1445,9 +1496,10 @@ fn lower_problem(
         body,
         helpers: std::mem::take(&mut l.helpers),
         block: cfg.threads() as u32,
-        grid: problem.blocks(&cfg) as u32,
+        grid: split.blocks() as u32,
         dynamic_shared: cfg.shared_bytes(),
         min_blocks_per_sm: cfg.min_blocks_per_sm(),
+        scratch,
     })
 }
 

@@ -135,6 +135,8 @@ pub enum Expr {
 pub enum Stmt {
     /// `// text`
     Comment(String),
+    /// `#pragma text` (before a loop: `unroll 1` keeps it rolled).
+    Pragma(String),
     /// `ty name = value;` (`const` when `constant`).
     Let {
         /// The variable.
@@ -199,6 +201,7 @@ impl Stmt {
     pub fn reads(&self, name: &str) -> bool {
         match self {
             Stmt::Comment(_)
+            | Stmt::Pragma(_)
             | Stmt::LocalArray { .. }
             | Stmt::SharedView { .. }
             | Stmt::Barrier => false,
@@ -266,6 +269,10 @@ pub enum Helper {
     MmaF16,
     /// `dcir_mma_bf16`: the same with bf16 operands.
     MmaBf16,
+    /// Split-K: `dcir_split_arrive` (count a block in at its tile; true in
+    /// the last to arrive, which resets the count) and `dcir_ldcg` (a load
+    /// past L1 of another block's partial sum).
+    SplitK,
 }
 
 /// A pointer parameter of a kernel.
@@ -321,6 +328,21 @@ pub struct Kernel {
     /// say 1: ptxas then never caps registers below what the code needs (with
     /// small blocks it otherwise aims at 32 registers and may spill).
     pub min_blocks_per_sm: u32,
+    /// Scratch buffers behind some of the trailing parameters (split-K's
+    /// partial sums and arrival counters), which belong to no IR value.
+    pub scratch: Vec<Scratch>,
+}
+
+/// A scratch buffer a kernel needs besides its operands and results.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scratch {
+    /// The parameter it binds to.
+    pub param: String,
+    /// Size in bytes.
+    pub bytes: usize,
+    /// Whether it must read zero when the launch starts (the kernel leaves
+    /// it zeroed); otherwise its contents are never read before written.
+    pub zeroed: bool,
 }
 
 impl Kernel {

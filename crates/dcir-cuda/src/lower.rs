@@ -38,6 +38,8 @@ mod gemm;
 mod gemm_tc;
 #[path = "pool.rs"]
 mod pool;
+#[path = "split_k.rs"]
+mod split_k;
 
 /// Why a group could not be lowered.
 #[derive(Clone, Debug, PartialEq)]
@@ -1032,6 +1034,7 @@ fn elementwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
         grid: grid as u32,
         dynamic_shared: 0,
         min_blocks_per_sm: 0,
+        scratch: Vec::new(),
     })
 }
 
@@ -1486,6 +1489,7 @@ fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
             }
             RowCache::Shared | RowCache::Reread => 0,
         },
+        scratch: Vec::new(),
     })
 }
 

@@ -461,6 +461,7 @@ pub(super) fn pool(l: &mut Lower, op: OpId) -> Result<Kernel> {
         grid: grid as u32,
         dynamic_shared: 0,
         min_blocks_per_sm: 0,
+        scratch: Vec::new(),
     })
 }
 

@@ -67,6 +67,13 @@ __device__ __forceinline__ void dcir_ldmatrix_x4_trans(unsigned& r0, unsigned& r
             "// d += a (16x16, row) * b (16x8, col), f16 operands, f32 accumulators.\n\
 __device__ __forceinline__ void dcir_mma_f16(float& d0, float& d1, float& d2, float& d3, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {\n  asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\"\n               : \"+f\"(d0), \"+f\"(d1), \"+f\"(d2), \"+f\"(d3) : \"r\"(a0), \"r\"(a1), \"r\"(a2), \"r\"(a3), \"r\"(b0), \"r\"(b1));\n}\n"
         }
+        Helper::SplitK => {
+            "// Split-K: counts this block in at `tile`; true in the last of `splits` blocks to\n\
+// arrive, which resets the count (so it reads zero at the next launch).\n\
+__device__ __forceinline__ bool dcir_split_arrive(unsigned int* arrivals, int tile, int splits) {\n  __shared__ bool last;\n  __threadfence();\n  __syncthreads();\n  if (threadIdx.x == 0) {\n    last = atomicAdd(arrivals + tile, 1u) == (unsigned int)(splits - 1);\n    if (last) arrivals[tile] = 0u;\n  }\n  __syncthreads();\n  if (last) __threadfence();\n  return last;\n}\n\
+// Another block's partial sum, read past L1.\n\
+__device__ __forceinline__ float dcir_ldcg(const float* p, int i) { return __ldcg(p + i); }\n"
+        }
         Helper::MmaBf16 => {
             "// d += a (16x16, row) * b (16x8, col), bf16 operands, f32 accumulators.\n\
 __device__ __forceinline__ void dcir_mma_bf16(float& d0, float& d1, float& d2, float& d3, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {\n  asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\"\n               : \"+f\"(d0), \"+f\"(d1), \"+f\"(d2), \"+f\"(d3) : \"r\"(a0), \"r\"(a1), \"r\"(a2), \"r\"(a3), \"r\"(b0), \"r\"(b1));\n}\n"
@@ -134,6 +141,9 @@ fn print_stmt(out: &mut String, s: &Stmt, depth: usize) {
     match s {
         Stmt::Comment(text) => {
             let _ = writeln!(out, "{pad}// {text}");
+        }
+        Stmt::Pragma(text) => {
+            let _ = writeln!(out, "{pad}#pragma {text}");
         }
         Stmt::Let {
             name,

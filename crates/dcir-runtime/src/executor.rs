@@ -2,9 +2,9 @@
 //!
 //! [`Executor::new`] probes the driver, opens the device, loads every
 //! kernel's PTX (once per distinct PTX text), checks each kernel's shared
-//! memory and block size against the device, and allocates the inputs, the
-//! outputs and one arena for the intermediates laid out by
-//! [`crate::plan_memory`]. Runs launch in the artifact's order on one stream
+//! memory and block size against the device, and allocates the inputs,
+//! outputs, constants and zeroed scratch each on their own and one arena
+//! for the intermediates laid out by [`crate::plan_memory`]. Runs launch in the artifact's order on one stream
 //! of their own (event tracking off, as CUDA-graph capture needs), either
 //! launch by launch or as one captured CUDA graph.
 

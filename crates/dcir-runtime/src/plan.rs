@@ -6,8 +6,9 @@
 //! used by the same launch overlap, so a kernel never writes where it reads.
 //! Placement is greedy by size (largest first, ties by id): each buffer goes
 //! to the lowest 256-byte-aligned offset free of every placed buffer it
-//! overlaps in time. Inputs and outputs are not planned: they are separate
-//! allocations the caller owns across runs.
+//! overlaps in time. Inputs, outputs, constants and zeroed scratch (split-K's
+//! arrival counters, which must keep their zeros between launches) are not
+//! planned: they are separate allocations that live across runs.
 
 use dcir_artifact::{Artifact, BufferKind};
 
@@ -25,7 +26,8 @@ pub struct MemoryPlan {
     pub offsets: Vec<Option<u64>>,
     /// Bytes of all intermediates if each had its own allocation.
     pub intermediates_bytes: u64,
-    /// Bytes of inputs and outputs (separate allocations).
+    /// Bytes outside the arena: inputs, outputs, constants and zeroed
+    /// scratch (separate allocations).
     pub io_bytes: u64,
 }
 

@@ -58,12 +58,14 @@ pub(crate) enum P {
         threads: u32,
         items: u32,
     },
-    /// Matmul, or a conv as implicit GEMM.
+    /// Matmul, or a conv as implicit GEMM; `split` blocks share each output
+    /// tile's k loop (split-K).
     Gemm {
         conv: bool,
         tile: [u32; 3],
         threads: u32,
         stages: u32,
+        split: u32,
         tensor_core: bool,
     },
     /// Depthwise conv, direct: `tile` = output rows × columns per thread.
@@ -142,6 +144,7 @@ impl P {
                 tile,
                 threads,
                 stages,
+                split,
                 tensor_core,
             } => {
                 let mut v = Vec::new();
@@ -154,6 +157,9 @@ impl P {
                     ("stages", int(stages)),
                     ("math", math(tensor_core)),
                 ]);
+                if split > 1 {
+                    v.push(("split_k", int(split)));
+                }
                 v
             }
             P::Direct { tile, threads } => vec![
@@ -593,58 +599,81 @@ fn gemm(dev: &DeviceSpec, info: &GroupInfo, g: &GemmShape, conv: bool, out: &mut
                         continue;
                     }
                     let (gm, gn, gk) = (ceil_div(g.m, tmf), ceil_div(g.n, tnf), ceil_div(g.k, tkf));
-                    let blocks = g.batch * gm * gn;
-                    let padded = 2.0 * blocks * tmf * tnf * gk * tkf;
-                    let scalar = info.scalar_flops
-                        + g.prologue[0] * (gn * dup - 1.0).max(0.0)
-                        + g.prologue[1] * (gm - 1.0);
-                    let block_flops = 2.0 * tmf * tnf * g.k;
-                    let block_bytes = (tmf * g.a_row_elems + tnf * g.k) * e;
-                    let comp = tile_comp_per_load(dev, tmf, tnf, threads, tc, rate);
+                    let tiles = g.batch * gm * gn;
                     // One k-step of the tile at the SM's full rate.
                     let kstep = 2.0 * tmf * tnf * tkf / (rate / dev.sm_count.max(1) as f64);
-                    for stages in STAGES {
-                        out(Cand {
-                            params: P::Gemm {
-                                conv,
-                                tile: [tm, tn, tk],
-                                threads,
-                                stages,
-                                tensor_core: tc,
-                            },
-                            blocks,
-                            threads,
-                            smem: stages as f64 * (tmf + tnf) * tkf * e,
-                            regs: tile_registers(acc),
-                            oi: block_flops / block_bytes,
-                            rate,
-                            comp_per_load: Some(comp),
-                            lane_util: (g.m / (gm * tmf)) * (g.n / (gn * tnf)),
-                            matrix_flops: padded,
-                            scalar_flops: scalar,
-                            extra_dram: 0.0,
-                            panels: Some(Panels {
-                                grid_m: gm,
-                                grid_n: gn * g.batch,
-                                a_tile: tmf * g.a_row_elems * e,
-                                b_tile: tnf * g.k * e,
-                                operands: g.a_bytes + g.b_bytes,
-                            }),
-                            serialize: stages == 1,
-                            in_flight: None,
-                            feed: pipeline_feed(stages, kstep)
-                                / if tc {
-                                    1.0 + KSTEP_OVERHEAD_S / kstep
-                                } else {
-                                    1.0
+                    let comp = tile_comp_per_load(dev, tmf, tnf, threads, tc, rate);
+                    for split in SPLITS {
+                        // The emitter splits only into equal runs of k-tiles.
+                        let sf = split as f64;
+                        if split > 1
+                            && (gk % sf != 0.0 || tiles * sf > SPLIT_BLOCKS * dev.sm_count as f64)
+                        {
+                            continue;
+                        }
+                        let blocks = tiles * sf;
+                        let padded = 2.0 * tiles * tmf * tnf * gk * tkf;
+                        let scalar = info.scalar_flops
+                            + g.prologue[0] * (gn * dup - 1.0).max(0.0)
+                            + g.prologue[1] * (gm - 1.0);
+                        let block_flops = 2.0 * tmf * tnf * g.k / sf;
+                        let block_bytes = (tmf * g.a_row_elems + tnf * g.k) * e / sf;
+                        // Each split writes its f32 tile; the last block reads them back.
+                        let partials = if split > 1 {
+                            2.0 * blocks * tmf * tnf * 4.0
+                        } else {
+                            0.0
+                        };
+                        for stages in STAGES {
+                            out(Cand {
+                                params: P::Gemm {
+                                    conv,
+                                    tile: [tm, tn, tk],
+                                    threads,
+                                    stages,
+                                    split,
+                                    tensor_core: tc,
                                 },
-                        });
+                                blocks,
+                                threads,
+                                smem: stages as f64 * (tmf + tnf) * tkf * e,
+                                regs: tile_registers(acc),
+                                oi: block_flops / block_bytes,
+                                rate,
+                                comp_per_load: Some(comp),
+                                lane_util: (g.m / (gm * tmf)) * (g.n / (gn * tnf)),
+                                matrix_flops: padded,
+                                scalar_flops: scalar,
+                                extra_dram: partials,
+                                panels: Some(Panels {
+                                    grid_m: gm,
+                                    grid_n: gn * g.batch * sf,
+                                    a_tile: tmf * g.a_row_elems * e / sf,
+                                    b_tile: tnf * g.k * e / sf,
+                                    operands: g.a_bytes + g.b_bytes,
+                                }),
+                                serialize: stages == 1,
+                                in_flight: None,
+                                feed: pipeline_feed(stages, kstep)
+                                    / if tc {
+                                        1.0 + KSTEP_OVERHEAD_S / kstep
+                                    } else {
+                                        1.0
+                                    },
+                            });
+                        }
                     }
                 }
             }
         }
     }
 }
+
+/// Split-K splits a contraction may take.
+const SPLITS: [u32; 5] = [1, 2, 4, 8, 16];
+/// Blocks per SM beyond which a split-K grid is not considered: splitting
+/// pays only while output tiles alone leave SMs idle.
+const SPLIT_BLOCKS: f64 = 2.0;
 
 /// Time a tensor-core k-step loses to its barrier, the wait for the next
 /// stage's copies and the restart of the fragment pipeline, seconds. Fitted

@@ -1,0 +1,265 @@
+//! Split-K for the contraction families (`gemm`, `conv` as implicit GEMM, on
+//! FMA or tensor cores): attribute `split_k = S` cuts the k loop of every
+//! output tile into `S` equal runs of k-tiles, one block each, so a problem
+//! with few output tiles and a long K still fills the GPU.
+//!
+//! Block `b` of the grid computes split `ks = b / T` of tile `b % T` (`T`
+//! blocks per split: batch entries × output tiles). Every split block writes
+//! its f32 accumulators to the `partials` scratch buffer, one slot per
+//! (tile, split, accumulator, thread), consecutive threads at consecutive
+//! addresses; then it counts itself in at the tile's entry of the `arrivals`
+//! buffer (`atomicAdd` after a `__threadfence`). The block that arrives last
+//! resets the entry to zero (the buffer stays zeroed between launches, so
+//! CUDA-graph replays need no reset), adds the splits' partial sums in split
+//! order — all read back past L1 (`__ldcg`), its own too — and runs the
+//! group's epilogue alone. The sum's order does not depend on which block
+//! arrives last, so results are deterministic.
+//!
+//! `S` is the largest divisor of the k-tile count not above the attribute
+//! (each split gets the same number of k-tiles); 1 keeps the plain kernel.
+
+use crate::kir::{
+    ArrayRef, Builtin, Expr, Helper, Param, Scratch, Stmt, Ty, add, call, div, int, mul, rem, var,
+};
+
+/// Name of the per-block partial sums parameter.
+pub(crate) const PARTIALS: &str = "dcir_partials";
+/// Name of the per-tile arrival counters parameter.
+pub(crate) const ARRIVALS: &str = "dcir_arrivals";
+
+/// Most splits of one k loop.
+pub(crate) const MAX_SPLITS: usize = 32;
+
+/// How one kernel splits its k loop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SplitK {
+    /// Splits per output tile.
+    pub splits: usize,
+    /// k-tiles each split runs.
+    pub tiles_per_split: usize,
+    /// Blocks of one split (batch entries × output tiles).
+    pub blocks_per_split: usize,
+}
+
+impl SplitK {
+    /// The split of `k_tiles` k-tiles for attribute value `asked` (the
+    /// largest divisor of `k_tiles` at most `asked`, at most [`MAX_SPLITS`]).
+    pub(crate) fn new(asked: i64, k_tiles: usize, blocks_per_split: usize) -> SplitK {
+        let asked = (asked.max(1) as usize).min(MAX_SPLITS).min(k_tiles.max(1));
+        let splits = (1..=asked)
+            .rev()
+            .find(|s| k_tiles.is_multiple_of(*s))
+            .unwrap_or(1);
+        SplitK {
+            splits,
+            tiles_per_split: k_tiles.max(1) / splits,
+            blocks_per_split,
+        }
+    }
+
+    /// Whether the k loop is split at all.
+    pub(crate) fn is_split(&self) -> bool {
+        self.splits > 1
+    }
+
+    /// Blocks of the grid.
+    pub(crate) fn blocks(&self) -> usize {
+        self.splits * self.blocks_per_split
+    }
+
+    /// `blk` (the block's index within its split, in place of `blockIdx.x`)
+    /// and `ks` (its split); `k_tile0` is its first k-tile. Without a split,
+    /// `blk` is `blockIdx.x` and the first k-tile 0.
+    pub(crate) fn block_index(&self) -> (Vec<Stmt>, Expr, Expr) {
+        let bid = Expr::Builtin(Builtin::BlockX);
+        if !self.is_split() {
+            return (Vec::new(), bid, int(0));
+        }
+        let per = self.blocks_per_split as i64;
+        let stmts = vec![
+            Stmt::Comment(format!(
+                "split-K: split ks of {} runs k-tiles ks*{} .. +{} of tile blk",
+                self.splits, self.tiles_per_split, self.tiles_per_split
+            )),
+            let_int("blk", rem(bid.clone(), per)),
+            let_int("ks", div(bid, per)),
+            let_int("k_tile0", mul(var("ks"), int(self.tiles_per_split as i64))),
+        ];
+        (stmts, var("blk"), var("k_tile0"))
+    }
+
+    /// The scratch parameters (appended to `params`) and their sizes for
+    /// `acc_len` accumulators per thread and `threads` threads.
+    pub(crate) fn scratch(
+        &self,
+        params: &mut Vec<Param>,
+        acc_len: usize,
+        threads: usize,
+    ) -> Vec<Scratch> {
+        if !self.is_split() {
+            return Vec::new();
+        }
+        params.push(Param {
+            name: PARTIALS.into(),
+            ty: Ty::F32,
+            dtype: "f32",
+            output: true,
+        });
+        params.push(Param {
+            name: ARRIVALS.into(),
+            ty: Ty::U32,
+            dtype: "u32",
+            output: true,
+        });
+        let slots = self.blocks() * acc_len * threads;
+        vec![
+            Scratch {
+                param: PARTIALS.into(),
+                bytes: slots * 4,
+                zeroed: false,
+            },
+            Scratch {
+                param: ARRIVALS.into(),
+                bytes: self.blocks_per_split * 4,
+                zeroed: true,
+            },
+        ]
+    }
+
+    /// Statements after the k loop: store this split's `acc_len`
+    /// accumulators (`acc[i]`), arrive, and in the last block to arrive add
+    /// every split's partial sums into `acc` in split order; then `epilogue`
+    /// (in that block only).
+    pub(crate) fn finish(
+        &self,
+        helpers: &mut std::collections::BTreeSet<Helper>,
+        acc_len: usize,
+        threads: usize,
+        epilogue: Vec<Stmt>,
+    ) -> Vec<Stmt> {
+        if !self.is_split() {
+            return epilogue;
+        }
+        helpers.insert(Helper::SplitK);
+        let t = threads as i64;
+        let tid = Expr::Builtin(Builtin::ThreadX);
+        let slot = |split: Expr, i: Expr| {
+            add(
+                mul(
+                    add(
+                        mul(
+                            add(mul(var("blk"), int(self.splits as i64)), split),
+                            int(acc_len as i64),
+                        ),
+                        i,
+                    ),
+                    int(t),
+                ),
+                tid.clone(),
+            )
+        };
+        let acc = |i: Expr| Expr::Load(array("acc", Ty::F32), Box::new(i));
+        let store = Stmt::For {
+            var: "i".into(),
+            start: int(0),
+            end: int(acc_len as i64),
+            step: int(1),
+            unroll: true,
+            body: vec![Stmt::Store(
+                array(PARTIALS, Ty::F32),
+                slot(var("ks"), var("i")),
+                acc(var("i")),
+            )],
+        };
+        // acc[i] = Σ_s partial[s][i], in split order (this block's own
+        // partial read back too, so the order never depends on which block
+        // arrives last); the split loop stays rolled, 32 loads in flight a step.
+        let zero = Stmt::For {
+            var: "i".into(),
+            start: int(0),
+            end: int(acc_len as i64),
+            step: int(1),
+            unroll: true,
+            body: vec![Stmt::Store(array("acc", Ty::F32), var("i"), Expr::F32(0.0))],
+        };
+        let add_split = Stmt::For {
+            var: "i".into(),
+            start: int(0),
+            end: int(acc_len as i64),
+            step: int(1),
+            unroll: true,
+            body: vec![Stmt::Store(
+                array("acc", Ty::F32),
+                var("i"),
+                add(
+                    acc(var("i")),
+                    call("dcir_ldcg", vec![var(PARTIALS), slot(var("s"), var("i"))]),
+                ),
+            )],
+        };
+        let sum = vec![
+            zero,
+            Stmt::Pragma("unroll 1".into()),
+            Stmt::For {
+                var: "s".into(),
+                start: int(0),
+                end: int(self.splits as i64),
+                step: int(1),
+                unroll: false,
+                body: vec![add_split],
+            },
+        ];
+        let mut last = sum;
+        last.extend(epilogue);
+        vec![
+            Stmt::Comment(format!(
+                "split-K: this split's partial sums out; the last of the {} splits to arrive adds them in split order and runs the epilogue",
+                self.splits
+            )),
+            store,
+            Stmt::If(
+                call(
+                    "dcir_split_arrive",
+                    vec![var(ARRIVALS), var("blk"), int(self.splits as i64)],
+                ),
+                last,
+            ),
+        ]
+    }
+}
+
+/// Names the split-K code declares.
+pub(crate) const LOCALS: &[&str] = &["blk", "ks", "k_tile0", "i", "s", PARTIALS, ARRIVALS];
+
+fn let_int(name: &str, value: Expr) -> Stmt {
+    Stmt::Let {
+        name: name.into(),
+        ty: Ty::I32,
+        value,
+        constant: true,
+    }
+}
+
+fn array(name: &str, ty: Ty) -> ArrayRef {
+    ArrayRef {
+        name: name.into(),
+        ty,
+        reinterpret: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_divide_the_k_tiles() {
+        assert_eq!(SplitK::new(8, 72, 4).splits, 8);
+        assert_eq!(SplitK::new(8, 36, 4).splits, 6);
+        assert_eq!(SplitK::new(16, 7, 4).splits, 7);
+        assert_eq!(SplitK::new(4, 7, 4).splits, 1);
+        assert_eq!(SplitK::new(1, 72, 4).splits, 1);
+        let s = SplitK::new(64, 128, 3);
+        assert_eq!((s.splits, s.tiles_per_split, s.blocks()), (32, 4, 96));
+    }
+}
