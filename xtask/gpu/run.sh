@@ -8,8 +8,15 @@
 #             interpreter (NaN-poisoned outputs), then timed (kernel_check)
 #   examples  every ir-example in f32 and f16 through dcir-run --backend cuda
 #             --check (whole graph, memory plan, CUDA graph) and --bench
-#   models    the imported ONNX models (ResNet-50, MobileNetV2, BERT-base, batch 1,
-#             random weights) through dcir-run --backend cuda --check --bench
+#   export    the ONNX models at batch 32 (export_models.py --batch 32, weights
+#             stripped) into crates/dcir-onnx/models/ (and $OUT/models_b32.tgz)
+#   models    the imported ONNX models (ResNet-50, MobileNetV2, BERT-base; batch 1,
+#             and 32 where exported; f32 and f16 (the f32 text made f16); random
+#             weights) through dcir-run --backend cuda --check --bench
+#   variants  hand-set kernel variants (examples/data/variants_*.dcir) checked
+#             and timed, to fit the cost model
+#   profile   per-kernel times of ResNet-50 f16, MobileNetV2 f16 and the BERT
+#             layer f32 at batch 1 (dcir-run --bench --per-kernel)
 #   perf      the kernel families at real sizes (kernel_check --no-check)
 #   peers     PyTorch (cuBLAS/cuDNN) at the perf shapes (family_peers.py)
 #   suite     dcir against PyTorch eager and torch.compile on the suite's
@@ -50,16 +57,47 @@ examples() {
     done
 }
 
+export() {
+    python3 crates/dcir-onnx/scripts/export_models.py /tmp/onnx_b32 --batch 32 >"$OUT/export.log" 2>&1 || status=1
+    cp /tmp/onnx_b32/*.onnx crates/dcir-onnx/models/ 2>/dev/null
+    tar czf "$OUT/models_b32.tgz" -C /tmp/onnx_b32 . 2>/dev/null
+    summary+=("export: $(ls /tmp/onnx_b32 2>/dev/null | tr '\n' ' ')")
+}
+
 models() {
     : >"$OUT/models.log"
-    for m in resnet50 mobilenet_v2 bert_base; do
+    for m in resnet50 mobilenet_v2 bert_base resnet50_b32 mobilenet_v2_b32 bert_base_b32; do
+        [ -f "crates/dcir-onnx/models/$m.onnx" ] || continue
         "$B/dcir-import" "crates/dcir-onnx/models/$m.onnx" -o "/tmp/$m.dcir" --no-weights >>"$OUT/models.log" 2>&1
-        echo "== $m f32" >>"$OUT/models.log"
-        if "$B/dcir-run" "/tmp/$m.dcir" --backend cuda --check --bench 20 >>"$OUT/models.log" 2>&1; then
-            summary+=("model $m f32: PASS $(grep '^bench:' "$OUT/models.log" | tail -1 | sed 's/.*median/median/')")
-        else
-            status=1; summary+=("model $m f32: FAIL (see models.log)")
-        fi
+        sed 's/f32/f16/g' "/tmp/$m.dcir" >"/tmp/${m}_f16.dcir"
+        for dt in f32 f16; do
+            src=/tmp/$m.dcir
+            [ $dt = f16 ] && src=/tmp/${m}_f16.dcir
+            echo "== $m $dt" >>"$OUT/models.log"
+            if timeout 150 "$B/dcir-run" "$src" --backend cuda --check --bench 20 >>"$OUT/models.log" 2>&1; then
+                summary+=("model $m $dt: PASS $(grep '^bench:' "$OUT/models.log" | tail -1 | sed 's/.*median/median/')")
+            else
+                status=1; summary+=("model $m $dt: FAIL (see models.log)")
+            fi
+        done
+    done
+}
+
+variants() {
+    "$B/kernel_check" --reps 100 crates/dcir-cuda/examples/data/variants_*.dcir >"$OUT/variants.log" 2>&1 || status=1
+    cp "$OUT/kernel_check.md" "$OUT/variants.md" 2>/dev/null
+    summary+=("variants: $(grep -c '| PASS |' "$OUT/variants.md") PASS, $(grep -cE '\| (FAIL|ERROR) \|' "$OUT/variants.md") FAIL/ERROR")
+}
+
+profile() {
+    : >"$OUT/profile.log"
+    "$B/dcir-import" crates/dcir-onnx/models/resnet50.onnx -o /tmp/p_rn.dcir --no-weights >/dev/null 2>&1
+    "$B/dcir-import" crates/dcir-onnx/models/mobilenet_v2.onnx -o /tmp/p_mb.dcir --no-weights >/dev/null 2>&1
+    sed 's/f32/f16/g' /tmp/p_rn.dcir >/tmp/p_rn16.dcir
+    sed 's/f32/f16/g' /tmp/p_mb.dcir >/tmp/p_mb16.dcir
+    for f in /tmp/p_rn16.dcir /tmp/p_mb16.dcir ir-examples/bert_encoder_layer.dcir; do
+        echo "== $f" >>"$OUT/profile.log"
+        timeout 120 "$B/dcir-run" "$f" --backend cuda --bench 20 --per-kernel >>"$OUT/profile.log" 2>&1 || status=1
     done
 }
 
@@ -100,7 +138,7 @@ test() {
 
 for step in "$@"; do
     case $step in
-        kernels|examples|models|perf|peers|suite|sanitize|test) $step ;;
+        kernels|examples|export|models|variants|profile|perf|peers|suite|sanitize|test) $step ;;
         *) echo "unknown step $step"; exit 2 ;;
     esac
 done

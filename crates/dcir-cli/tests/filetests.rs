@@ -628,11 +628,26 @@ fn cuda_of_examples_and_models() {
             });
         }
     }
-    for model_name in ["resnet50", "mobilenet_v2", "bert_base"] {
+    for (model_name, dtype) in ["resnet50", "mobilenet_v2", "bert_base"]
+        .into_iter()
+        .flat_map(|m| [(m, "f32"), (m, "f16")])
+    {
         let path = repo_root().join(format!("crates/dcir-onnx/models/{model_name}.onnx"));
         let imported = dcir_onnx::import_file(&path, &dcir_onnx::ImportOptions::default())
             .unwrap_or_else(|e| panic!("{model_name}: {e}"));
-        let kernels = fuse(model_name, imported.module);
+        // f16: the imported text with every f32 made f16, as the GPU runs check it.
+        let module = if dtype == "f32" {
+            imported.module
+        } else {
+            let text = print_module(&imported.module).replace("f32", "f16");
+            read_and_verify(&text).unwrap_or_else(|e| panic!("{model_name} in f16: {e:?}"))
+        };
+        let snapshot = if dtype == "f32" {
+            format!("model_{model_name}")
+        } else {
+            format!("model_{model_name}_{dtype}")
+        };
+        let kernels = fuse(&snapshot, module);
         distinct(&kernels);
         let text: String = kernels
             .iter()
@@ -651,10 +666,10 @@ fn cuda_of_examples_and_models() {
         insta::with_settings!({
             snapshot_path => repo_root().join("tests/filetests/cuda/snapshots"),
             prepend_module_to_snapshot => false,
-            description => format!("kernels of the imported {model_name}; re-bless with `cargo xtask bless`"),
+            description => format!("kernels of the imported {model_name} in {dtype}; re-bless with `cargo xtask bless`"),
             omit_expression => true,
         }, {
-            insta::assert_snapshot!(format!("model_{model_name}"), text);
+            insta::assert_snapshot!(snapshot, text);
         });
     }
     // NVRTC on both cores.

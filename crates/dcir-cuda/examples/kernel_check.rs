@@ -530,7 +530,11 @@ fn run_kernel(
     let stream = &ctx.default_stream();
     let module = ctx.load_module(Ptx::from_src(ptx)).map_err(driver)?;
     let function = module.load_function(&kernel.name).map_err(driver)?;
-    if kernel.dynamic_shared > 48 * 1024 {
+    // Static and dynamic shared memory above the default 48 KiB need the opt-in.
+    let static_shared = function
+        .get_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+        .map_err(driver)? as usize;
+    if kernel.dynamic_shared + static_shared > 48 * 1024 {
         function
             .set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

@@ -194,7 +194,7 @@ impl ConvGeometry {
     }
 
     /// `(img, oh, ow)` of output pixel `m`.
-    fn pixel(&self, m: Expr) -> [Expr; 3] {
+    pub fn pixel(&self, m: Expr) -> [Expr; 3] {
         let [_, _, oh, ow] = self.output;
         [
             div(m.clone(), (oh * ow) as i64),

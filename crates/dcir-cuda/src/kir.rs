@@ -262,6 +262,8 @@ pub enum Helper {
     /// zero-filled when not `full`), `dcir_cp_async_commit` and
     /// `dcir_cp_async_wait<N>` (commit and wait on groups of copies).
     CpAsync,
+    /// `dcir_st_shared2`: a 16-bit store at a shared address (inline PTX).
+    SharedStore16Bit,
     /// `dcir_ldmatrix_x4` and `dcir_ldmatrix_x4_trans`: four 8x8 b16 matrices
     /// from shared memory into a warp's fragments (`ldmatrix.sync`).
     Ldmatrix,

@@ -67,6 +67,9 @@ __device__ __forceinline__ void dcir_ldmatrix_x4_trans(unsigned& r0, unsigned& r
             "// d += a (16x16, row) * b (16x8, col), f16 operands, f32 accumulators.\n\
 __device__ __forceinline__ void dcir_mma_f16(float& d0, float& d1, float& d2, float& d3, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {\n  asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\"\n               : \"+f\"(d0), \"+f\"(d1), \"+f\"(d2), \"+f\"(d3) : \"r\"(a0), \"r\"(a1), \"r\"(a2), \"r\"(a3), \"r\"(b0), \"r\"(b1));\n}\n"
         }
+        Helper::SharedStore16Bit => {
+            "__device__ __forceinline__ void dcir_st_shared2(unsigned addr, unsigned short v) {\n  asm volatile(\"st.shared.u16 [%0], %1;\" :: \"r\"(addr), \"h\"(v) : \"memory\");\n}\n"
+        }
         Helper::SplitK => {
             "// Split-K: counts this block in at `tile`; true in the last of `splits` blocks to\n\
 // arrive, which resets the count (so it reads zero at the next launch).\n\

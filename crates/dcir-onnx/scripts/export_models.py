@@ -3,12 +3,14 @@
 
     python3 export_models.py OUTDIR          # resnet50, mobilenet_v2, bert_base
     python3 export_models.py OUTDIR --all    # also densenet121, inception_v3, efficientnet_b0
+    python3 export_models.py OUTDIR --batch 32   # the three at batch 32, as <name>_b32.onnx
 
 Needs torch, torchvision, transformers and onnx (the GPU machine has them); no
 network: every model is built from its config with random initialization.
 
 Each model is exported with the TorchScript-based exporter (`dynamo=False`,
-more predictable than the dynamo exporter) at opset 17, in eval mode, batch 1.
+more predictable than the dynamo exporter) at opset 17, in eval mode, batch 1
+(or `--batch N`: the shapes are static, so each batch is its own file).
 Then the weights are stripped: every floating-point initializer with more than
 one element keeps its name, dims and data type but loses its data (no
 raw_data, no typed data fields). Integer initializers (shape arithmetic,
@@ -87,15 +89,23 @@ def main():
         sys.exit(2)
     outdir = sys.argv[1]
     everything = "--all" in sys.argv[2:]
+    batch = int(sys.argv[sys.argv.index("--batch") + 1]) if "--batch" in sys.argv else 1
+    suffix = "" if batch == 1 else f"_b{batch}"
     os.makedirs(outdir, exist_ok=True)
     torch.manual_seed(0)
 
     import torchvision
 
-    image = torch.randn(1, 3, 224, 224)
-    export("resnet50", torchvision.models.resnet50(weights=None), (image,), ["input"], outdir)
+    image = torch.randn(batch, 3, 224, 224)
     export(
-        "mobilenet_v2", torchvision.models.mobilenet_v2(weights=None), (image,), ["input"], outdir
+        "resnet50" + suffix, torchvision.models.resnet50(weights=None), (image,), ["input"], outdir
+    )
+    export(
+        "mobilenet_v2" + suffix,
+        torchvision.models.mobilenet_v2(weights=None),
+        (image,),
+        ["input"],
+        outdir,
     )
 
     from transformers import BertConfig, BertModel
@@ -117,10 +127,10 @@ def main():
         def forward(self, input_ids):
             return self.bert(input_ids=input_ids, return_dict=False)[0]
 
-    ids = torch.randint(0, config.vocab_size, (1, 128), dtype=torch.int64)
-    export("bert_base", BertEncoder(), (ids,), ["input_ids"], outdir)
+    ids = torch.randint(0, config.vocab_size, (batch, 128), dtype=torch.int64)
+    export("bert_base" + suffix, BertEncoder(), (ids,), ["input_ids"], outdir)
 
-    if everything:
+    if everything and batch == 1:
         export(
             "densenet121", torchvision.models.densenet121(weights=None), (image,), ["input"], outdir
         )

@@ -108,3 +108,12 @@ fn inception_v3() {
 fn efficientnet_b0() {
     check("efficientnet_b0", true);
 }
+
+/// The batch-32 exports (`export_models.py --batch 32`): import and clean up
+/// (not run: the interpreter at batch 32 is the GPU runs' `--check`).
+#[test]
+fn batch_32_exports() {
+    for name in ["resnet50_b32", "mobilenet_v2_b32", "bert_base_b32"] {
+        check(name, false);
+    }
+}

@@ -531,7 +531,9 @@ fn check_function(
             limit: info.max_shared_per_block,
         });
     }
-    if k.dynamic_shared > 48 * 1024 {
+    // Static and dynamic shared memory together above the default 48 KiB
+    // need the function's opt-in (a 48 KiB ring plus split-K's flag is 48 KiB + 1).
+    if needed > 48 * 1024 {
         f.set_attribute(
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             k.dynamic_shared as i32,

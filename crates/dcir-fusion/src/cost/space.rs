@@ -488,8 +488,8 @@ pub(crate) fn for_each(dev: &DeviceSpec, info: &GroupInfo, out: &mut dyn FnMut(C
             n2,
             weight_bytes,
         } => {
-            let tc = tensor_core(info.dtype);
-            let rate = dev.matrix_rate(info.dtype);
+            // The emitter serves this family with f32 FMA in every dtype (docs/cuda.md).
+            let (tc, rate) = (false, dev.scalar_rate());
             for tm in [32u32, 64, 128] {
                 for tn in [32u32, 64, 128] {
                     for tk in [16u32, 32] {
@@ -525,8 +525,8 @@ pub(crate) fn for_each(dev: &DeviceSpec, info: &GroupInfo, out: &mut dyn FnMut(C
             dv,
             kv_bytes,
         } => {
-            let tc = tensor_core(info.dtype);
-            let rate = dev.matrix_rate(info.dtype);
+            // The emitter serves this family with f32 FMA in every dtype (docs/cuda.md).
+            let (tc, rate) = (false, dev.scalar_rate());
             for bm in [64u32, 128] {
                 for bn in [64u32, 128] {
                     for threads in [128u32, 256] {
@@ -709,13 +709,14 @@ fn direct(dev: &DeviceSpec, info: &GroupInfo, dw: &Depthwise, out: &mut dyn FnMu
     let taps = dw.kh * dw.kw;
     // Rows per thread, 4 first: ties keep the first candidate, and 4 rows ran
     // fastest on the H200 (docs/cost-model.md, "Direct depthwise").
-    // Columns per thread: 4 (one 16-byte f32 vector), 2 where the output row
-    // is even but not a multiple of 4 (so rows stay vector-aligned).
-    let cols: u32 = if dw.ow % 4.0 != 0.0 && dw.ow % 2.0 == 0.0 {
-        2
-    } else {
-        4
-    };
+    // Columns per thread: one 16-byte vector (4 f32, 8 f16/bf16) where the
+    // output row is a multiple of it, else the widest vector dividing it
+    // (so rows stay vector-aligned), else 4.
+    let widest = (16.0 / e) as u32;
+    let cols: u32 = [widest, 4, 2]
+        .into_iter()
+        .find(|&c| c <= widest && dw.ow % c as f64 == 0.0)
+        .unwrap_or(4);
     for rows in [4u32, 2, 8] {
         for threads in [128u32, 256] {
             let (r, c) = (rows as f64, cols as f64);
@@ -755,8 +756,8 @@ fn direct(dev: &DeviceSpec, info: &GroupInfo, dw: &Depthwise, out: &mut dyn FnMu
 
 fn dwpw(dev: &DeviceSpec, info: &GroupInfo, dw: &Depthwise, o: f64, out: &mut dyn FnMut(Cand)) {
     let e = info.elem;
-    let tc = tensor_core(info.dtype);
-    let rate = dev.matrix_rate(info.dtype);
+    // The emitter serves this family with f32 FMA in every dtype (docs/cuda.md).
+    let (tc, rate) = (false, dev.scalar_rate());
     let taps = dw.kh * dw.kw;
     let c = dw.channels;
     let dw_flops = 2.0 * dw.n * c * dw.oh * dw.ow * taps;
@@ -827,7 +828,9 @@ fn chain(
     let grid = ceil_div(rows, tmf);
     let blocks = batch * grid * sp;
     let cols = n2 / sp;
-    let smem = tmf * n1 * info.elem + stages as f64 * (tmf + tnf) * tkf * info.elem;
+    // The emitter keeps the intermediate rows and the stage-2 weight tile as
+    // f32 in shared memory whatever the dtype (docs/cuda.md, contraction_chain).
+    let smem = ((ceil_div(n1, tkf) * tkf + tkf) * (tmf + 1.0) + tkf * (tnf + 1.0)) * 4.0;
     let block_flops = 2.0 * tmf * (k1 * n1 + n1 * cols);
     let block_bytes = (tmf * k1 + k1 * n1 + n1 * cols + tmf * cols) * info.elem;
     let n1p = ceil_div(n1, tnf) * tnf;
