@@ -15,8 +15,10 @@
 #             weights) through dcir-run --backend cuda --check --bench
 #   variants  hand-set kernel variants (examples/data/variants_*.dcir) checked
 #             and timed, to fit the cost model
-#   profile   per-kernel times of ResNet-50 f16, MobileNetV2 f16 and the BERT
-#             layer f32 at batch 1 (dcir-run --bench --per-kernel)
+#   profile   per-kernel times of ResNet-50 f16, MobileNetV2 f16, the BERT
+#             layer f32 and f16 at batch 1 and convblock f16 at batch 32
+#             (dcir-run --bench --per-kernel)
+#   ncu       Nsight Compute on the depthwise and f16 layernorm kernels
 #   perf      the kernel families at real sizes (kernel_check --no-check)
 #   peers     PyTorch (cuBLAS/cuDNN) at the perf shapes (family_peers.py)
 #   suite     dcir against PyTorch eager and torch.compile on the suite's
@@ -83,6 +85,18 @@ models() {
     done
 }
 
+ncu() {
+    local ncu
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    for kf in depthwise_f32_b32:perf_conv ln_f16_t128_r1:variants_ln; do
+        timeout 120 "$ncu" --clock-control none -k "regex:${kf%%:*}" --launch-count 1 \
+            --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+            --section Occupancy --section SchedulerStats \
+            "$B/kernel_check" --no-check --reps 3 "crates/dcir-cuda/examples/data/${kf#*:}.dcir" \
+            >>"$OUT/ncu.log" 2>&1
+    done
+}
+
 variants() {
     "$B/kernel_check" --reps 100 crates/dcir-cuda/examples/data/variants_*.dcir >"$OUT/variants.log" 2>&1 || status=1
     cp "$OUT/kernel_check.md" "$OUT/variants.md" 2>/dev/null
@@ -95,7 +109,9 @@ profile() {
     "$B/dcir-import" crates/dcir-onnx/models/mobilenet_v2.onnx -o /tmp/p_mb.dcir --no-weights >/dev/null 2>&1
     sed 's/f32/f16/g' /tmp/p_rn.dcir >/tmp/p_rn16.dcir
     sed 's/f32/f16/g' /tmp/p_mb.dcir >/tmp/p_mb16.dcir
-    for f in /tmp/p_rn16.dcir /tmp/p_mb16.dcir ir-examples/bert_encoder_layer.dcir; do
+    sed 's/f32/f16/g' ir-examples/bert_encoder_layer.dcir >/tmp/p_bert16.dcir
+    sed 's/\[1,64,56,56\]/[32,64,56,56]/g; s/f32/f16/g' ir-examples/convblock_c64_56.dcir >/tmp/p_cb16_b32.dcir
+    for f in /tmp/p_rn16.dcir /tmp/p_mb16.dcir ir-examples/bert_encoder_layer.dcir /tmp/p_bert16.dcir /tmp/p_cb16_b32.dcir; do
         echo "== $f" >>"$OUT/profile.log"
         timeout 120 "$B/dcir-run" "$f" --backend cuda --bench 20 --per-kernel >>"$OUT/profile.log" 2>&1 || status=1
     done
@@ -112,19 +128,19 @@ peers() {
 }
 
 suite() {
-    python3 "$B/suite.py" --compile 2>&1 | tee "$OUT/suite.log" | grep -E '^\|' | tail -20
+    timeout "${SUITE_TIMEOUT:-900}" python3 "$B/suite.py" --compile --deadline "${SUITE_DEADLINE:-0}" 2>&1 | tee "$OUT/suite.log" | grep -E '^\|' | tail -24
 }
 
 sanitize() {
     local cs=/usr/local/cuda/bin/compute-sanitizer
     : >"$OUT/sanitize.log"
-    for f in ir-examples/*.dcir; do
+    for f in ${SANITIZE_FILES:-ir-examples/*.dcir}; do
         for tool in memcheck racecheck; do
             echo "== $f $tool" >>"$OUT/sanitize.log"
-            timeout 45 "$cs" --tool $tool --error-exitcode 3 "$B/dcir-run" "$f" --backend cuda >>"$OUT/sanitize.log" 2>&1
+            timeout "${SANITIZE_TIMEOUT:-45}" "$cs" --tool $tool --error-exitcode 3 "$B/dcir-run" "$f" --backend cuda >>"$OUT/sanitize.log" 2>&1
             case $? in
                 0) summary+=("sanitize $(basename "$f" .dcir) $tool: clean") ;;
-                124) summary+=("sanitize $(basename "$f" .dcir) $tool: not finished in 45 s") ;;
+                124) summary+=("sanitize $(basename "$f" .dcir) $tool: not finished in ${SANITIZE_TIMEOUT:-45} s") ;;
                 *) status=1; summary+=("sanitize $(basename "$f" .dcir) $tool: FAIL (see sanitize.log)") ;;
             esac
         done
@@ -138,7 +154,7 @@ test() {
 
 for step in "$@"; do
     case $step in
-        kernels|examples|export|models|variants|profile|perf|peers|suite|sanitize|test) $step ;;
+        kernels|examples|export|models|variants|profile|ncu|perf|peers|suite|sanitize|test) $step ;;
         *) echo "unknown step $step"; exit 2 ;;
     esac
 done

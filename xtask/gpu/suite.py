@@ -11,11 +11,14 @@ mode="reduce-overhead" (CUDA graphs), each the median of 5 x 50 event-timed
 calls after warm-up. JAX/XLA (jax.jit, matmul precision "highest") for the
 workloads defined in JAX here (ln_gelu, convblock, the BERT layer), the
 median of 5 x 50 calls timed to block_until_ready. f16 graphs are the f32
-ones with every f32 made f16. Writes the table (with date, GPU, driver and
-versions) to --out and a bar chart of dcir's speedup over the best peer to
---chart.
+ones with every f32 made f16; batch 32 runs the ONNX models exported at
+batch 32 and the BERT layer on 32 sequences. Two passes: dcir, eager and JAX
+for every workload, then torch.compile (the slow part) in the same order
+until --deadline. Writes the table (with date, GPU, driver and versions) to
+--out after every measurement and a bar chart of dcir's speedup over the best
+peer to --chart.
 """
-import argparse, os, re, statistics, subprocess, sys, tempfile
+import argparse, os, re, statistics, subprocess, sys, tempfile, time
 
 # JAX would otherwise take 75 % of the GPU's memory at its first call.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -72,21 +75,22 @@ class ConvBlock(nn.Module):
 
 
 class BertLayer(nn.Module):
-    """ir-examples/bert_encoder_layer.dcir: post-LN BERT-base layer, 12 heads."""
+    """ir-examples/bert_encoder_layer.dcir: post-LN BERT-base layer, 12 heads,
+    on `batch` sequences of 128 tokens given as (batch * 128, 768)."""
 
-    def __init__(self, h=768, heads=12, ff=3072):
+    def __init__(self, batch=1, h=768, heads=12, ff=3072):
         super().__init__()
-        self.heads = heads
+        self.batch, self.heads = batch, heads
         self.q, self.k, self.v, self.o = (nn.Linear(h, h) for _ in range(4))
         self.ln1, self.ln2 = nn.LayerNorm(h, eps=1e-12), nn.LayerNorm(h, eps=1e-12)
         self.f1, self.f2 = nn.Linear(h, ff), nn.Linear(ff, h)
 
     def forward(self, x):
         t, h = x.shape
-        split = lambda y: y.view(t, self.heads, -1).transpose(0, 1)
+        split = lambda y: y.view(self.batch, t // self.batch, self.heads, -1).transpose(1, 2)
         q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
-        a = torch.softmax(q @ k.transpose(1, 2) * 0.125, -1) @ v
-        x = self.ln1(self.o(a.transpose(0, 1).reshape(t, h)) + x)
+        a = torch.softmax(q @ k.transpose(-1, -2) * 0.125, -1) @ v
+        x = self.ln1(self.o(a.transpose(1, 2).reshape(t, h)) + x)
         return self.ln2(self.f2(F.gelu(self.f1(x))) + x)
 
 
@@ -120,17 +124,17 @@ def jax_workload(name, batch, dtype):
                                    + b2[:, None, None])
         return jax.jit(fn), [rand(batch, 64, 56, 56)]
     if name == "bert_layer_s128":
-        h, ff, t = 768, 3072, 128
+        h, ff, t = 768, 3072, 128 * batch
         wq, wk, wv, wo = (rand(h, h) for _ in range(4))
         bq, bk, bv, bo = (rand(h) for _ in range(4))
         w1, b1, w2, b2 = rand(h, ff), rand(ff), rand(ff, h), rand(h)
         g1, c1, g2, c2 = rand(h), rand(h), rand(h), rand(h)
 
         def fn(x):
-            split = lambda y: y.reshape(t, 12, 64).transpose(1, 0, 2)
+            split = lambda y: y.reshape(batch, 128, 12, 64).transpose(0, 2, 1, 3)
             q, k, v = split(x @ wq + bq), split(x @ wk + bk), split(x @ wv + bv)
-            a = jax.nn.softmax(q @ k.transpose(0, 2, 1) * 0.125, -1) @ v
-            x = layernorm(a.transpose(1, 0, 2).reshape(t, h) @ wo + bo + x, g1, c1, 1e-12)
+            a = jax.nn.softmax(q @ k.transpose(0, 1, 3, 2) * 0.125, -1) @ v
+            x = layernorm(a.transpose(0, 2, 1, 3).reshape(t, h) @ wo + bo + x, g1, c1, 1e-12)
             return layernorm(jax.nn.gelu(x @ w1 + b1, approximate=False) @ w2 + b2 + x, g2, c2, 1e-12)
         return jax.jit(fn), [rand(t, h)]
     return None
@@ -164,8 +168,11 @@ def workloads():
     yield "convblock_c64_56", 1, "ir-examples/convblock_c64_56.dcir", ConvBlock, [(1, 64, 56, 56)]
     yield "convblock_c64_56", 32, "convblock_b32", ConvBlock, [(32, 64, 56, 56)]
     yield "bert_layer_s128", 1, "ir-examples/bert_encoder_layer.dcir", BertLayer, [(128, 768)]
-    yield "resnet50", 1, "onnx:resnet50", lambda: torchvision_model("resnet50"), [(1, 3, 224, 224)]
+    yield "bert_layer_s128", 32, "bert_b32", lambda: BertLayer(32), [(4096, 768)]
     yield "mobilenet_v2", 1, "onnx:mobilenet_v2", lambda: torchvision_model("mobilenet_v2"), [(1, 3, 224, 224)]
+    yield "mobilenet_v2", 32, "onnx:mobilenet_v2_b32", lambda: torchvision_model("mobilenet_v2"), [(32, 3, 224, 224)]
+    yield "resnet50", 1, "onnx:resnet50", lambda: torchvision_model("resnet50"), [(1, 3, 224, 224)]
+    yield "resnet50", 32, "onnx:resnet50_b32", lambda: torchvision_model("resnet50"), [(32, 3, 224, 224)]
 
 
 def dcir_graph(spec, dtype, scratch):
@@ -183,6 +190,8 @@ def dcir_graph(spec, dtype, scratch):
         text = open(path).read()
     elif spec == "convblock_b32":
         text = open("ir-examples/convblock_c64_56.dcir").read().replace("[1,64,56,56]", "[32,64,56,56]")
+    elif spec == "bert_b32":
+        text = bert_layer_text(32)
     else:
         text = open(spec).read()
     if dtype == "f16":
@@ -190,6 +199,20 @@ def dcir_graph(spec, dtype, scratch):
     out = os.path.join(scratch, f"{abs(hash((spec, dtype)))}.dcir")
     open(out, "w").write(text)
     return out, None
+
+
+def bert_layer_text(batch):
+    """ir-examples/bert_encoder_layer.dcir on `batch` sequences of 128 tokens:
+    the projections over all tokens, attention per (sequence, head)."""
+    t, b = 128 * batch, batch
+    text = open("ir-examples/bert_encoder_layer.dcir").read()
+    for old, new in [("@bert_encoder_layer(", f"@bert_encoder_layer_b{b}("),
+                     ("f32[128,768]", f"f32[{t},768]"), ("f32[128,3072]", f"f32[{t},3072]"),
+                     ("f32[128,12,64]", f"f32[{b},128,12,64]"), ("f32[12,128,64]", f"f32[{b},12,128,64]"),
+                     ("f32[12,128,128]", f"f32[{b},12,128,128]"), ("{perm = [1, 0, 2]}", "{perm = [0, 2, 1, 3]}"),
+                     ("softmax %scaled {axis = 2}", "softmax %scaled {axis = 3}")]:
+        text = text.replace(old, new)
+    return text
 
 
 def dcir_ms(path, graph):
@@ -208,6 +231,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--compile", action="store_true", help="also time torch.compile (default, reduce-overhead)")
     ap.add_argument("--only", help="run only this workload")
+    ap.add_argument("--deadline", type=float, default=0.0,
+                    help="seconds after which torch.compile of further workloads is skipped (0: none)")
     ap.add_argument("--chart", default=os.path.join(os.environ.get("OUT", "/tmp"), "suite.png"))
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "/tmp"), "suite.md"))
     args = ap.parse_args()
@@ -226,8 +251,13 @@ def main():
     header = "| workload | dtype | batch | dcir ms | " + " | ".join(f"{s} ms" for s in systems) + \
              " | best peer ms | dcir vs best |"
     rows = [f"{title}", "", header, "|" + "---|" * (header.count("|") - 1)]
-    speedups = []
     scratch = tempfile.mkdtemp()
+    started = time.time()
+    # Pass 1: dcir, eager and JAX for every workload; pass 2: torch.compile
+    # (both modes), the slow part, in the same order until --deadline, so a
+    # short call still gives every dcir figure against the eager peers.
+    results = []  # (name, dtype, batch, dcir ms or None, {system: ms})
+    jobs = []
     for name, batch, spec, make, shapes in workloads():
         if args.only and name != args.only:
             continue
@@ -239,23 +269,39 @@ def main():
             job = jax_workload(name, batch, dtype)
             if job is not None:
                 peers["JAX"] = jax_ms(job)
-            if args.compile:
-                for label, mode in [("inductor", "default"), ("inductor+CG", "reduce-overhead")]:
-                    torch._dynamo.reset()
-                    compiled = torch.compile(module, mode=mode)
-                    peers[label] = timed_ms(lambda: compiled(*inputs))
-            best = min(peers.values())
-            if dcir is not None:
-                speedups.append((f"{name} {dtype} b{batch}", best / dcir))
-            ratio = "-" if dcir is None else (f"{best / dcir:.2f}x faster" if dcir <= best
-                                              else f"{dcir / best:.2f}x slower")
-            row = f"| {name} | {dtype} | {batch} | " + ("FAIL" if dcir is None else f"{dcir:.4f}") + " | " + \
-                  " | ".join(f"{peers[s]:.4f}" if s in peers else "—" for s in systems) + \
-                  f" | {best:.4f} | {ratio} |"
-            rows.append(row)
-            print(row, flush=True)
-    open(args.out, "w").write("\n".join(rows) + "\n")
+            results.append((name, dtype, batch, dcir, peers))
+            jobs.append((module, inputs))
+            print(f"{name} {dtype} b{batch}: dcir {dcir} peers {peers}", flush=True)
+            write(args.out, rows, results, systems)
+    if args.compile:
+        for (name, dtype, batch, dcir, peers), (module, inputs) in zip(results, jobs):
+            if args.deadline and time.time() - started > args.deadline:
+                print(f"deadline: no torch.compile for {name} {dtype} b{batch}", flush=True)
+                continue
+            for label, mode in [("inductor", "default"), ("inductor+CG", "reduce-overhead")]:
+                torch._dynamo.reset()
+                compiled = torch.compile(module, mode=mode)
+                peers[label] = timed_ms(lambda: compiled(*inputs))
+            print(f"{name} {dtype} b{batch}: peers {peers}", flush=True)
+            write(args.out, rows, results, systems)
+    for line in write(args.out, rows, results, systems):
+        print(line, flush=True)
+    speedups = [(f"{n} {d} b{b}", min(p.values()) / t) for n, d, b, t, p in results if t is not None]
     chart(speedups, title, args.chart)
+
+
+def write(path, head, results, systems):
+    """The table so far (head lines, then one row per result) to `path`; returns the rows."""
+    rows = []
+    for name, dtype, batch, dcir, peers in results:
+        best = min(peers.values())
+        ratio = "-" if dcir is None else (f"{best / dcir:.2f}x faster" if dcir <= best
+                                          else f"{dcir / best:.2f}x slower")
+        rows.append(f"| {name} | {dtype} | {batch} | " + ("FAIL" if dcir is None else f"{dcir:.4f}") + " | " +
+                    " | ".join(f"{peers[s]:.4f}" if s in peers else "—" for s in systems) +
+                    f" | {best:.4f} | {ratio} |")
+    open(path, "w").write("\n".join(head + rows) + "\n")
+    return rows
 
 
 def chart(speedups, title, path):
