@@ -633,7 +633,8 @@ fn keeps_linear_order(l: &Lower, tainted: &BTreeSet<ValueId>, result: ValueId, y
             .is_some_and(|&src| keeps_linear_order(l, tainted, result, src))
 }
 
-fn let_int(name: &str, value: Expr) -> Stmt {
+/// `const int name = value;`
+pub(super) fn let_int(name: &str, value: Expr) -> Stmt {
     Stmt::Let {
         name: name.into(),
         ty: Ty::I32,
@@ -642,7 +643,8 @@ fn let_int(name: &str, value: Expr) -> Stmt {
     }
 }
 
-fn array(name: &str, ty: Ty) -> ArrayRef {
+/// Array `name` accessed as `ty`.
+pub(super) fn array(name: &str, ty: Ty) -> ArrayRef {
     ArrayRef {
         name: name.into(),
         ty,

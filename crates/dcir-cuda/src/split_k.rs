@@ -18,8 +18,9 @@
 //! `S` is the largest divisor of the k-tile count not above the attribute
 //! (each split gets the same number of k-tiles); 1 keeps the plain kernel.
 
+use super::gemm::{array, let_int};
 use crate::kir::{
-    ArrayRef, Builtin, Expr, Helper, Param, Scratch, Stmt, Ty, add, call, div, int, mul, rem, var,
+    Builtin, Expr, Helper, Param, Scratch, Stmt, Ty, add, call, div, int, mul, rem, var,
 };
 
 /// Name of the per-block partial sums parameter.
@@ -159,44 +160,32 @@ impl SplitK {
             )
         };
         let acc = |i: Expr| Expr::Load(array("acc", Ty::F32), Box::new(i));
-        let store = Stmt::For {
+        // `for i < acc_len` (unrolled) over one store.
+        let each_acc = |store: Stmt| Stmt::For {
             var: "i".into(),
             start: int(0),
             end: int(acc_len as i64),
             step: int(1),
             unroll: true,
-            body: vec![Stmt::Store(
-                array(PARTIALS, Ty::F32),
-                slot(var("ks"), var("i")),
-                acc(var("i")),
-            )],
+            body: vec![store],
         };
+        let store = each_acc(Stmt::Store(
+            array(PARTIALS, Ty::F32),
+            slot(var("ks"), var("i")),
+            acc(var("i")),
+        ));
         // acc[i] = Σ_s partial[s][i], in split order (this block's own
         // partial read back too, so the order never depends on which block
         // arrives last); the split loop stays rolled, 32 loads in flight a step.
-        let zero = Stmt::For {
-            var: "i".into(),
-            start: int(0),
-            end: int(acc_len as i64),
-            step: int(1),
-            unroll: true,
-            body: vec![Stmt::Store(array("acc", Ty::F32), var("i"), Expr::F32(0.0))],
-        };
-        let add_split = Stmt::For {
-            var: "i".into(),
-            start: int(0),
-            end: int(acc_len as i64),
-            step: int(1),
-            unroll: true,
-            body: vec![Stmt::Store(
-                array("acc", Ty::F32),
-                var("i"),
-                add(
-                    acc(var("i")),
-                    call("dcir_ldcg", vec![var(PARTIALS), slot(var("s"), var("i"))]),
-                ),
-            )],
-        };
+        let zero = each_acc(Stmt::Store(array("acc", Ty::F32), var("i"), Expr::F32(0.0)));
+        let add_split = each_acc(Stmt::Store(
+            array("acc", Ty::F32),
+            var("i"),
+            add(
+                acc(var("i")),
+                call("dcir_ldcg", vec![var(PARTIALS), slot(var("s"), var("i"))]),
+            ),
+        ));
         let sum = vec![
             zero,
             Stmt::Pragma("unroll 1".into()),
@@ -230,23 +219,6 @@ impl SplitK {
 
 /// Names the split-K code declares.
 pub(crate) const LOCALS: &[&str] = &["blk", "ks", "k_tile0", "i", "s", PARTIALS, ARRIVALS];
-
-fn let_int(name: &str, value: Expr) -> Stmt {
-    Stmt::Let {
-        name: name.into(),
-        ty: Ty::I32,
-        value,
-        constant: true,
-    }
-}
-
-fn array(name: &str, ty: Ty) -> ArrayRef {
-    ArrayRef {
-        name: name.into(),
-        ty,
-        reinterpret: false,
-    }
-}
 
 #[cfg(test)]
 mod tests {
