@@ -54,20 +54,10 @@ pub fn build_artifact(g: &Graph, options: &BuildOptions) -> Result<Artifact, Str
     let mut kernel_of: HashMap<String, u32> = HashMap::new();
     let new_buffer = |a: &mut Artifact, v: ValueId, kind: BufferKind, view_of: Option<u32>| {
         let ty = g.ty(v);
-        let id = a.buffers.len() as u32;
-        a.buffers.push(Buffer {
-            id,
-            name: g.value(v).name.clone(),
-            bytes: ty.size_bytes().unwrap_or(0) as u64,
-            dtype: ty.dtype.name().to_string(),
-            shape: ty.dims().iter().map(|&d| d as u64).collect(),
-            view_of,
-            first_use: None,
-            last_use: None,
-            kind,
-            data: None,
-        });
-        id
+        let shape = ty.dims().iter().map(|&d| d as u64).collect();
+        let bytes = ty.size_bytes().unwrap_or(0) as u64;
+        let (name, dtype) = (g.value(v).name.clone(), ty.dtype.name());
+        push_buffer(a, name, bytes, dtype, shape, kind, view_of)
     };
     for &p in g.params() {
         let id = new_buffer(&mut a, p, BufferKind::Input, None);
@@ -107,24 +97,21 @@ pub fn build_artifact(g: &Graph, options: &BuildOptions) -> Result<Artifact, Str
                 }
                 // Scratch (split-K) binds the kernel's trailing parameters.
                 for s in &kernel.scratch {
-                    let id = a.buffers.len() as u32;
-                    a.buffers.push(Buffer {
-                        id,
-                        name: format!("{}.{}", kernel.name, s.param),
-                        bytes: s.bytes as u64,
-                        dtype: "u8".into(),
-                        shape: vec![s.bytes as u64],
-                        view_of: None,
-                        first_use: None,
-                        last_use: None,
-                        kind: if s.zeroed {
-                            BufferKind::Zeroed
-                        } else {
-                            BufferKind::Intermediate
-                        },
-                        data: None,
-                    });
-                    args.push(id);
+                    let kind = if s.zeroed {
+                        BufferKind::Zeroed
+                    } else {
+                        BufferKind::Intermediate
+                    };
+                    let (name, bytes) = (format!("{}.{}", kernel.name, s.param), s.bytes as u64);
+                    args.push(push_buffer(
+                        &mut a,
+                        name,
+                        bytes,
+                        "u8",
+                        vec![bytes],
+                        kind,
+                        None,
+                    ));
                 }
                 a.launches.push(Launch {
                     name: kernel.name.clone(),
@@ -158,6 +145,32 @@ pub fn build_artifact(g: &Graph, options: &BuildOptions) -> Result<Artifact, Str
     a.outputs = returned.iter().map(|v| buffer_of[v]).collect();
     set_liveness(&mut a);
     Ok(a)
+}
+
+/// Appends a buffer (no uses yet, no data) to `a`; returns its id.
+fn push_buffer(
+    a: &mut Artifact,
+    name: String,
+    bytes: u64,
+    dtype: &str,
+    shape: Vec<u64>,
+    kind: BufferKind,
+    view_of: Option<u32>,
+) -> u32 {
+    let id = a.buffers.len() as u32;
+    a.buffers.push(Buffer {
+        id,
+        name,
+        bytes,
+        dtype: dtype.to_string(),
+        shape,
+        view_of,
+        first_use: None,
+        last_use: None,
+        kind,
+        data: None,
+    });
+    id
 }
 
 /// `source` (the printed `kernel`) with every name the kernel declares — its

@@ -45,8 +45,8 @@ use super::pool::{
 };
 use super::thread_grid;
 use super::{
-    EmitError, Index, Lower, Reduced, attr_int, kernel_name, pack, params, storage_ty, store,
-    vector_lane, vector_ty,
+    EmitError, Index, Lower, Reduced, attr_int, kernel_name, pack, params, store, vector_lane,
+    vector_ty,
 };
 use crate::kir::{
     ArrayRef, BinOp, Builtin, Expr, Kernel, Param, SharedArray, Stmt, Ty, add, bin, call, div, int,
@@ -223,26 +223,24 @@ struct Tile {
     ix0: Expr,
 }
 
-/// Splits `blockIdx.x` into (image, channel block, tile row, tile column),
-/// tile column fastest, or the channel block fastest when
-/// `channel_fastest`; returns the block's `tile`-sized tile and its channel block.
+/// Splits `blockIdx.x` into (image, tile row, tile column, channel block),
+/// the channel block fastest; returns the block's `tile`-sized tile and its
+/// channel block.
 fn block_tile(
     body: &mut Vec<Stmt>,
     dw: &Depthwise,
     tile: [usize; 2],
     channel_blocks: usize,
-    channel_fastest: bool,
 ) -> (Tile, Expr) {
     let (ty_n, tx_n) = (dw.tiles(0, tile[0]), dw.tiles(1, tile[1]));
     let bid = Expr::Builtin(Builtin::BlockX);
     // Extents from fastest to slowest: each index is blockIdx.x / stride % extent.
-    let mut order = vec![("tile_x", tx_n), ("tile_y", ty_n)];
-    if channel_fastest {
-        order.insert(0, ("chan_block", channel_blocks));
-    } else {
-        order.push(("chan_block", channel_blocks));
-    }
-    order.push(("n", dw.n));
+    let order = [
+        ("chan_block", channel_blocks),
+        ("tile_x", tx_n),
+        ("tile_y", ty_n),
+        ("n", dw.n),
+    ];
     let mut stride = 1;
     let mut found = Vec::new();
     for (i, &(name, extent)) in order.iter().enumerate() {
@@ -288,15 +286,6 @@ fn stage_patch(
 ) -> Result<Stmt> {
     let tile = block.size;
     let [ph, pw] = dw.patch(tile);
-    // Does some tile's patch (partial edge tiles included) leave the image?
-    let padded_out = [
-        dw.tiles(0, tile[0]) * tile[0],
-        dw.tiles(1, tile[1]) * tile[1],
-    ];
-    let reach = Window {
-        output: padded_out,
-        ..dw.win
-    };
     let [h, w] = dw.win.input;
     let body = l.scoped(|l| {
         let mut b = Vec::new();
@@ -325,8 +314,8 @@ fn stage_patch(
             vec![block.n.clone(), ic, iy.clone(), ix.clone()],
         );
         let inside = and_opt(
-            in_range(&iy, h, reach.leaves(0)),
-            in_range(&ix, w, reach.leaves(1)),
+            in_range(&iy, h, tile_leaves(dw, 0, tile[0])),
+            in_range(&ix, w, tile_leaves(dw, 1, tile[1])),
         );
         let load = l.scoped(|l| {
             let v = l.value_at(dw.x, &idx)?;
@@ -496,7 +485,7 @@ pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
     strip.push(unrolled("i", rows * cols, vec![zero("acc")]));
 
     // Input rows in order; each adds into the output rows whose windows hold it.
-    let (row_leaves, col_leaves) = (strip_leaves(&dw, 0, rows), strip_leaves(&dw, 1, cols));
+    let (row_leaves, col_leaves) = (tile_leaves(&dw, 0, rows), tile_leaves(&dw, 1, cols));
     for r in 0..span_rows {
         strip.push(unrolled("i", span_cols, vec![zero("xr")]));
         let iy = add(iy0.clone(), int(r as i64));
@@ -631,9 +620,10 @@ pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
 /// Most outputs one thread of a `direct` kernel accumulates.
 const MAX_STRIP: usize = 64;
 
-/// Whether some strip of `extent` outputs along `axis` (edge strips past
-/// the output included) reads before the input, and whether some reads past it.
-fn strip_leaves(dw: &Depthwise, axis: usize, extent: usize) -> (bool, bool) {
+/// Whether some tile (or strip) of `extent` outputs along `axis` (edge
+/// tiles past the output included) reads before the input, and whether
+/// some reads past it.
+fn tile_leaves(dw: &Depthwise, axis: usize, extent: usize) -> (bool, bool) {
     let padded = dw.tiles(axis, extent) * extent;
     let mut output = dw.win.output;
     output[axis] = padded;
@@ -649,22 +639,35 @@ fn load_row_elements(
     [n, ic, iy, ix0]: [&Expr; 4],
     leaves: (bool, bool),
 ) -> Result<()> {
-    let [h, w] = dw.win.input;
     for j in 0..span {
         let ix = add(ix0.clone(), int(j as i64));
-        let load = l.scoped(|l| {
-            let idx = Index::coords(
-                &[dw.n, dw.c, h, w],
-                vec![n.clone(), ic.clone(), iy.clone(), ix.clone()],
-            );
-            let v = l.value_at(dw.x, &idx)?;
-            l.body.push(Stmt::Store(array("xr"), int(j as i64), v));
-            Ok(())
-        })?;
-        match in_range(&ix, w, leaves) {
-            Some(cond) => l.body.push(Stmt::If(cond, load)),
-            None => l.body.extend(load),
-        }
+        load_element(l, dw, [n, ic, iy, &ix], j, leaves)?;
+    }
+    Ok(())
+}
+
+/// `xr[j]` = the input at (`n`, `ic`, `iy`, `ix`) through the index maps,
+/// loaded only where `ix` may be inside the row.
+fn load_element(
+    l: &mut Lower,
+    dw: &Depthwise,
+    [n, ic, iy, ix]: [&Expr; 4],
+    j: usize,
+    leaves: (bool, bool),
+) -> Result<()> {
+    let [h, w] = dw.win.input;
+    let load = l.scoped(|l| {
+        let idx = Index::coords(
+            &[dw.n, dw.c, h, w],
+            vec![n.clone(), ic.clone(), iy.clone(), ix.clone()],
+        );
+        let v = l.value_at(dw.x, &idx)?;
+        l.body.push(Stmt::Store(array("xr"), int(j as i64), v));
+        Ok(())
+    })?;
+    match in_range(ix, w, leaves) {
+        Some(cond) => l.body.push(Stmt::If(cond, load)),
+        None => l.body.extend(load),
     }
     Ok(())
 }
@@ -714,19 +717,9 @@ fn load_row_vectors(
             }
             j += cols;
         } else {
+            // The span's ends, through the element path.
             let ix = add(sub(ox0.clone(), int(pad)), int(j as i64));
-            let input = ArrayRef {
-                name: param.to_string(),
-                ty: storage_ty(dw.dtype),
-                reinterpret: false,
-            };
-            let index = add(mul(row.clone(), int(w_i)), ix.clone());
-            let x = l.widen(dw.dtype, Expr::Load(input, Box::new(index)));
-            let store = vec![Stmt::Store(array("xr"), int(j as i64), x)];
-            match in_range(&ix, w, leaves) {
-                Some(cond) => l.body.push(Stmt::If(cond, store)),
-                None => l.body.extend(store),
-            }
+            load_element(l, dw, [n, ic, iy, &ix], j, leaves)?;
             j += 1;
         }
     }
@@ -828,7 +821,7 @@ pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
         "{}x{} output pixels x {tile_n} output channels per block; depthwise channels in chunks of {kc}; {threads_p}x{threads_n} threads, each a {mt}x{nt} micro-tile",
         tile[0], tile[1]
     ))];
-    let (block, chan_block) = block_tile(&mut body, &dw, tile, o_total.div_ceil(tile_n), true);
+    let (block, chan_block) = block_tile(&mut body, &dw, tile, o_total.div_ceil(tile_n));
     let o0 = let_int(&mut body, "o0", mul(chan_block, int(tile_n as i64)));
     let tid = Expr::Builtin(Builtin::ThreadX);
     let tp = let_int(&mut body, "tp", rem(tid.clone(), threads_p as i64));

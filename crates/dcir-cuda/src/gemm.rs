@@ -203,16 +203,39 @@ impl ConvGeometry {
         ]
     }
 
+    /// `(c, kh, kw)` of GEMM depth `k` (row-major over `[Cg, KH, KW]`).
+    pub fn tap(&self, k: Expr) -> [Expr; 3] {
+        let [_, _, kh, kw] = self.weight;
+        [
+            div(k.clone(), (kh * kw) as i64),
+            rem(div(k.clone(), kw as i64), kh as i64),
+            rem(k, kw as i64),
+        ]
+    }
+
+    /// Whether some window starts before the input and whether some ends
+    /// past it, along rows and columns: only padding (or a window
+    /// overhanging the far edge) lets it leave the image.
+    pub fn window_leaves(&self) -> [(bool, bool); 2] {
+        let [_, _, h, w] = self.input;
+        let [_, _, kh, kw] = self.weight;
+        let [_, _, out_h, out_w] = self.output;
+        let far_h = (out_h - 1) * self.stride[0] + (kh - 1) * self.dilation[0];
+        let far_w = (out_w - 1) * self.stride[1] + (kw - 1) * self.dilation[1];
+        [
+            (self.pad[0] > 0, far_h >= h + self.pad[0]),
+            (self.pad[1] > 0, far_w >= w + self.pad[1]),
+        ]
+    }
+
     /// The input element `A(m, k)` of group `g`. Its coordinates refer to
     /// locals `{prefix}_img`, `_ch`, `_ih`, `_iw` that [`Element::lets`] defines.
     pub fn a_at(&self, prefix: &str, g: &Expr, m: Expr, k: Expr) -> Element {
         let [_, _, h, w] = self.input;
-        let [_, cg, kh, kw] = self.weight;
+        let cg = self.weight[1];
         let name = |s: &str| format!("{prefix}_{s}");
         let [img, oh, ow] = self.pixel(m);
-        let c = div(k.clone(), (kh * kw) as i64);
-        let r = rem(div(k.clone(), kw as i64), kh as i64);
-        let s = rem(k, kw as i64);
+        let [c, r, s] = self.tap(k);
         let ih = add(
             sub(mul(oh, int(self.stride[0] as i64)), int(self.pad[0] as i64)),
             mul(r, int(self.dilation[0] as i64)),
@@ -229,16 +252,12 @@ impl ConvGeometry {
         ];
         let coords: Vec<Expr> = lets.iter().map(|(n, _)| var(n)).collect();
         let (ih, iw) = (coords[2].clone(), coords[3].clone());
-        // The window leaves the image only where padding (or a window
-        // overhanging the far edge) lets it.
-        let [_, _, out_h, out_w] = self.output;
-        let far_h = (out_h - 1) * self.stride[0] + (kh - 1) * self.dilation[0];
-        let far_w = (out_w - 1) * self.stride[1] + (kw - 1) * self.dilation[1];
+        let [(top, bottom), (left, right)] = self.window_leaves();
         let conds = [
-            (self.pad[0] > 0).then(|| bin(BinOp::Ge, ih.clone(), int(0))),
-            (far_h >= h + self.pad[0]).then(|| lt(ih.clone(), int(h as i64))),
-            (self.pad[1] > 0).then(|| bin(BinOp::Ge, iw.clone(), int(0))),
-            (far_w >= w + self.pad[1]).then(|| lt(iw.clone(), int(w as i64))),
+            top.then(|| bin(BinOp::Ge, ih.clone(), int(0))),
+            bottom.then(|| lt(ih.clone(), int(h as i64))),
+            left.then(|| bin(BinOp::Ge, iw.clone(), int(0))),
+            right.then(|| lt(iw.clone(), int(w as i64))),
         ];
         Element {
             index: Index::coords(&self.input, coords),
@@ -1201,7 +1220,7 @@ fn multiply(t: &Tiling, a: &Stage, b: &Stage, buf: &Expr) -> Vec<Stmt> {
 ///   multiply; sync`.
 fn k_loop(l: &mut Lower, t: &Tiling, split: &SplitK, a: &Stage, b: &Stage) -> Result<Vec<Stmt>> {
     let tiles = split.tiles_per_split;
-    let (_, _, k_tile0) = split.block_index();
+    let k_tile0 = split.first_k_tile();
     let (m0, n0) = (var("m0"), var("n0"));
     // The loads of tile `kt` (of this block's split), skipped past the last tile.
     let load = |l: &mut Lower, kt: Expr| -> Result<Vec<Stmt>> {
@@ -1447,7 +1466,7 @@ fn lower_contraction(l: &mut Lower, op: OpId, c: &Contraction) -> Result<Kernel>
         c.k.div_ceil(t.tk),
         c.batch * grid_m * grid_n,
     );
-    let (split_setup, bid, _) = split.block_index();
+    let (split_setup, bid) = split.block_index();
     let (ty, tx) = thread_position(&t);
     let mut body = split_setup;
     body.extend([

@@ -51,6 +51,7 @@ use dcir_ir::{Attr, DType, Graph, OpId, OpKind, ValueDef, ValueId};
 use super::gemm::{
     Contraction, ConvGeometry, Geometry, check_epilogue, check_prologue, store_results,
 };
+use super::pool::in_range;
 use super::split_k::{self, SplitK};
 use super::{EmitError, Index, Lower, Reduced, attr_int, pack, params, storage_ty, yields};
 use crate::kir::{
@@ -177,7 +178,11 @@ impl Config {
 
     /// The split-K of `p` under this blocking.
     fn split_k(&self, p: &Problem) -> SplitK {
-        SplitK::new(self.splits as i64, p.k.div_ceil(self.tk), p.blocks(self))
+        SplitK {
+            splits: self.splits,
+            tiles_per_split: self.k_tiles(p),
+            blocks_per_split: p.blocks(self),
+        }
     }
 
     /// This blocking with the k loop cut into (at most) `asked` splits.
@@ -192,12 +197,8 @@ impl Config {
     }
 
     /// Global k-tile of the block's k-tile `kt` (offset by its split's first).
-    fn k_tile(&self, kt: Expr) -> Expr {
-        if self.splits > 1 {
-            add(kt, var("k_tile0"))
-        } else {
-            kt
-        }
+    fn k_tile(&self, p: &Problem, kt: Expr) -> Expr {
+        add(kt, self.split_k(p).first_k_tile())
     }
 
     fn threads(&self) -> usize {
@@ -567,7 +568,7 @@ pub(super) fn emit(
 fn block_setup(p: &Problem, c: &Config, split: &SplitK) -> Vec<Stmt> {
     let (grid_m, grid_n) = (p.m.div_ceil(c.tm), p.n.div_ceil(c.tn));
     let tiles = (grid_m * grid_n) as i64;
-    let (split_setup, bid, _) = split.block_index();
+    let (split_setup, bid) = split.block_index();
     let tid = Expr::Builtin(Builtin::ThreadX);
     let mut out = vec![
         Stmt::Comment(format!(
@@ -944,7 +945,7 @@ fn copy_tile(
         }
     };
     let r0 = if t.p == "a" { var("m0") } else { var("n0") };
-    let k0 = mul(c.k_tile(kt), int(c.tk as i64));
+    let k0 = mul(c.k_tile(p, kt), int(c.tk as i64));
     let chunk0 = mul(var(t.name("col")), int(CHUNK as i64));
     // (r, k) of the first element of chunk `s`; the chunk runs along k when
     // the tile is k-inner, else along r.
@@ -1184,7 +1185,6 @@ impl PixelPlan {
     fn loads(&self, t: &TileLayout, px: &PixelMapped, k: usize, k0: Expr) -> Vec<Stmt> {
         let geo = &px.geo;
         let [_, _, h, w] = geo.input;
-        let [_, _, kh, kw] = geo.weight;
         let m_partial = !geo.m().is_multiple_of(self.tm);
         let el = t.name("el");
         let storage = ArrayRef {
@@ -1192,49 +1192,32 @@ impl PixelPlan {
             ty: Ty::F16Bits,
             reinterpret: false,
         };
-        let [_, _, out_h, out_w] = geo.output;
-        let far_h = (out_h - 1) * geo.stride[0] + (kh - 1) * geo.dilation[0];
-        let far_w = (out_w - 1) * geo.stride[1] + (kw - 1) * geo.dilation[1];
-        let (check_h, check_w) = (
-            geo.pad[0] > 0 || far_h >= h + geo.pad[0] || m_partial,
-            geo.pad[1] > 0 || far_w >= w + geo.pad[1],
-        );
+        // A pixel past M has an origin row below the image: the top check catches it.
+        let [(top, bottom), cols] = geo.window_leaves();
+        let rows = (top || m_partial, bottom);
         let mut out = Vec::new();
         for i in 0..self.elements {
             let (j, row) = self.element(t, i);
             let kname = format!("{}_k{i}", t.p);
             let mut body = vec![let_int(&kname, add(k0.clone(), row.clone()))];
             let kv = var(&kname);
-            let (ch, r, sc) = if kh * kw == 1 {
-                (kv.clone(), int(0), int(0))
-            } else {
-                (
-                    div(kv.clone(), (kh * kw) as i64),
-                    rem(div(kv.clone(), kw as i64), kh as i64),
-                    rem(kv.clone(), kw as i64),
-                )
-            };
+            let [ch, r, sc] = geo.tap(kv.clone());
             let dr = mul(r, int(geo.dilation[0] as i64));
             let ds = mul(sc, int(geo.dilation[1] as i64));
             let ih = add(self.origin_row(t, j, m_partial), dr.clone());
             let iw = add(var(format!("{}_pw{j}", t.p)), ds.clone());
-            let mut conds = Vec::new();
-            if !k.is_multiple_of(self.tk) {
-                conds.push(lt(kv.clone(), int(k as i64)));
-            }
-            if check_h {
-                conds.push(in_bounds(ih, h));
-            }
-            if check_w {
-                conds.push(in_bounds(iw, w));
-            }
+            let conds = [
+                (!k.is_multiple_of(self.tk)).then(|| lt(kv.clone(), int(k as i64))),
+                in_range(&ih, h, rows),
+                in_range(&iw, w, cols),
+            ];
             let offset = add(
                 add(var(format!("{}_pb{j}", t.p)), mul(ch, int((h * w) as i64))),
                 add(mul(dr, int(w as i64)), ds),
             );
             // Out of bounds the load reads element 0 and the value is zero:
             // selects, not branches.
-            let value = match conds.into_iter().reduce(and) {
+            let value = match conds.into_iter().flatten().reduce(and) {
                 Some(cond) => {
                     let inside = format!("{}_in{i}", t.p);
                     body.push(Stmt::Let {
@@ -1290,11 +1273,6 @@ impl PixelPlan {
             body
         }
     }
-}
-
-/// `0 <= e && e < extent`.
-fn in_bounds(e: Expr, extent: usize) -> Expr {
-    and(bin(BinOp::Ge, e.clone(), int(0)), lt(e, int(extent as i64)))
 }
 
 /// Per-lane constants of the `ldmatrix` addresses. An x4 load covers a

@@ -68,13 +68,22 @@ impl SplitK {
         self.splits * self.blocks_per_split
     }
 
-    /// `blk` (the block's index within its split, in place of `blockIdx.x`)
-    /// and `ks` (its split); `k_tile0` is its first k-tile. Without a split,
-    /// `blk` is `blockIdx.x` and the first k-tile 0.
-    pub(crate) fn block_index(&self) -> (Vec<Stmt>, Expr, Expr) {
+    /// The block's first k-tile: `k_tile0` (defined by [`SplitK::block_index`]), or 0.
+    pub(crate) fn first_k_tile(&self) -> Expr {
+        if self.is_split() {
+            var("k_tile0")
+        } else {
+            int(0)
+        }
+    }
+
+    /// The statements defining `blk` (the block's index within its split,
+    /// in place of `blockIdx.x`), `ks` (its split) and `k_tile0`, and the
+    /// block index to use: `blk`, or `blockIdx.x` without a split.
+    pub(crate) fn block_index(&self) -> (Vec<Stmt>, Expr) {
         let bid = Expr::Builtin(Builtin::BlockX);
         if !self.is_split() {
-            return (Vec::new(), bid, int(0));
+            return (Vec::new(), bid);
         }
         let per = self.blocks_per_split as i64;
         let stmts = vec![
@@ -86,7 +95,7 @@ impl SplitK {
             let_int("ks", div(bid, per)),
             let_int("k_tile0", mul(var("ks"), int(self.tiles_per_split as i64))),
         ];
-        (stmts, var("blk"), var("k_tile0"))
+        (stmts, var("blk"))
     }
 
     /// The scratch parameters (appended to `params`) and their sizes for

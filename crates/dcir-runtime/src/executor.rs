@@ -4,9 +4,10 @@
 //! kernel's PTX (once per distinct PTX text), checks each kernel's shared
 //! memory and block size against the device, and allocates the inputs,
 //! outputs, constants and zeroed scratch each on their own and one arena
-//! for the intermediates laid out by [`crate::plan_memory`]. Runs launch in the artifact's order on one stream
-//! of their own (event tracking off, as CUDA-graph capture needs), either
-//! launch by launch or as one captured CUDA graph.
+//! for the intermediates laid out by [`crate::plan_memory`]. Runs launch in
+//! the artifact's order on one stream of their own (event tracking off, as
+//! CUDA-graph capture needs), either launch by launch or as one captured
+//! CUDA graph.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -606,6 +606,13 @@ fn gemm(dev: &DeviceSpec, info: &GroupInfo, g: &GemmShape, conv: bool, out: &mut
                     // One k-step of the tile at the SM's full rate.
                     let kstep = 2.0 * tmf * tnf * tkf / (rate / dev.sm_count.max(1) as f64);
                     let comp = tile_comp_per_load(dev, tmf, tnf, threads, tc, rate);
+                    let padded = 2.0 * tiles * tmf * tnf * gk * tkf;
+                    let scalar = info.scalar_flops
+                        + g.prologue[0] * (gn * dup - 1.0).max(0.0)
+                        + g.prologue[1] * (gm - 1.0);
+                    // A split divides a block's flops and bytes alike: same intensity.
+                    let block_flops = 2.0 * tmf * tnf * g.k;
+                    let block_bytes = (tmf * g.a_row_elems + tnf * g.k) * e;
                     for split in SPLITS {
                         // The emitter splits only into equal runs of k-tiles.
                         let sf = split as f64;
@@ -615,12 +622,6 @@ fn gemm(dev: &DeviceSpec, info: &GroupInfo, g: &GemmShape, conv: bool, out: &mut
                             continue;
                         }
                         let blocks = tiles * sf;
-                        let padded = 2.0 * tiles * tmf * tnf * gk * tkf;
-                        let scalar = info.scalar_flops
-                            + g.prologue[0] * (gn * dup - 1.0).max(0.0)
-                            + g.prologue[1] * (gm - 1.0);
-                        let block_flops = 2.0 * tmf * tnf * g.k / sf;
-                        let block_bytes = (tmf * g.a_row_elems + tnf * g.k) * e / sf;
                         // Each split writes its f32 tile; the last block reads them back.
                         let partials = if split > 1 {
                             2.0 * blocks * tmf * tnf * 4.0
