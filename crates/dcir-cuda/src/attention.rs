@@ -17,8 +17,7 @@
 //! - the threads form a `threads_m × threads_n` grid over the `bm × bn` score
 //!   tile; a thread accumulates its `mt × nt` scores with FMA, then evaluates
 //!   the group's ops up to the softmax's input per score with the matmul's
-//!   value bound to the accumulator (each op rounded to its dtype, as the
-//!   interpreter does); scores past M or N are `-inf`;
+//!   value bound to the accumulator; scores past M or N are `-inf`;
 //! - online softmax per row: the step's row max (warp shuffles over the
 //!   row's `threads_n` lanes), the running max `m` and sum `l`, the O
 //!   accumulator (`mt × ⌈Dv / threads_n⌉` per thread) rescaled by
@@ -32,14 +31,9 @@
 //! the index maps instead of computing them.
 //!
 //! Precision: f16/bf16 widen to f32 on load, all math is f32 FMA (no tensor
-//! cores), and scores, the ops after them and the output are rounded per op
-//! to their dtype as the interpreter does. The probabilities are not: the
-//! interpreter rounds `p = exp(s − max) / sum` to the dtype before `P·V`, but
-//! online softmax knows the final max and sum only at the end, so `P·V`
-//! uses the unrounded f32 `exp(s − m)` and divides by `l` last. The
-//! difference is at most half an ulp of the dtype per probability, i.e.
-//! ≤ 2⁻¹¹·Σ p·|v| ≤ 2⁻¹¹·max|v| for f16 before the output's own rounding,
-//! well inside the f16 tolerance. `stages` and `math` are not honoured.
+//! cores) and stays in f32 until the output's store (`docs/cuda.md`);
+//! `P·V` uses the f32 `exp(s − m)` and divides by `l` last. `stages` and
+//! `math` are not honoured.
 
 use std::collections::BTreeSet;
 
@@ -53,7 +47,8 @@ use super::chain::{
 };
 use super::{EmitError, Index, Lower, Reduced, attr_int, kernel_name, params};
 use crate::kir::{
-    BinOp, Builtin, Expr, Helper, Kernel, Stmt, Ty, add, bin, call, div, int, mul, rem, select, var,
+    BinOp, Builtin, Expr, Helper, Kernel, Shuffle, Stmt, Ty, add, bin, call, div, int, mul, rem,
+    select, var,
 };
 
 type Result<T> = std::result::Result<T, EmitError>;
@@ -710,7 +705,10 @@ fn shuffle_reduce(acc: &str, lanes: usize, combine: &dyn Fn(Expr, Expr) -> Expr)
     while offset > 0 {
         out.push(Stmt::Assign(
             acc.into(),
-            combine(var(acc), Expr::ShflXor(Box::new(var(acc)), offset as u32)),
+            combine(
+                var(acc),
+                Expr::Shfl(Shuffle::Xor, Box::new(var(acc)), offset as u32),
+            ),
         ));
         offset /= 2;
     }

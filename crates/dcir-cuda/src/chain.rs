@@ -13,7 +13,7 @@
 //!    in `tile[2]` steps (operand tiles staged through the index maps into
 //!    shared memory, FMA micro-tiles in registers, as the gemm family), then
 //!    its epilogue per accumulator; the value the second contraction reads
-//!    (rounded to its dtype like every op's result) goes to the shared array
+//!    (in f32) goes to the shared array
 //!    `Xs` (k-major, the block's rows × all intermediate columns);
 //! 2. a barrier, then the second contraction reads its rows from `Xs` and
 //!    stages only its weights, over its `N2 / split_n` output columns in
@@ -26,7 +26,7 @@
 //! Results of the first epilogue are stored by split 0 only, results that use
 //! no contraction (views of inputs the planner shares with other groups) by a
 //! grid-stride loop, so every element is written exactly once. f16/bf16 widen
-//! to f32 on load, accumulate in f32 and round per op as the interpreter does.
+//! to f32 on load, accumulate in f32 and narrow on store.
 //! `stages` and `math` are not honoured: single-stage f32 FMA whatever they say.
 
 use std::collections::BTreeSet;

@@ -12,14 +12,17 @@
 //! loads cover whole input rows. The thread keeps its channel's `kh·kw`
 //! weights and `rows·cols` accumulators in registers and walks the
 //! `(rows-1)·sh + (kh-1)·dh + 1` input rows its strip reads: each row's
-//! span of `(cols-1)·sw + (kw-1)·dw + 1` columns goes into registers (zero
-//! outside the image) and is added, with the right taps, into every output
-//! row whose window holds it. Where the conv reads a group input directly
-//! with stride 1, no dilation and rows a multiple of `cols`, the span's
-//! `cols`-aligned middle is one vector load (`float4`, or 4 f16 in a
-//! `uint2`) and only its ends are loaded per element; otherwise every
-//! element comes through the index maps (so view prologues such as `pad`
-//! work). The elementwise epilogue (batchnorm, bias, clip ...) runs per
+//! span of `(cols-1)·sw + (kw-1)·dw + 1` columns goes into registers and is
+//! added, with the right taps, into every output row whose window holds it.
+//! Loads have no branches (clamped coordinates, zero selected outside the
+//! image), so all of a thread's rows are in flight at once. Where the conv
+//! reads a group input directly with stride 1, no dilation and rows a
+//! multiple of `cols`, the span's `cols`-aligned middle is one vector load
+//! (`float4`, or f16 in a `uint2`/`uint4`) and its ends come from the
+//! neighbouring lanes' vectors by warp shuffles (loaded only at the warp's
+//! edges); otherwise every element comes through the index maps (so view
+//! prologues such as `pad` work). Threads of a partial last block redo the
+//! last strip and store nothing, so every lane takes part in the shuffles. The elementwise epilogue (batchnorm, bias, clip ...) runs per
 //! output and the results are stored `cols` at a time when the output row
 //! is a multiple of `cols`, else per element with bounds checks.
 //!
@@ -28,8 +31,7 @@
 //! its channel count). It walks the depthwise channels in chunks of `kc`
 //! (chosen so the chunk's buffers fit 48 KiB of static shared memory, at most
 //! 32): stage the chunk's input patches and both weight slices, barrier;
-//! compute the depthwise result with its epilogue (rounded to the
-//! intermediate's dtype, as the interpreter does) for every (channel, pixel)
+//! compute the depthwise result with its epilogue (in f32) for every (channel, pixel)
 //! into `mid[kc][th·tw]`, barrier; accumulate the 1×1 conv as a small GEMM
 //! (`th·tw × tile_n × kc`, register micro-tiles as in the gemm family)
 //! from shared memory, barrier. The pointwise epilogue (bias, batchnorm,
@@ -40,8 +42,8 @@
 use dcir_ir::{DType, OpId, OpKind, ValueId};
 
 use super::pool::{
-    Window, and_opt, in_range, let_int, per_element_after, per_output_results, result_index,
-    unrolled,
+    Window, and_opt, clamp_to, in_range, let_int, per_element_after, per_output_results,
+    result_index, unrolled,
 };
 use super::thread_grid;
 use super::{
@@ -49,8 +51,8 @@ use super::{
     vector_ty,
 };
 use crate::kir::{
-    ArrayRef, BinOp, Builtin, Expr, Kernel, Param, SharedArray, Stmt, Ty, add, bin, call, div, int,
-    mul, rem, select, sub, var,
+    ArrayRef, BinOp, Builtin, Expr, Kernel, Param, SharedArray, Shuffle, Stmt, Ty, add, bin, call,
+    div, int, mul, rem, select, sub, var,
 };
 
 type Result<T> = std::result::Result<T, EmitError>;
@@ -381,7 +383,9 @@ fn depthwise_sum(
 pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
     let g = l.g;
     // Locals of the kernel, so that no parameter takes their names.
-    for name in "t cg strip oc ic n ox0 oy0 ix0 iy0 wk acc xr oy ox i j ki kj".split_whitespace() {
+    for name in
+        "t t_raw lane cg strip oc ic n ox0 oy0 ix0 iy0 wk acc xr oy ox i j ki kj".split_whitespace()
+    {
         l.used_names.insert(name.into());
     }
     let params = params(l, op);
@@ -425,14 +429,23 @@ pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
     let mut body = vec![Stmt::Comment(format!(
         "thread t: {rows} output rows x {cols} columns of one (image, channel), column groups fastest"
     ))];
-    let t = let_int(
-        &mut body,
-        "t",
-        add(
-            mul(Expr::Builtin(Builtin::BlockX), int(threads as i64)),
-            Expr::Builtin(Builtin::ThreadX),
-        ),
+    let raw_t = add(
+        mul(Expr::Builtin(Builtin::BlockX), int(threads as i64)),
+        Expr::Builtin(Builtin::ThreadX),
     );
+    // Every thread of a partial last block computes (the span ends are warp
+    // shuffles): past the last strip it redoes the last one and stores nothing.
+    let partial = !total.is_multiple_of(threads);
+    let t = if partial {
+        let_int(&mut body, "t_raw", raw_t);
+        let_int(
+            &mut body,
+            "t",
+            call("min", vec![var("t_raw"), int(total as i64 - 1)]),
+        )
+    } else {
+        let_int(&mut body, "t", raw_t)
+    };
     let mut strip = Vec::new();
     let cg = let_int(&mut strip, "cg", rem(t.clone(), col_groups as i64));
     let st = let_int(
@@ -483,24 +496,39 @@ pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
     }
     let zero = |name: &str| Stmt::Store(array(name), var("i"), Expr::F32(0.0));
     strip.push(unrolled("i", rows * cols, vec![zero("acc")]));
+    if x_vector && kw > 1 {
+        // The span's ends come from the neighbouring lanes.
+        let_int(&mut strip, "lane", rem(Expr::Builtin(Builtin::ThreadX), 32));
+    }
 
-    // Input rows in order; each adds into the output rows whose windows hold it.
+    // Input rows in order; each adds into the output rows whose windows hold
+    // it. Loads are unconditional (clamped coordinates, zero selected
+    // outside the image), so a thread has every row's loads in flight at once.
     let (row_leaves, col_leaves) = (tile_leaves(&dw, 0, rows), tile_leaves(&dw, 1, cols));
     for r in 0..span_rows {
-        strip.push(unrolled("i", span_cols, vec![zero("xr")]));
         let iy = add(iy0.clone(), int(r as i64));
+        let name = l.fresh(&format!("row{r}"));
+        let row = Row {
+            y: let_int(&mut strip, &name, clamp_to(iy.clone(), h, row_leaves)),
+            inside: in_range(&iy, h, row_leaves),
+        };
         let loads = l.scoped(|l| {
             if let (true, Some(param)) = (x_vector, &x_param) {
-                let at = [&n, &ic, &iy, &ox0, &cg];
-                load_row_vectors(l, &dw, param, [cols, col_groups, span_cols], at, col_leaves)
+                let at = [&n, &ic, &ox0, &cg];
+                load_row_vectors(
+                    l,
+                    &dw,
+                    param,
+                    [cols, col_groups, span_cols],
+                    at,
+                    &row,
+                    col_leaves,
+                )
             } else {
-                load_row_elements(l, &dw, span_cols, [&n, &ic, &iy, &ix0], col_leaves)
+                load_row_elements(l, &dw, span_cols, [&n, &ic, &ix0], &row, col_leaves)
             }
         })?;
-        match in_range(&iy, h, row_leaves) {
-            Some(cond) => strip.push(Stmt::If(cond, loads)),
-            None => strip.extend(loads),
-        }
+        strip.extend(loads);
         for ki in 0..kh {
             // Output row i reads input row r at tap ki when i·sh + ki·dh = r.
             let Some(off) = r.checked_sub(ki * dh).filter(|o| o.is_multiple_of(sh)) else {
@@ -526,6 +554,7 @@ pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
     }
 
     // The epilogue per output, stored `cols` at a time where the row allows.
+    let mut epilogue = Vec::new();
     for i in 0..rows {
         let oy = add(oy0.clone(), int(i as i64));
         let row = l.scoped(|l| {
@@ -574,13 +603,18 @@ pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
             Ok(())
         })?;
         if oh.is_multiple_of(rows) {
-            strip.extend(row);
+            epilogue.extend(row);
         } else {
-            strip.push(Stmt::If(lt(oy, oh), row));
+            epilogue.push(Stmt::If(lt(oy, oh), row));
         }
     }
     l.reduced = None;
-    body.push(Stmt::If(lt(var("t"), total), strip));
+    if partial {
+        strip.push(Stmt::If(lt(var("t_raw"), total), epilogue));
+    } else {
+        strip.extend(epilogue);
+    }
+    body.extend(strip);
 
     let summary = format!(
         "depthwise conv ({}): {}x{}x{h}x{w} -> {}x{}x{oh}x{ow}, window {kh}x{kw} stride {sh}x{sw} pad {}x{} dilation {dh}x{dwl}, {rows}x{cols} outputs per thread, {threads} threads, direct; input {}, output {}",
@@ -630,98 +664,144 @@ fn tile_leaves(dw: &Depthwise, axis: usize, extent: usize) -> (bool, bool) {
     Window { output, ..dw.win }.leaves(axis)
 }
 
-/// Loads span `xr[0 .. span)` of input row `iy` element by element through
-/// the index maps, zero outside the image.
+/// One input row of a strip: its clamped coordinate, and whether it is
+/// inside the image (`None`: always).
+struct Row {
+    y: Expr,
+    inside: Option<Expr>,
+}
+
+/// `xr[j] = value`, or zero where `inside` is false.
+fn set_span(body: &mut Vec<Stmt>, j: usize, inside: Option<Expr>, value: Expr) {
+    let value = match inside {
+        Some(cond) => select(cond, value, Expr::F32(0.0)),
+        None => value,
+    };
+    body.push(Stmt::Store(array("xr"), int(j as i64), value));
+}
+
+/// Loads span `xr[0 .. span)` of input `row` element by element through the
+/// index maps, at clamped columns, zero outside the image.
 fn load_row_elements(
     l: &mut Lower,
     dw: &Depthwise,
     span: usize,
-    [n, ic, iy, ix0]: [&Expr; 4],
+    [n, ic, ix0]: [&Expr; 3],
+    row: &Row,
     leaves: (bool, bool),
 ) -> Result<()> {
     for j in 0..span {
         let ix = add(ix0.clone(), int(j as i64));
-        load_element(l, dw, [n, ic, iy, &ix], j, leaves)?;
+        let value = element(l, dw, [n, ic, &row.y], &ix, leaves)?;
+        let inside = and_opt(row.inside.clone(), in_range(&ix, dw.win.input[1], leaves));
+        set_span(&mut l.body, j, inside, value);
     }
     Ok(())
 }
 
-/// `xr[j]` = the input at (`n`, `ic`, `iy`, `ix`) through the index maps,
-/// loaded only where `ix` may be inside the row.
-fn load_element(
+/// The input at (`n`, `ic`, `y`, `ix` clamped into the row) through the index maps.
+fn element(
     l: &mut Lower,
     dw: &Depthwise,
-    [n, ic, iy, ix]: [&Expr; 4],
-    j: usize,
+    [n, ic, y]: [&Expr; 3],
+    ix: &Expr,
     leaves: (bool, bool),
-) -> Result<()> {
+) -> Result<Expr> {
     let [h, w] = dw.win.input;
-    let load = l.scoped(|l| {
-        let idx = Index::coords(
-            &[dw.n, dw.c, h, w],
-            vec![n.clone(), ic.clone(), iy.clone(), ix.clone()],
-        );
-        let v = l.value_at(dw.x, &idx)?;
-        l.body.push(Stmt::Store(array("xr"), int(j as i64), v));
-        Ok(())
-    })?;
-    match in_range(ix, w, leaves) {
-        Some(cond) => l.body.push(Stmt::If(cond, load)),
-        None => l.body.extend(load),
-    }
-    Ok(())
+    let x = clamp_to(ix.clone(), w, leaves);
+    let idx = Index::coords(
+        &[dw.n, dw.c, h, w],
+        vec![n.clone(), ic.clone(), y.clone(), x],
+    );
+    l.value_at(dw.x, &idx)
 }
 
-/// Loads span `xr[0 .. span)` of input row `iy` of parameter `param`
-/// (stride 1, no dilation, `cols`-aligned rows): the `cols`-aligned chunks
-/// the span covers as vectors (each entirely inside or outside the row),
-/// the rest element by element; zero outside the image.
+/// Loads span `xr[0 .. span)` of input `row` of parameter `param` (stride
+/// 1, no dilation, `cols`-aligned rows): the `cols`-aligned chunks the span
+/// covers as vectors (each entirely inside or outside the row), the ends
+/// from the neighbouring threads' chunks by warp shuffles (a load at the
+/// warp's edges); zero outside the image.
 fn load_row_vectors(
     l: &mut Lower,
     dw: &Depthwise,
     param: &str,
     [cols, col_groups, span]: [usize; 3],
-    [n, ic, iy, ox0, cg]: [&Expr; 5],
+    [n, ic, ox0, cg]: [&Expr; 4],
+    row: &Row,
     leaves: (bool, bool),
 ) -> Result<()> {
     let [h, w] = dw.win.input;
     let pad = dw.win.pad[1] as i64;
     let (cols_i, w_i) = (cols as i64, w as i64);
     let plane = add(mul(n.clone(), int(dw.c as i64)), ic.clone());
-    let row = add(mul(plane, int(h as i64)), iy.clone());
-    // Span element j is column ox0 - pad + j; chunk q covers columns
-    // ox0 + q·cols .. + cols, span elements pad + q·cols ..
+    let row_start = add(mul(plane, int(h as i64)), row.y.clone());
+    // Span element j is column ox0 - pad + j, component (j - pad) mod cols
+    // of chunk q = floor((j - pad) / cols), which column group cg + q loads.
+    let chunk = |j: usize| (j as i64 - pad).div_euclid(cols_i);
+    let whole = |j: usize| pad + chunk(j) * cols_i == j as i64 && j + cols <= span;
+    // The thread's own chunk (q = 0) is always inside the row.
+    let own_loaded = pad >= 0 && whole(pad as usize);
+    let mut ends = Vec::new();
     let mut j = 0;
     while j < span {
-        let q = (j as i64 - pad).div_euclid(cols_i);
-        if pad + q * cols_i == j as i64 && j + cols <= span {
-            let col = add(ox0.clone(), int(q * cols_i));
-            let index = add(mul(row.clone(), int(w_i / cols_i)), add(cg.clone(), int(q)));
-            let loads = l.scoped(|l| {
-                let v = l.vector_load(param, dw.dtype, index, cols);
-                for e in 0..cols {
-                    let lane = vector_lane(v.clone(), dw.dtype, cols, e);
-                    let x = l.widen(dw.dtype, lane);
-                    l.body
-                        .push(Stmt::Store(array("xr"), int((j + e) as i64), x));
-                }
-                Ok(())
-            })?;
-            // Columns of chunk q over the column groups: q·cols .. (groups - 1 + q)·cols + cols.
-            let low = (q < 0).then(|| bin(BinOp::Ge, col.clone(), int(0)));
-            let last = (col_groups as i64 - 1 + q) * cols_i + cols_i;
-            let high = (last > w_i).then(|| lt(col, w));
-            match and_opt(low, high) {
-                Some(cond) => l.body.push(Stmt::If(cond, loads)),
-                None => l.body.extend(loads),
-            }
-            j += cols;
-        } else {
-            // The span's ends, through the element path.
-            let ix = add(sub(ox0.clone(), int(pad)), int(j as i64));
-            load_element(l, dw, [n, ic, iy, &ix], j, leaves)?;
+        if !whole(j) {
+            ends.push(j);
             j += 1;
+            continue;
         }
+        let q = chunk(j);
+        // Columns of chunk q over the column groups: q·cols .. (groups - 1 + q)·cols + cols.
+        let col = add(ox0.clone(), int(q * cols_i));
+        let low = (q < 0).then(|| bin(BinOp::Ge, col.clone(), int(0)));
+        let last = (col_groups as i64 - 1 + q) * cols_i + cols_i;
+        let high = (last > w_i).then(|| lt(col, w));
+        let group = clamp_to(add(cg.clone(), int(q)), col_groups, (q < 0, last > w_i));
+        let index = add(mul(row_start.clone(), int(w_i / cols_i)), group);
+        let v = l.vector_load(param, dw.dtype, index, cols);
+        let inside = and_opt(row.inside.clone(), and_opt(low, high));
+        for e in 0..cols {
+            let x = l.widen(dw.dtype, vector_lane(v.clone(), dw.dtype, cols, e));
+            set_span(&mut l.body, j + e, inside.clone(), x);
+        }
+        j += cols;
+    }
+    for j in ends {
+        let ix = add(sub(ox0.clone(), int(pad)), int(j as i64));
+        let q = chunk(j);
+        // Left of the own chunk a column can only fall before the row, right of it only past it.
+        let leaves = (leaves.0 && q < 0, leaves.1 && q > 0);
+        let inside = and_opt(row.inside.clone(), in_range(&ix, w, leaves));
+        if !own_loaded || q.unsigned_abs() >= 32 {
+            let value = element(l, dw, [n, ic, &row.y], &ix, leaves)?;
+            set_span(&mut l.body, j, inside, value);
+            continue;
+        }
+        // Lane + q holds the column in its own chunk, unless it is past the warp.
+        let source = (j as i64 - pad).rem_euclid(cols_i) + pad;
+        let (mode, past_warp) = if q < 0 {
+            (Shuffle::Up, lt(var("lane"), (-q) as usize))
+        } else {
+            (Shuffle::Down, bin(BinOp::Ge, var("lane"), int(32 - q)))
+        };
+        let name = l.fresh("x_end");
+        let shuffled = Expr::Shfl(
+            mode,
+            Box::new(load("xr", int(source))),
+            q.unsigned_abs() as u32,
+        );
+        l.body.push(Stmt::Let {
+            name: name.clone(),
+            ty: Ty::F32,
+            value: shuffled,
+            constant: false,
+        });
+        let fetch = l.scoped(|l| {
+            let value = element(l, dw, [n, ic, &row.y], &ix, leaves)?;
+            l.body.push(Stmt::Assign(name.clone(), value));
+            Ok(())
+        })?;
+        l.body.push(Stmt::If(past_warp, fetch));
+        set_span(&mut l.body, j, inside, var(&name));
     }
     Ok(())
 }
@@ -1156,11 +1236,15 @@ mod tests {
             s.contains("if (oy0 + 3 < 9)") && s.contains("if (ox0 + 3 < 9)"),
             "{s}"
         );
-        // Stride 2: element loads only, bounds-checked on both sides.
+        // Stride 2: element loads only, at clamped coordinates, zero selected outside.
         assert!(s.contains("input per element, output per element"), "{s}");
-        assert!(s.contains("if (ix0 + 8 >= 0 && ix0 + 8 < 17)"), "{s}");
-        // 5 channels x 3 strips x 3 column groups, one per thread.
+        assert!(s.contains("min(max(ix0 + 8, 0), 16)"), "{s}");
+        assert!(s.contains("(ix0 + 8 >= 0 && ix0 + 8 < 17) ? "), "{s}");
+        // 5 channels x 3 strips x 3 column groups, one per thread; the 19
+        // threads past them redo the last strip and store nothing.
         assert_eq!((k.grid, k.block, k.dynamic_shared), (1, 64, 0));
+        assert!(s.contains("const int t = min(t_raw, 44);"), "{s}");
+        assert!(s.contains("if (t_raw < 45)"), "{s}");
         assert!(k.shared.is_empty());
     }
 
@@ -1181,11 +1265,26 @@ mod tests {
             s.contains("input in vectors of 4, output in vectors of 4"),
             "{s}"
         );
-        // The span [ox0 - 1, ox0 + 4]: one float4 and two edge elements.
+        // The span [ox0 - 1, ox0 + 4]: one float4 of a clamped row, and two
+        // ends from the neighbouring lanes (loaded at the warp's edges).
         assert!(
-            s.contains("reinterpret_cast<const float4*>(x_in)[((n * 8 + oc) * 16 + iy0) * 4 + cg]"),
+            s.contains("const int v_row0 = min(max(iy0, 0), 15);"),
             "{s}"
         );
+        assert!(
+            s.contains(
+                "reinterpret_cast<const float4*>(x_in)[((n * 8 + oc) * 16 + v_row0) * 4 + cg]"
+            ),
+            "{s}"
+        );
+        assert!(s.contains("__shfl_up_sync(0xffffffffu, xr[4], 1)"), "{s}");
+        assert!(s.contains("__shfl_down_sync(0xffffffffu, xr[1], 1)"), "{s}");
+        assert!(
+            s.contains("if (lane < 1)") && s.contains("if (lane >= 31)"),
+            "{s}"
+        );
+        // 256 threads, two full blocks: no clamp, no store guard.
+        assert!(!s.contains("t_raw"), "{s}");
         assert!(s.contains("reinterpret_cast<float4*>(y)["), "{s}");
         // No bounds check on the rows: 16 is a multiple of 2.
         assert!(!s.contains("oy0 + 1 < 16"), "{s}");

@@ -4,7 +4,7 @@
 //! body of [`Stmt`]s (lets, assignments, stores, counted loops, `if`s,
 //! barriers). Expressions ([`Expr`]) are typed by their context: index
 //! arithmetic is `int`, element arithmetic is `float` (f16/bf16 values are
-//! widened to f32 on load and rounded back per op), plus warp shuffles,
+//! widened to f32 on load and narrowed on store), plus warp shuffles,
 //! vector loads and calls to math functions or the emitter's helpers.
 //! [`crate::print`] turns it into CUDA C; the builders here fold trivial
 //! index arithmetic (`x * 1`, `x + 0`) so the printed code stays readable.
@@ -126,8 +126,20 @@ pub enum Expr {
     Load(ArrayRef, Box<Expr>),
     /// `v.x` etc.: a component of a vector value.
     Field(Box<Expr>, &'static str),
-    /// `__shfl_xor_sync(0xffffffff, v, lane_mask)`.
-    ShflXor(Box<Expr>, u32),
+    /// A warp shuffle of `v` over the full warp: `__shfl_xor_sync`,
+    /// `__shfl_up_sync` or `__shfl_down_sync(0xffffffff, v, offset)`.
+    Shfl(Shuffle, Box<Expr>, u32),
+}
+
+/// Which lane a [`Expr::Shfl`] reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shuffle {
+    /// Lane `lane ^ offset`.
+    Xor,
+    /// Lane `lane - offset` (a lane below `offset` reads its own value).
+    Up,
+    /// Lane `lane + offset` (a lane at `32 - offset` or above reads its own value).
+    Down,
 }
 
 /// A statement.
@@ -235,7 +247,7 @@ impl Expr {
             Expr::Int(_) | Expr::F32(_) | Expr::Bool(_) | Expr::Builtin(_) => false,
             Expr::Bin(_, a, b) => a.reads(name) || b.reads(name),
             Expr::Neg(a) | Expr::Not(a) | Expr::Cast(_, a) | Expr::Field(a, _) => a.reads(name),
-            Expr::ShflXor(a, _) => a.reads(name),
+            Expr::Shfl(_, a, _) => a.reads(name),
             Expr::Select(c, a, b) => c.reads(name) || a.reads(name) || b.reads(name),
             Expr::Call(_, args) => args.iter().any(|a| a.reads(name)),
             Expr::Load(array, index) => array.name == name || index.reads(name),

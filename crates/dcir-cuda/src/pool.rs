@@ -12,8 +12,8 @@
 //! propagates NaN (`dcir_max`), as the interpreter's. The average divides by
 //! the taps inside the image (the window clipped to it) or, with
 //! `count_include_pad`, by the whole window; the sum is in f32 (the
-//! interpreter's in f64, within tolerance). The pooled value is rounded to
-//! its dtype and the epilogue applied as in the elementwise family.
+//! interpreter's in f64, within tolerance). The epilogue is applied to the
+//! pooled value as in the elementwise family.
 //!
 //! The window geometry ([`Window`]) and the checks and helpers of per-output
 //! epilogues here are shared with the direct convolutions (`depthwise.rs`).
@@ -122,7 +122,7 @@ pub(super) fn and_opt(a: Option<Expr>, b: Option<Expr>) -> Option<Expr> {
 }
 
 /// `e` clamped into `[0, extent)` on the sides where it may leave it.
-fn clamp_to(e: Expr, extent: usize, (low, high): (bool, bool)) -> Expr {
+pub(super) fn clamp_to(e: Expr, extent: usize, (low, high): (bool, bool)) -> Expr {
     match (low, high) {
         (true, true) => clamp(e, 0, extent as i64 - 1),
         (true, false) => call("max", vec![e, int(0)]),
