@@ -272,6 +272,18 @@ impl ConvGeometry {
         add(mul(oc, int(self.k() as i64)), k)
     }
 
+    /// [`ConvGeometry::b_at`] with k ordered tap-major: `k = tap·Cg + c`.
+    pub fn b_at_tap_major(&self, g: &Expr, k: Expr, n: Expr) -> Expr {
+        let [_, cg, kh, kw] = self.weight;
+        let oc = add(mul(g.clone(), int(self.n() as i64)), n);
+        let c = rem(k.clone(), cg as i64);
+        let tap = div(k, cg as i64);
+        add(
+            mul(add(mul(oc, int(cg as i64)), c), int((kh * kw) as i64)),
+            tap,
+        )
+    }
+
     /// The output coordinates of `C[g, m, n]`.
     pub fn out_at(&self, g: &Expr, m: Expr, n: Expr) -> Vec<Expr> {
         let [img, oh, ow] = self.pixel(m);

@@ -185,6 +185,15 @@ impl Config {
         }
     }
 
+    /// This blocking with `tk` halved until it divides `n` (a multiple of 16).
+    fn with_tk_dividing(self, n: usize) -> Config {
+        let mut tk = self.tk;
+        while !n.is_multiple_of(tk) {
+            tk /= 2;
+        }
+        Config { tk, ..self }
+    }
+
     /// This blocking with the k loop cut into (at most) `asked` splits.
     fn with_splits(self, asked: i64, p: &Problem) -> Config {
         let splits = SplitK::new(asked, p.k.div_ceil(self.tk), p.blocks(&self)).splits;
@@ -302,6 +311,12 @@ pub(super) struct Operand<'a> {
 /// offset and window origin from the start (`a_pb`, `a_ph`, `a_pw`), so an
 /// element costs the decomposition of its k, a bounds check, a 16-bit load
 /// (coalesced across the warp) and a 16-bit shared store; no conversions.
+///
+/// With `tap_major` the problem's k runs over the window's taps outside and
+/// the channels inside (`k = tap·Cg + c`, B read to match) and every k-tile
+/// lies within one tap (`tk` divides `Cg`): the tap, its bounds check and
+/// the pixel's address are computed once per k-tile, and an element costs
+/// an add, its load and its store.
 pub(super) struct PixelMapped {
     /// The input parameter.
     pub param: String,
@@ -309,6 +324,17 @@ pub(super) struct PixelMapped {
     pub geo: ConvGeometry,
     /// The channel group of the batch entry (`bz`, or 0).
     pub group: Expr,
+    /// Whether k is ordered tap-major.
+    pub tap_major: bool,
+}
+
+impl PixelMapped {
+    /// Whether a conv's k may be ordered tap-major: a window of several taps
+    /// over channel groups of a multiple of 16 (so 16-wide k-tiles fit a tap).
+    fn tap_major_fits(geo: &ConvGeometry) -> bool {
+        let [_, cg, kh, kw] = geo.weight;
+        kh * kw > 1 && cg.is_multiple_of(16)
+    }
 }
 
 /// One batched contraction `C[bz] (M × N) = A[bz] (M × K) · B[bz] (K × N)`.
@@ -369,7 +395,7 @@ const LOCALS: &[&str] = &[
 /// Per-operand names, each prefixed by `a_` and `b_`.
 const OPERAND_LOCALS: &[&str] = &[
     "row", "col", "src", "dst", "ld_row", "ld_chunk", "ld_sw", "ld", "stage", "frag0", "frag1",
-    "first", "tile", "next", "wtile", "r", "k",
+    "first", "tile", "next", "wtile", "r", "k", "tap", "c0", "dr", "ds",
 ];
 
 /// Reserves the kernel's local names (call before [`params`]).
@@ -1183,6 +1209,9 @@ impl PixelPlan {
     /// k's channel and tap, the bounds of the tap's input pixel (and of K),
     /// a 16-bit load or zero.
     fn loads(&self, t: &TileLayout, px: &PixelMapped, k: usize, k0: Expr) -> Vec<Stmt> {
+        if px.tap_major {
+            return self.tap_loads(t, px, k0);
+        }
         let geo = &px.geo;
         let [_, _, h, w] = geo.input;
         let m_partial = !geo.m().is_multiple_of(self.tm);
@@ -1240,6 +1269,90 @@ impl PixelPlan {
             };
             body.push(Stmt::Store(array(&el, Ty::F16Bits), int(i as i64), value));
             out.extend(self.guard(&row, body));
+        }
+        out
+    }
+
+    /// [`PixelPlan::loads`] of a tap-major k: the k-tile's tap and first
+    /// channel, per pixel its bounds check and address at that tap, then per
+    /// element an offset of whole channel planes, a 16-bit load or zero.
+    fn tap_loads(&self, t: &TileLayout, px: &PixelMapped, k0: Expr) -> Vec<Stmt> {
+        let geo = &px.geo;
+        let [_, cg, _, kw] = geo.weight;
+        let [_, _, h, w] = geo.input;
+        let plane = (h * w) as i64;
+        let m_partial = !geo.m().is_multiple_of(self.tm);
+        let name = |s: &str| t.name(s);
+        let mut out = vec![
+            let_int(&name("tap"), div(k0.clone(), cg as i64)),
+            let_int(&name("c0"), rem(k0, cg as i64)),
+            let_int(
+                &name("dr"),
+                mul(
+                    div(var(name("tap")), kw as i64),
+                    int(geo.dilation[0] as i64),
+                ),
+            ),
+            let_int(
+                &name("ds"),
+                mul(
+                    rem(var(name("tap")), kw as i64),
+                    int(geo.dilation[1] as i64),
+                ),
+            ),
+        ];
+        // A pixel past M has an origin row below the image: the top check catches it.
+        let [(top, bottom), cols] = geo.window_leaves();
+        let rows = (top || m_partial, bottom);
+        let mut inside = Vec::new();
+        for j in 0..self.pixels {
+            let ih = add(self.origin_row(t, j, m_partial), var(name("dr")));
+            let iw = add(var(format!("{}_pw{j}", t.p)), var(name("ds")));
+            let cond = [in_range(&ih, h, rows), in_range(&iw, w, cols)]
+                .into_iter()
+                .flatten()
+                .reduce(and);
+            if let Some(cond) = cond {
+                let flag = format!("{}_tin{j}", t.p);
+                out.push(Stmt::Let {
+                    name: flag.clone(),
+                    ty: Ty::Bool,
+                    value: cond,
+                    constant: true,
+                });
+                inside.push(Some(var(flag)));
+            } else {
+                inside.push(None);
+            }
+            // Outside the image the pixel reads from 0: its channel planes stay in bounds.
+            let base = add(
+                add(
+                    var(format!("{}_pb{j}", t.p)),
+                    mul(var(name("c0")), int(plane)),
+                ),
+                add(mul(var(name("dr")), int(w as i64)), var(name("ds"))),
+            );
+            let base = match inside.last().cloned().flatten() {
+                Some(flag) => select(flag, base, int(0)),
+                None => base,
+            };
+            out.push(let_int(&format!("{}_tb{j}", t.p), base));
+        }
+        let storage = ArrayRef {
+            name: px.param.clone(),
+            ty: Ty::F16Bits,
+            reinterpret: false,
+        };
+        for i in 0..self.elements {
+            let (j, row) = self.element(t, i);
+            let offset = add(var(format!("{}_tb{j}", t.p)), mul(row.clone(), int(plane)));
+            let load = Expr::Load(storage.clone(), Box::new(offset));
+            let value = match &inside[j] {
+                Some(flag) => select(flag.clone(), load, int(0)),
+                None => load,
+            };
+            let store = Stmt::Store(array(&t.name("el"), Ty::F16Bits), int(i as i64), value);
+            out.extend(self.guard(&row, vec![store]));
         }
         out
     }
@@ -1612,20 +1725,22 @@ pub(super) fn conv(l: &mut Lower, op: OpId) -> Result<Kernel> {
             param,
             geo: geo.clone(),
             group: bz.clone(),
+            tap_major: PixelMapped::tap_major_fits(geo),
         })
     } else {
         None
     };
-    let b_strided =
-        c.k.is_multiple_of(CHUNK)
-            .then(|| input_param(w))
-            .flatten()
-            .map(|param| Strided {
-                param,
-                offset: mul(bz.clone(), int((c.n * c.k) as i64)),
-                stride_r: c.k as i64,
-                stride_k: 1,
-            });
+    let tap_major = a_pixels.as_ref().is_some_and(|px| px.tap_major);
+    // A tap-major k is strided in the weight: B goes through the index maps.
+    let b_strided = (c.k.is_multiple_of(CHUNK) && !tap_major)
+        .then(|| input_param(w))
+        .flatten()
+        .map(|param| Strided {
+            param,
+            offset: mul(bz.clone(), int((c.n * c.k) as i64)),
+            stride_r: c.k as i64,
+            stride_k: 1,
+        });
     let (a_bz, b_bz, a_geo, w_dims) =
         (bz.clone(), bz.clone(), geo.clone(), g.ty(w).dims().to_vec());
     let problem = Problem {
@@ -1670,8 +1785,12 @@ pub(super) fn conv(l: &mut Lower, op: OpId) -> Result<Kernel> {
             k_inner: true,
             pixels: None,
             element: Box::new(move |l: &mut Lower, n: Expr, k: Expr| {
-                let w_at = Index::linear(&w_dims, geo.b_at(&b_bz, k, n));
-                l.value_at(w, &w_at)
+                let linear = if tap_major {
+                    geo.b_at_tap_major(&b_bz, k, n)
+                } else {
+                    geo.b_at(&b_bz, k, n)
+                };
+                l.value_at(w, &Index::linear(&w_dims, linear))
             }),
         },
     };
@@ -1720,7 +1839,12 @@ fn lower_problem(
         attr_int(g, op, "threads", 256),
         attr_int(g, op, "stages", 3),
         problem.a.strided.is_none() || problem.b.strided.is_none(),
-    )
+    );
+    // A tap-major k-tile must not straddle two taps.
+    let cfg = match &problem.a.pixels {
+        Some(px) if px.tap_major => cfg.with_tk_dividing(px.geo.weight[1]),
+        _ => cfg,
+    }
     .with_splits(attr_int(g, op, "split_k", 1), problem);
     let outputs: Vec<&Param> = params.iter().filter(|p| p.output).collect();
     let ys = yields(g, op);
@@ -1737,8 +1861,12 @@ fn lower_problem(
     let path = |o: &Operand| {
         if o.strided.is_some() {
             "cp.async"
-        } else if o.pixels.is_some() {
-            "pixels"
+        } else if let Some(px) = &o.pixels {
+            if px.tap_major {
+                "pixels (k tap-major)"
+            } else {
+                "pixels"
+            }
         } else {
             "index maps"
         }
@@ -2066,6 +2194,51 @@ mod tests {
         assert!(s.contains("a_el[0] = a_in0 ? a_x0 : 0;"), "{s}");
         assert!(s.contains("dcir_st_shared2("), "{s}");
         assert!(s.contains("if (row < 578 && col < 5)"), "{s}");
+    }
+
+    #[test]
+    fn taps_of_16_channel_groups_order_k_tap_major() {
+        let s = conv_source(
+            "f16",
+            "2,32,17,17",
+            "8,32,3,3",
+            "2,8,17,17",
+            "{pad = [1, 1, 1, 1]}",
+        );
+        assert!(
+            s.contains("A by pixels (k tap-major), B by index maps"),
+            "{s}"
+        );
+        // Per k-tile: the tap, its first channel, the window offset and one
+        // bounds check per pixel ...
+        assert!(s.contains("const int a_tap = kt * 32 / 32;"), "{s}");
+        assert!(
+            s.contains("const bool a_tin0 = a_pv0 + a_dr >= 0 && a_pv0 + a_dr < 17 && (a_pw0 + a_ds >= 0 && a_pw0 + a_ds < 17);"),
+            "{s}"
+        );
+        assert!(
+            s.contains("const int a_tb0 = a_tin0 ? a_pb0 + a_c0 * 289 + (a_dr * 17 + a_ds) : 0;"),
+            "{s}"
+        );
+        // ... then per element a channel plane further.
+        assert!(
+            s.contains("a_el[1] = a_tin0 ? x_in[a_tb0 + (a_kr + 2) * 289] : 0;"),
+            "{s}"
+        );
+        // B(k, n) = w[n, k % 32, tap]: k's channel and tap.
+        assert!(
+            s.contains("w_in[(b_r * 32 + b_k % 32) * 9 + b_k / 32]"),
+            "{s}"
+        );
+        // 3 channels a group: k stays channel-major.
+        let s = conv_source(
+            "f16",
+            "2,3,17,17",
+            "5,3,3,3",
+            "2,5,17,17",
+            "{pad = [1, 1, 1, 1]}",
+        );
+        assert!(s.contains("A by pixels, B by index maps") && !s.contains("a_tap"));
     }
 
     #[test]
