@@ -598,6 +598,14 @@ fn gemm(dev: &DeviceSpec, info: &GroupInfo, g: &GemmShape, conv: bool, out: &mut
                 for threads in THREADS_GEMM {
                     let (tmf, tnf, tkf) = (tm as f64, tn as f64, tk as f64);
                     let acc = tmf * tnf / threads as f64;
+                    // A tensor-core conv stages its im2col elements (one
+                    // register each) and its weight chunks (two elements a
+                    // register) in registers between load and shared store.
+                    let staging = if conv && tc {
+                        (tmf * tkf + tnf * tkf / 2.0) / threads as f64
+                    } else {
+                        0.0
+                    };
                     if acc < 1.0 || (tc && tmf * tnf / (threads as f64 / 32.0) < 256.0) {
                         continue;
                     }
@@ -641,7 +649,7 @@ fn gemm(dev: &DeviceSpec, info: &GroupInfo, g: &GemmShape, conv: bool, out: &mut
                                 blocks,
                                 threads,
                                 smem: stages as f64 * (tmf + tnf) * tkf * e,
-                                regs: tile_registers(acc),
+                                regs: tile_registers(acc) + staging,
                                 oi: block_flops / block_bytes,
                                 rate,
                                 comp_per_load: Some(comp),
