@@ -30,7 +30,20 @@ pub(crate) struct GemmShape {
     pub a_row_elems: f64,
     /// Flops of prologue ops feeding operand A / B, recomputed per reuse.
     pub prologue: [f64; 2],
+    /// Instructions a tensor-core conv spends staging one element of A / B
+    /// through registers (0 for a matmul, whose operands `cp.async` copies).
+    pub gather: [f64; 2],
 }
+
+/// Instructions to stage one im2col element on the tensor-core pixel path:
+/// with one tap or k tap-major an add, a load, a select and a shared store;
+/// with k channel-major over several taps also k's channel and tap and the
+/// window's bounds check.
+const GATHER_ONE_TAP: f64 = 4.0;
+const GATHER_CHANNEL_MAJOR: f64 = 14.0;
+/// Instructions to stage one weight element through the index maps (its
+/// index, a load, two conversions, its share of the pack and the store).
+const GATHER_INDEX_MAP: f64 = 8.0;
 
 /// Geometry of a depthwise convolution.
 #[derive(Clone, Copy, Debug)]
@@ -193,6 +206,7 @@ fn gemm_of_matmul(graph: &Graph, op: OpId, inside: &FxHashSet<OpId>) -> GemmShap
             prologue_flops(graph, inside, a),
             prologue_flops(graph, inside, b),
         ],
+        gather: [0.0, 0.0],
     }
 }
 
@@ -202,6 +216,32 @@ fn gemm_of_conv(graph: &Graph, op: OpId, inside: &FxHashSet<OpId>) -> GemmShape 
     let (wd, rd) = (dims(graph, w), dims(graph, r));
     let g = graph.op(op).attrs.int("groups").unwrap_or(1).max(1) as f64;
     let s = ints(graph, op, "stride", &[1, 1]);
+    // As the emitter (dcir-cuda's gemm_tc): k tap-major for several taps
+    // over channel groups of a multiple of 16, the weight then through the
+    // index maps; channel-major weights are copied when K is a multiple of 8.
+    // A 1x1 stride-1 unpadded conv of one image copies A with `cp.async`.
+    let (cg, taps) = (wd[1], wd[2] * wd[3]);
+    let tap_major = taps > 1.0 && cg % 16.0 == 0.0;
+    let unpadded = (d.attrs.ints("pad")).is_none_or(|p| p.iter().all(|&x| x == 0));
+    let copied = taps == 1.0
+        && s.iter().all(|&x| x == 1.0)
+        && unpadded
+        && rd[0] == 1.0
+        && (rd[2] * rd[3]) % 8.0 == 0.0;
+    let gather = [
+        if copied {
+            0.0
+        } else if taps == 1.0 || tap_major {
+            GATHER_ONE_TAP
+        } else {
+            GATHER_CHANNEL_MAJOR
+        },
+        if tap_major || (cg * taps) % 8.0 != 0.0 {
+            GATHER_INDEX_MAP
+        } else {
+            0.0
+        },
+    ];
     GemmShape {
         batch: g,
         m: rd[0] * rd[2] * rd[3],
@@ -214,6 +254,7 @@ fn gemm_of_conv(graph: &Graph, op: OpId, inside: &FxHashSet<OpId>) -> GemmShape 
             prologue_flops(graph, inside, x),
             prologue_flops(graph, inside, w),
         ],
+        gather,
     }
 }
 

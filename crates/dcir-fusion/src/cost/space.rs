@@ -615,9 +615,16 @@ fn gemm(dev: &DeviceSpec, info: &GroupInfo, g: &GemmShape, conv: bool, out: &mut
                     let kstep = 2.0 * tmf * tnf * tkf / (rate / dev.sm_count.max(1) as f64);
                     let comp = tile_comp_per_load(dev, tmf, tnf, threads, tc, rate);
                     let padded = 2.0 * tiles * tmf * tnf * gk * tkf;
+                    // Staging instructions, two flops each at the scalar rate.
+                    let gather = if conv && tc {
+                        2.0 * tiles * gk * tkf * (tmf * g.gather[0] + tnf * g.gather[1])
+                    } else {
+                        0.0
+                    };
                     let scalar = info.scalar_flops
                         + g.prologue[0] * (gn * dup - 1.0).max(0.0)
-                        + g.prologue[1] * (gm - 1.0);
+                        + g.prologue[1] * (gm - 1.0)
+                        + gather;
                     // A split divides a block's flops and bytes alike: same intensity.
                     let block_flops = 2.0 * tmf * tnf * g.k;
                     let block_bytes = (tmf * g.a_row_elems + tnf * g.k) * e;
