@@ -1,7 +1,7 @@
 //! `dcir-run --backend cuda`: compile a graph to an artifact (or load one),
 //! run it with dcir-runtime, check it against the interpreter, time it.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use dcir_artifact::Artifact;
 use dcir_fusion::{CostModel, DeviceSpec, LiveDevice, apply_plan, plan_graph};
@@ -34,9 +34,25 @@ pub(crate) struct CudaRun {
     pub bench: Option<Bench>,
 }
 
+/// How `--tune` tunes.
+pub(crate) struct Tuning {
+    /// Parameter sets measured per group besides the planner's.
+    pub top_k: usize,
+    /// The cache file (`None`: the default place; `none`: in memory only).
+    pub cache: Option<PathBuf>,
+}
+
+/// Timed runs per tuning candidate (the median is kept).
+const TUNE_REPS: usize = 20;
+
 /// Fuses `graph` (cleanup pipeline, then the planner with `device`'s cost
-/// model) unless it already has `fused` ops, and builds its artifact with NVRTC.
-pub(crate) fn compile(graph: &Graph, device: &str) -> Result<Artifact, String> {
+/// model) unless it already has `fused` ops, tunes it with `tune`, and
+/// builds its artifact with NVRTC.
+pub(crate) fn compile(
+    graph: &Graph,
+    device: &str,
+    tune: Option<&Tuning>,
+) -> Result<Artifact, String> {
     if let Some(reason) = dcir_cuda::nvrtc::unavailable_reason() {
         return Err(format!("the cuda backend compiles with NVRTC: {reason}"));
     }
@@ -61,7 +77,64 @@ pub(crate) fn compile(graph: &Graph, device: &str) -> Result<Artifact, String> {
         verify_module(&module)
             .map_err(|e| format!("the fused IR does not verify (a fusion bug): {e:?}"))?;
     }
+    if let Some(tune) = tune {
+        let g = &mut module.graphs[0];
+        *g = tune_graph(g, device_spec(device)?, tune)?;
+    }
     dcir_cuda::build_artifact(&module.graphs[0], &dcir_cuda::BuildOptions::default())
+}
+
+/// `graph` with every fused group's parameters measured on GPU 0 (a line
+/// per group and the report table on standard error).
+fn tune_graph(graph: &Graph, spec: DeviceSpec, tune: &Tuning) -> Result<Graph, String> {
+    let mut measure = dcir_tune::GpuMeasure::new(TUNE_REPS)?;
+    let path = match &tune.cache {
+        Some(p) if p.as_os_str() == "none" => None,
+        Some(p) => Some(p.clone()),
+        None => default_cache(),
+    };
+    let mut cache = match &path {
+        Some(p) => {
+            let (cache, note) = dcir_tune::Cache::open(p);
+            if let Some(note) = note {
+                eprintln!("tune: {note}");
+            }
+            cache
+        }
+        None => dcir_tune::Cache::in_memory(),
+    };
+    let mut options = dcir_tune::TuneOptions::new(spec);
+    options.top_k = tune.top_k.max(1);
+    let groups = dcir_tune::group::fused_ops(graph).len();
+    let mut done = 0;
+    let (tuned, report) =
+        dcir_tune::tune_graph(graph, &options, &mut measure, &mut cache, &mut |g| {
+            done += 1;
+            eprintln!(
+                "tune: [{done}/{groups}] @{} ({}): {} candidates, {} measured -> {}",
+                g.symbol,
+                g.kind,
+                g.candidates,
+                g.measured,
+                g.chosen
+                    .as_ref()
+                    .map_or("none matched".to_string(), |c| format!("{:.4} ms", c.ms))
+            );
+        })?;
+    cache.save()?;
+    eprint!("{}", report.table());
+    if let Some(p) = &path {
+        eprintln!("tune: cache {} ({} entries)", p.display(), cache.len());
+    }
+    Ok(tuned)
+}
+
+/// `$DCIR_TUNE_CACHE`, else `~/.cache/dcir/tune.json`, else none.
+fn default_cache() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("DCIR_TUNE_CACHE") {
+        return Some(PathBuf::from(p));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/dcir/tune.json"))
 }
 
 /// The cost model's device: `live` reads GPU 0 (`DeviceSpec::from_live`),

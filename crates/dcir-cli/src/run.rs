@@ -77,6 +77,15 @@ pub struct RunArgs {
     /// (cuda) The device the fusion cost model plans for: `live` (GPU 0, queried) or a preset (h200, h100, a100, v100, rtx2080).
     #[arg(long, value_name = "NAME", default_value = "live")]
     pub device: String,
+    /// (cuda) Tune every fused group: measure the cost model's best parameter sets on GPU 0 and keep the fastest that matches the interpreter (a report goes to standard error).
+    #[arg(long)]
+    pub tune: bool,
+    /// (cuda) With --tune, parameter sets measured per group besides the planner's.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub tune_top_k: usize,
+    /// (cuda) With --tune, the tuning cache (default: $DCIR_TUNE_CACHE, else ~/.cache/dcir/tune.json); `none` keeps it in memory.
+    #[arg(long, value_name = "FILE")]
+    pub tune_cache: Option<PathBuf>,
 }
 
 /// A failure already described to the user.
@@ -118,10 +127,19 @@ fn run(name: &str, args: &RunArgs) -> Result<(), Reported> {
     timings.push(("verify", t.elapsed()));
     let graph = pick_graph(&module, args.graph.as_deref()).map_err(fail)?;
     if args.backend == Backend::Cpu
-        && (args.check || args.bench.is_some() || args.per_kernel || args.artifact.is_some())
+        && (args.check
+            || args.bench.is_some()
+            || args.per_kernel
+            || args.artifact.is_some()
+            || args.tune)
     {
         return Err(fail(
-            "--check, --bench, --per-kernel and --artifact need --backend cuda".to_string(),
+            "--check, --bench, --per-kernel, --artifact and --tune need --backend cuda".to_string(),
+        ));
+    }
+    if args.tune && args.artifact.is_some() {
+        return Err(fail(
+            "--tune tunes a graph it compiles; an --artifact is already compiled".to_string(),
         ));
     }
     if args.per_kernel && args.bench.is_none() {
@@ -158,7 +176,13 @@ fn run(name: &str, args: &RunArgs) -> Result<(), Reported> {
         Backend::Cuda => {
             let artifact = match &args.artifact {
                 Some(dir) => crate::gpu::load(dir, graph),
-                None => crate::gpu::compile(graph, &args.device),
+                None => {
+                    let tune = args.tune.then(|| crate::gpu::Tuning {
+                        top_k: args.tune_top_k,
+                        cache: args.tune_cache.clone(),
+                    });
+                    crate::gpu::compile(graph, &args.device, tune.as_ref())
+                }
             }
             .map_err(fail)?;
             timings.push(("compile", t.elapsed()));

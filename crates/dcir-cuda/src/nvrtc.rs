@@ -42,6 +42,18 @@ pub fn unavailable_reason() -> Option<String> {
     }
 }
 
+/// NVRTC's version (major, minor), or `None` when it is unavailable.
+pub fn version() -> Option<(i32, i32)> {
+    if !available() {
+        return None;
+    }
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: the library is present; the call writes two ints.
+    #[allow(unsafe_code)]
+    let status = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    (status == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS).then_some((major, minor))
+}
+
 /// What ptxas reported for one kernel.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Resources {

@@ -57,6 +57,8 @@ pub struct DeviceInfo {
     pub clock_hz: f64,
     /// Memory clock × bus width × 2 (DDR), bytes per second.
     pub theoretical_bandwidth: f64,
+    /// The driver's CUDA version (`cuDriverGetVersion`: 13000 is 13.0).
+    pub driver_version: i32,
 }
 
 /// Opens device `ordinal` and reads its properties (no artifact needed).
@@ -390,6 +392,42 @@ impl Executor {
         Ok(Timing::of(ms))
     }
 
+    /// Like [`Executor::bench`], with the L2 cache flushed before each timed
+    /// pass (a `flush_bytes` buffer is overwritten outside the events), so
+    /// a pass reads its inputs from device memory as in a larger model.
+    pub fn bench_cold(&mut self, warmup: usize, reps: usize, flush_bytes: usize) -> Result<Timing> {
+        let mut flush = self
+            .stream
+            .alloc_zeros::<u8>(flush_bytes.max(1))
+            .map_err(|e| RuntimeError::Alloc {
+                what: "the L2 flush buffer".into(),
+                bytes: flush_bytes as u64,
+                error: format!("{e:?}"),
+            })?;
+        for _ in 0..warmup {
+            self.enqueue_all()?;
+        }
+        let mut ms = Vec::with_capacity(reps);
+        for rep in 0..reps.max(1) {
+            self.stream
+                .memset_zeros(&mut flush)
+                .map_err(driver(format!("flushing L2 ({rep})")))?;
+            let (start, end) = (self.event()?, self.event()?);
+            start
+                .record(&self.stream)
+                .map_err(driver("recording an event"))?;
+            self.enqueue_all()?;
+            end.record(&self.stream)
+                .map_err(driver("recording an event"))?;
+            end.synchronize()
+                .map_err(driver("running the forward pass"))?;
+            ms.push(f64::from(
+                start.elapsed_ms(&end).map_err(driver("reading an event"))?,
+            ));
+        }
+        Ok(Timing::of(ms))
+    }
+
     /// Median time of each launch over `reps` passes launched one by one
     /// (no graph), milliseconds, in launch order with the launch's name.
     pub fn per_launch(&mut self, reps: usize) -> Result<Vec<(String, f64)>> {
@@ -507,7 +545,19 @@ fn device_info(ctx: &Arc<CudaContext>) -> Result<DeviceInfo> {
         l2_bytes: attr(A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as u64,
         clock_hz: attr(A::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)? as f64 * 1e3,
         theoretical_bandwidth: memory_clock_hz * bus_bytes * 2.0,
+        driver_version: driver_version()?,
     })
+}
+
+/// `cuDriverGetVersion`.
+fn driver_version() -> Result<i32> {
+    let mut version = 0;
+    // SAFETY: the driver is loaded (a context exists) and writes one int.
+    #[allow(unsafe_code)]
+    unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut version) }
+        .result()
+        .map_err(driver("reading the driver version"))?;
+    Ok(version)
 }
 
 /// Checks a loaded kernel's shared memory and block size against the device,

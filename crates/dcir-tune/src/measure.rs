@@ -1,0 +1,95 @@
+//! Running one candidate kernel: checked against the interpreter, then timed.
+
+use dcir_artifact::Artifact;
+use dcir_interp::{Tensor, Tolerance, compare, io};
+use dcir_ir::Graph;
+use dcir_runtime::{DeviceInfo, Executor};
+
+use crate::cache::Fingerprint;
+
+/// Timing launches before the measured ones.
+const WARMUP: usize = 3;
+
+/// Where candidates run and how they are timed.
+pub trait Measure {
+    /// What measurements depend on besides the kernel (cache keys).
+    fn fingerprint(&self) -> Fingerprint;
+
+    /// Runs `artifact` (compiled from `group`, a standalone one-group
+    /// graph) on `inputs` and compares its outputs with `expected`; on a
+    /// match, times it and returns the median milliseconds.
+    fn measure(
+        &mut self,
+        group: &Graph,
+        artifact: &Artifact,
+        inputs: &[Tensor],
+        expected: &[Tensor],
+    ) -> Result<f64, String>;
+}
+
+/// Candidates on GPU 0 through dcir-runtime: outputs poisoned before the
+/// checked run, then `reps` timed runs each after an L2 flush, so a group
+/// reads its operands from device memory as it does inside a model.
+pub struct GpuMeasure {
+    device: DeviceInfo,
+    reps: usize,
+}
+
+impl GpuMeasure {
+    /// Opens GPU 0; `reps` timed runs per candidate (the median is kept).
+    pub fn new(reps: usize) -> Result<GpuMeasure, String> {
+        let device = dcir_runtime::query_device(0).map_err(|e| e.to_string())?;
+        Ok(GpuMeasure {
+            device,
+            reps: reps.max(1),
+        })
+    }
+
+    /// The device measured on.
+    pub fn device(&self) -> &DeviceInfo {
+        &self.device
+    }
+}
+
+impl Measure for GpuMeasure {
+    fn fingerprint(&self) -> Fingerprint {
+        let (cc_major, cc_minor) = self.device.compute_capability;
+        let nvrtc = dcir_cuda::nvrtc::version()
+            .map(|(a, b)| format!("{a}.{b}"))
+            .unwrap_or_else(|| "none".into());
+        Fingerprint {
+            device: format!("{} ({cc_major}.{cc_minor})", self.device.name),
+            toolchain: format!("driver {}, nvrtc {nvrtc}", self.device.driver_version),
+        }
+    }
+
+    fn measure(
+        &mut self,
+        group: &Graph,
+        artifact: &Artifact,
+        inputs: &[Tensor],
+        expected: &[Tensor],
+    ) -> Result<f64, String> {
+        let mut ex = Executor::new(artifact, 0).map_err(|e| e.to_string())?;
+        for (i, t) in inputs.iter().enumerate() {
+            ex.set_input(i, &io::tensor_bytes(t))
+                .map_err(|e| e.to_string())?;
+        }
+        ex.poison().map_err(|e| e.to_string())?;
+        ex.run_checked().map_err(|e| e.to_string())?;
+        let outputs = group.outputs().unwrap_or_default();
+        for (i, (&v, want)) in outputs.iter().zip(expected).enumerate() {
+            let bytes = ex.read_output(i).map_err(|e| e.to_string())?;
+            let got =
+                io::tensor_from_bytes(group.ty(v).clone(), &bytes).map_err(|e| e.to_string())?;
+            let tolerance = Tolerance::for_output_of(group, want.dtype());
+            compare(want, &got, &tolerance)
+                .map_err(|m| format!("output {i} does not match the interpreter: {m}"))?;
+        }
+        let flush = 2 * self.device.l2_bytes as usize;
+        let timing = ex
+            .bench_cold(WARMUP, self.reps, flush)
+            .map_err(|e| e.to_string())?;
+        Ok(timing.median_ms)
+    }
+}

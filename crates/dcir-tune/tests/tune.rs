@@ -1,0 +1,104 @@
+//! The tuning loop with a stand-in for the GPU: candidates compiled with
+//! NVRTC, "measured" by a deterministic function of their launch shape.
+
+use dcir_artifact::Artifact;
+use dcir_fusion::DeviceSpec;
+use dcir_interp::Tensor;
+use dcir_ir::Graph;
+use dcir_tune::{Cache, Fingerprint, Measure, TuneOptions, group, tune_graph};
+
+/// Times a candidate as grid + block / 100 (ms); the first candidate of
+/// each group (the model's best) "does not match".
+struct Fake {
+    runs: usize,
+    groups_seen: Vec<String>,
+}
+
+impl Measure for Fake {
+    fn fingerprint(&self) -> Fingerprint {
+        Fingerprint {
+            device: "fake (9.0)".into(),
+            toolchain: "none".into(),
+        }
+    }
+
+    fn measure(
+        &mut self,
+        g: &Graph,
+        a: &Artifact,
+        inputs: &[Tensor],
+        expected: &[Tensor],
+    ) -> Result<f64, String> {
+        self.runs += 1;
+        assert!(!inputs.is_empty() && !expected.is_empty());
+        if !self.groups_seen.contains(&g.name().to_string()) {
+            self.groups_seen.push(g.name().to_string());
+            return Err("output 0 does not match the interpreter".into());
+        }
+        let k = &a.kernels[0];
+        Ok(k.grid[0] as f64 + k.block[0] as f64 / 100.0)
+    }
+}
+
+const GRAPH: &str = "graph @g(%x: f32[64,256], %w: f32[256,128], %b: f32[128]) -> (f32[64,128]) {
+  %m = matmul %x, %w : f32[64,128]
+  %bb = broadcast %b {dims = [1]} : f32[64,128]
+  %s = add %m, %bb : f32[64,128]
+  %y = relu %s : f32[64,128]
+  %n = layernorm %y, %b, %b {axis = 1} : f32[64,128]
+  return %n
+}
+";
+
+fn planned() -> Graph {
+    let g = dcir_reader::parse_module(GRAPH)
+        .expect("parses")
+        .graphs
+        .remove(0);
+    let model = dcir_fusion::CostModel::new(DeviceSpec::preset("h200").expect("preset"));
+    let plan = dcir_fusion::plan_graph(&g, &model).expect("plans");
+    dcir_fusion::apply_plan(&g, &plan).expect("applies")
+}
+
+#[test]
+fn the_fastest_matching_candidate_wins_and_a_warm_cache_measures_nothing() {
+    if let Some(reason) = dcir_cuda::nvrtc::unavailable_reason() {
+        assert!(std::env::var("DCIR_REQUIRE_NVRTC").is_err(), "{reason}");
+        println!("SKIP: {reason}");
+        return;
+    }
+    let graph = planned();
+    let options = TuneOptions::new(DeviceSpec::preset("h200").expect("preset"));
+    let mut fake = Fake {
+        runs: 0,
+        groups_seen: Vec::new(),
+    };
+    let mut cache = Cache::in_memory();
+    let mut heard = 0;
+    let (tuned, report) =
+        tune_graph(&graph, &options, &mut fake, &mut cache, &mut |_| heard += 1).expect("tunes");
+    assert_eq!(heard, report.groups.len());
+    assert_eq!(report.groups.len(), group::fused_ops(&graph).len());
+    assert_eq!(fake.runs, report.measured());
+    for (g, op) in report.groups.iter().zip(group::fused_ops(&tuned)) {
+        assert!(g.candidates >= 2 && g.measured == g.candidates, "{g:?}");
+        let chosen = g
+            .chosen
+            .as_ref()
+            .unwrap_or_else(|| panic!("no candidate matched: {g:?}"));
+        // The model's best "failed": reported, not chosen.
+        assert_eq!(g.failures.len(), 1, "{g:?}");
+        assert!(
+            !g.failures[0].starts_with(&format!("{}:", chosen.params)),
+            "{g:?}"
+        );
+        assert_eq!(group::describe_params(&tuned, op), chosen.params);
+    }
+    // A second run takes every measurement from the cache.
+    let runs = fake.runs;
+    let (again, report) =
+        tune_graph(&graph, &options, &mut fake, &mut cache, &mut |_| {}).expect("tunes");
+    assert_eq!((fake.runs, report.measured()), (runs, 0));
+    assert_eq!(dcir_ir::print_graph(&again), dcir_ir::print_graph(&tuned));
+    assert!(report.table().contains("| @g0 |"), "{}", report.table());
+}
