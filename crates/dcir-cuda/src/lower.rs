@@ -1487,13 +1487,10 @@ fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
         dynamic_shared: 0,
         // A register-cached row holds `width · steps` values per thread for
         // the whole kernel; promise ptxas the blocks that leaves room for
-        // with 32 registers more (it otherwise aimed at 32 resident 64-thread
-        // blocks and spilled). Resident rows are what hides a row's serial
-        // load → reduce → store: rows of 4096 f16 at 128 threads took 64
-        // registers and 8 blocks instead of 79 and 5.
+        // (it otherwise aimed at 32 resident 64-thread blocks and spilled).
         min_blocks_per_sm: match plan.cache {
             RowCache::Registers { width, steps } => {
-                (65536 / ((tpr * rpb) * (width * steps + 32))).clamp(1, 32) as u32
+                (65536 / ((tpr * rpb) * (width * steps + 64))).clamp(1, 32) as u32
             }
             RowCache::Shared | RowCache::Reread => 0,
         },
