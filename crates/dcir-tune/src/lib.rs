@@ -23,6 +23,7 @@ mod report;
 
 use std::time::Instant;
 
+use dcir_artifact::Artifact;
 use dcir_cuda::BuildOptions;
 use dcir_fusion::{CostModel, DeviceSpec, Estimator, KernelParams};
 use dcir_interp::{random_inputs, run_graph};
@@ -105,9 +106,21 @@ struct Candidate {
     estimate_ms: f64,
 }
 
+/// One group's candidates, before measurement.
+struct Work {
+    op: OpId,
+    symbol: String,
+    kind: String,
+    planned: String,
+    standalone: Graph,
+    candidates: Vec<Candidate>,
+}
+
 /// Tunes every `fused` group of `graph` (a planned graph) and returns the
 /// graph with each group's fastest measured parameters, and the report.
-/// `progress` hears one line per group as it finishes.
+/// Every uncached candidate of the graph is compiled first, on all cores;
+/// then the groups are measured in order, the cache saved after each, and
+/// `progress` hears each group's report.
 pub fn tune_graph(
     graph: &Graph,
     options: &TuneOptions,
@@ -122,12 +135,57 @@ pub fn tune_graph(
         top_k: options.top_k * RANKED_PER_CANDIDATE,
     };
     let fingerprint = measure.fingerprint();
+    let work = group::fused_ops(graph)
+        .into_iter()
+        .map(|op| prepare(graph, op, options, &model, &fingerprint))
+        .collect::<Result<Vec<_>, String>>()?;
+
+    let uncached: Vec<(usize, usize)> = work
+        .iter()
+        .enumerate()
+        .flat_map(|(w, g)| (0..g.candidates.len()).map(move |c| (w, c)))
+        .filter(|&(w, c)| cache.get(&work[w].candidates[c].key).is_none())
+        .collect();
+    let build = BuildOptions {
+        arch: options.arch.clone(),
+        compile: true,
+    };
+    let graphs: Vec<&Graph> = uncached
+        .iter()
+        .map(|&(w, c)| &work[w].candidates[c].graph)
+        .collect();
+    let mut artifacts: Vec<Option<Result<Artifact, String>>> =
+        compile_all(&graphs, &build).into_iter().map(Some).collect();
+
     let mut tuned = graph.clone();
     let mut groups = Vec::new();
-    for op in group::fused_ops(graph) {
-        let (report, attrs) = tune_group(graph, op, options, &model, &fingerprint, measure, cache)?;
+    for (w, g) in work.iter().enumerate() {
+        let fail = |e: String| format!("tuning @{}: {e}", g.symbol);
+        let mut reference = None;
+        let mut measured = 0;
+        for (slot, &(_, c)) in uncached.iter().enumerate().filter(|(_, u)| u.0 == w) {
+            let cand = &g.candidates[c];
+            let entry = match artifacts[slot].take().expect("one artifact per slot") {
+                Err(e) => Entry::Failed(format!("compile: {e}")),
+                Ok(artifact) => {
+                    let (inputs, expected) = match &reference {
+                        Some(r) => r,
+                        None => reference
+                            .insert(reference_run(&g.standalone, options.seed).map_err(fail)?),
+                    };
+                    match measure.measure(&cand.graph, &artifact, inputs, expected) {
+                        Ok(ms) => Entry::Time(ms),
+                        Err(e) => Entry::Failed(e),
+                    }
+                }
+            };
+            cache.insert(cand.key.clone(), entry);
+            measured += 1;
+        }
+        cache.save().map_err(fail)?;
+        let (report, attrs) = choose(g, cache, measured);
         if let Some(attrs) = attrs {
-            tuned.op_mut(op).attrs = attrs;
+            tuned.op_mut(g.op).attrs = attrs;
         }
         progress(&report);
         groups.push(report);
@@ -141,17 +199,15 @@ pub fn tune_graph(
     ))
 }
 
-/// Measures the candidates of fused `op` (cached ones from `cache`);
-/// returns the report and the attributes of the fastest that matched.
-fn tune_group(
+/// The candidates of fused `op`: the model's best distinct shapes, then the
+/// planner's own choice if it is not among them.
+fn prepare(
     graph: &Graph,
     op: OpId,
     options: &TuneOptions,
     model: &CostModel,
     fingerprint: &Fingerprint,
-    measure: &mut dyn Measure,
-    cache: &mut Cache,
-) -> Result<(GroupReport, Option<Attrs>), String> {
+) -> Result<Work, String> {
     let symbol = group::symbol(graph, op);
     let fail = |e: String| format!("tuning @{symbol}: {e}");
     let region = group::region_group(graph, op).map_err(fail)?;
@@ -165,9 +221,6 @@ fn tune_group(
             .map_or(f64::NAN, |c| c.time * 1e3)
     };
     let standalone = group::standalone(graph, op).map_err(fail)?;
-    let planned = group::describe_params(graph, op);
-
-    // The model's best, then the planner's own choice if it is not among them.
     let mut candidates: Vec<Candidate> = Vec::new();
     let mut with_params = |params: Option<&KernelParams>| -> Result<(), String> {
         let mut g = standalone.clone();
@@ -191,73 +244,49 @@ fn tune_group(
         with_params(Some(p)).map_err(fail)?;
     }
     with_params(None).map_err(fail)?;
+    Ok(Work {
+        op,
+        kind: region.kind.name().to_string(),
+        planned: group::describe_params(graph, op),
+        symbol,
+        standalone,
+        candidates,
+    })
+}
 
-    // Compile the uncached candidates in parallel, then measure them in order.
-    let uncached: Vec<usize> = (0..candidates.len())
-        .filter(|&i| cache.get(&candidates[i].key).is_none())
-        .collect();
-    let build = BuildOptions {
-        arch: options.arch.clone(),
-        compile: true,
-    };
-    let artifacts = compile_all(&candidates, &uncached, &build);
-    let mut reference = None;
+/// The report of group `g` from the cache, and the attributes of its
+/// fastest candidate that matched; `measured` of them were measured now.
+fn choose(g: &Work, cache: &Cache, measured: usize) -> (GroupReport, Option<Attrs>) {
     let mut failures = Vec::new();
-    for (&i, artifact) in uncached.iter().zip(artifacts) {
-        let c = &candidates[i];
-        let entry = match artifact {
-            Err(e) => Entry::Failed(format!("compile: {e}")),
-            Ok(artifact) => {
-                let (inputs, expected) = match &reference {
-                    Some(r) => r,
-                    None => {
-                        reference.insert(reference_run(&standalone, options.seed).map_err(fail)?)
-                    }
-                };
-                match measure.measure(&c.graph, &artifact, inputs, expected) {
-                    Ok(ms) => Entry::Time(ms),
-                    Err(e) => Entry::Failed(e),
-                }
-            }
-        };
-        cache.insert(c.key.clone(), entry);
-    }
-
-    let mut results = Vec::new();
-    for c in &candidates {
+    let mut times = Vec::new();
+    for c in &g.candidates {
         match cache.get(&c.key) {
-            Some(Entry::Time(ms)) => results.push((c, Some(*ms))),
-            Some(Entry::Failed(why)) => {
-                failures.push(format!("{}: {why}", c.params));
-                results.push((c, None));
-            }
-            None => unreachable!("every candidate was measured or cached"),
+            Some(Entry::Time(ms)) => times.push((c, *ms)),
+            Some(Entry::Failed(why)) => failures.push(format!("{}: {why}", c.params)),
+            None => failures.push(format!("{}: not measured", c.params)),
         }
     }
-    let chosen = results
+    let chosen = times.iter().min_by(|a, b| a.1.total_cmp(&b.1));
+    let planned_ms = times
         .iter()
-        .filter_map(|(c, ms)| ms.map(|ms| (*c, ms)))
-        .min_by(|a, b| a.1.total_cmp(&b.1));
-    let planned_ms = results
-        .iter()
-        .find(|(c, _)| c.params == planned)
-        .and_then(|(_, ms)| *ms);
+        .find(|(c, _)| c.params == g.planned)
+        .map(|&(_, ms)| ms);
     let attrs = chosen.map(|(c, _)| c.graph.op(group::fused_ops(&c.graph)[0]).attrs.clone());
     let report = GroupReport {
-        symbol,
-        kind: region.kind.name().to_string(),
-        candidates: candidates.len(),
-        measured: uncached.len(),
-        planned,
+        symbol: g.symbol.clone(),
+        kind: g.kind.clone(),
+        candidates: g.candidates.len(),
+        measured,
+        planned: g.planned.clone(),
         planned_ms,
-        chosen: chosen.map(|(c, ms)| report::Chosen {
+        chosen: chosen.map(|&(c, ms)| report::Chosen {
             params: c.params.clone(),
             ms,
             estimate_ms: c.estimate_ms,
         }),
         failures,
     };
-    Ok((report, attrs))
+    (report, attrs)
 }
 
 /// The group's random inputs and the interpreter's outputs for them.
@@ -270,28 +299,22 @@ fn reference_run(
     Ok((inputs, expected))
 }
 
-/// The artifacts of candidates `which`, built on all cores.
-fn compile_all(
-    candidates: &[Candidate],
-    which: &[usize],
-    build: &BuildOptions,
-) -> Vec<Result<dcir_artifact::Artifact, String>> {
+/// The artifacts of `graphs`, built on all cores.
+fn compile_all(graphs: &[&Graph], build: &BuildOptions) -> Vec<Result<Artifact, String>> {
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
-    let mut out: Vec<Option<Result<dcir_artifact::Artifact, String>>> =
-        which.iter().map(|_| None).collect();
+    let per = graphs.len().div_ceil(threads).max(1);
+    let mut out: Vec<Result<Artifact, String>> = graphs
+        .iter()
+        .map(|_| Err("not built".to_string()))
+        .collect();
     std::thread::scope(|s| {
-        for (chunk_ids, chunk_out) in which
-            .chunks(which.len().div_ceil(threads).max(1))
-            .zip(out.chunks_mut(which.len().div_ceil(threads).max(1)))
-        {
+        for (chunk, slots) in graphs.chunks(per).zip(out.chunks_mut(per)) {
             s.spawn(move || {
-                for (&i, slot) in chunk_ids.iter().zip(chunk_out) {
-                    *slot = Some(dcir_cuda::build_artifact(&candidates[i].graph, build));
+                for (g, slot) in chunk.iter().zip(slots) {
+                    *slot = dcir_cuda::build_artifact(g, build);
                 }
             });
         }
     });
-    out.into_iter()
-        .map(|r| r.unwrap_or_else(|| Err("not built".into())))
-        .collect()
+    out
 }

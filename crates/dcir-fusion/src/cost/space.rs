@@ -26,9 +26,10 @@ const THREADS_GEMM: [u32; 3] = [64, 128, 256];
 const STAGES: [u32; 4] = [1, 2, 3, 4];
 /// Values a reduction thread may keep in registers across passes. The
 /// emitter takes up to 64, but on the H200 rows of 4096 ran 5 % (f32) and
-/// 15 % (f16) faster at 32 per thread than at 64 (more resident warps;
-/// docs/cost-model.md, "Parameter spaces").
-const ROW_REGISTER_CACHE: f64 = 32.0;
+/// 15 % (f16) faster at 32 per thread than at 64 (more resident warps), and
+/// with f32 intermediates f16 rows ran 2-4 % faster at 16 than at 32 (29.3
+/// against 30.0 µs; f32 tied at 52.4; docs/cost-model.md, "Parameter spaces").
+const ROW_REGISTER_CACHE: f64 = 16.0;
 /// Registers every thread needs besides its data (indices, addresses, loop state).
 const BASE_REGISTERS: f64 = 24.0;
 
