@@ -79,14 +79,16 @@ pub(crate) fn compile(
     }
     if let Some(tune) = tune {
         let g = &mut module.graphs[0];
-        *g = tune_graph(g, device_spec(device)?, tune)?;
+        *g = tune_graph(g, device, tune)?;
     }
     dcir_cuda::build_artifact(&module.graphs[0], &dcir_cuda::BuildOptions::default())
 }
 
-/// `graph` with every fused group's parameters measured on GPU 0 (a line
-/// per group and the report table on standard error).
-fn tune_graph(graph: &Graph, spec: DeviceSpec, tune: &Tuning) -> Result<Graph, String> {
+/// `graph` (fused) with every group's parameters measured on GPU 0, the
+/// candidates ranked by `device`'s cost model (`live` or a preset); a line
+/// per group and the report table on standard error.
+pub(crate) fn tune_graph(graph: &Graph, device: &str, tune: &Tuning) -> Result<Graph, String> {
+    let spec = device_spec(device)?;
     let mut measure = dcir_tune::GpuMeasure::new(TUNE_REPS)?;
     let path = match &tune.cache {
         Some(p) if p.as_os_str() == "none" => None,

@@ -219,7 +219,12 @@ fn bad_ir_backends_and_flags_are_errors() {
 
 #[test]
 fn cuda_flags_need_the_cuda_backend() {
-    for flags in [&["--check"][..], &["--bench", "5"], &["--artifact", "/tmp"]] {
+    for flags in [
+        &["--check"][..],
+        &["--bench", "5"],
+        &["--artifact", "/tmp"],
+        &["--tune"],
+    ] {
         let mut args = vec!["ir-examples/ln_gelu.dcir"];
         args.extend_from_slice(flags);
         let out = dcir_run(&args, None);
@@ -241,6 +246,52 @@ fn cuda_flags_need_the_cuda_backend() {
     );
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("--per-kernel needs --bench"));
+    let out = dcir_run(
+        &[
+            "ir-examples/ln_gelu.dcir",
+            "--backend",
+            "cuda",
+            "--tune",
+            "--artifact",
+            "/tmp",
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("already compiled"));
+}
+
+/// Tuning needs a GPU: without one it is a clean error, never a panic; with
+/// one the tuned graph must pass `--check` (a cache in memory only).
+#[test]
+fn tuning_errors_cleanly_or_passes_the_check() {
+    let out = dcir_run(
+        &[
+            "ir-examples/ln_gelu.dcir",
+            "--backend",
+            "cuda",
+            "--tune",
+            "--tune-top-k",
+            "2",
+            "--tune-cache",
+            "none",
+            "--check",
+        ],
+        None,
+    );
+    let stderr = text(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    if out.status.success() {
+        assert!(stderr.contains("tune: [1/"), "{stderr}");
+        assert!(text(&out.stdout).contains("check %y: PASS"));
+    } else {
+        assert_eq!(out.status.code(), Some(1));
+        assert!(
+            stderr.contains("NVRTC") || stderr.contains("no CUDA driver"),
+            "{stderr}"
+        );
+        println!("SKIP: no GPU: {}", stderr.lines().last().unwrap_or(""));
+    }
 }
 
 /// Without a GPU (CI, this dev VM) the cuda backend is a clean error, never a
