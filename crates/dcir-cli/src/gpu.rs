@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use dcir_artifact::Artifact;
 use dcir_fusion::{CostModel, DeviceSpec, LiveDevice, apply_plan, plan_graph};
-use dcir_interp::{Tensor, io};
+use dcir_interp::Tensor;
 use dcir_ir::{Graph, Module, OpKind, verify_module};
 use dcir_passes::{Instrumentation, PassManager, build_pipeline};
 use dcir_runtime::Executor;
@@ -34,12 +34,18 @@ pub(crate) struct CudaRun {
     pub bench: Option<Bench>,
 }
 
-/// How `--tune` tunes.
-pub(crate) struct Tuning {
-    /// Parameter sets measured per group besides the planner's.
-    pub top_k: usize,
-    /// The cache file (`None`: the default place; `none`: in memory only).
-    pub cache: Option<PathBuf>,
+/// The tuning flags `dcir-run` and `dcir-opt` share.
+#[derive(Clone, Debug, clap::Args)]
+pub struct TuneArgs {
+    /// Tune every fused group on GPU 0: measure the cost model's best parameter sets and keep the fastest that matches the interpreter (a report goes to standard error; docs/tuning.md).
+    #[arg(long)]
+    pub tune: bool,
+    /// With --tune, parameter sets measured per group besides the planner's.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub tune_top_k: usize,
+    /// With --tune, the tuning cache (default: $DCIR_TUNE_CACHE, else ~/.cache/dcir/tune.json); `none` keeps it in memory.
+    #[arg(long, value_name = "FILE")]
+    pub tune_cache: Option<PathBuf>,
 }
 
 /// Timed runs per tuning candidate (the median is kept).
@@ -48,11 +54,7 @@ const TUNE_REPS: usize = 20;
 /// Fuses `graph` (cleanup pipeline, then the planner with `device`'s cost
 /// model) unless it already has `fused` ops, tunes it with `tune`, and
 /// builds its artifact with NVRTC.
-pub(crate) fn compile(
-    graph: &Graph,
-    device: &str,
-    tune: Option<&Tuning>,
-) -> Result<Artifact, String> {
+pub(crate) fn compile(graph: &Graph, device: &str, tune: &TuneArgs) -> Result<Artifact, String> {
     if let Some(reason) = dcir_cuda::nvrtc::unavailable_reason() {
         return Err(format!("the cuda backend compiles with NVRTC: {reason}"));
     }
@@ -77,7 +79,7 @@ pub(crate) fn compile(
         verify_module(&module)
             .map_err(|e| format!("the fused IR does not verify (a fusion bug): {e:?}"))?;
     }
-    if let Some(tune) = tune {
+    if tune.tune {
         let g = &mut module.graphs[0];
         *g = tune_graph(g, device, tune)?;
     }
@@ -87,10 +89,10 @@ pub(crate) fn compile(
 /// `graph` (fused) with every group's parameters measured on GPU 0, the
 /// candidates ranked by `device`'s cost model (`live` or a preset); a line
 /// per group and the report table on standard error.
-pub(crate) fn tune_graph(graph: &Graph, device: &str, tune: &Tuning) -> Result<Graph, String> {
+pub(crate) fn tune_graph(graph: &Graph, device: &str, tune: &TuneArgs) -> Result<Graph, String> {
     let spec = device_spec(device)?;
     let mut measure = dcir_tune::GpuMeasure::new(TUNE_REPS)?;
-    let path = match &tune.cache {
+    let path = match &tune.tune_cache {
         Some(p) if p.as_os_str() == "none" => None,
         Some(p) => Some(p.clone()),
         None => default_cache(),
@@ -106,7 +108,7 @@ pub(crate) fn tune_graph(graph: &Graph, device: &str, tune: &Tuning) -> Result<G
         None => dcir_tune::Cache::in_memory(),
     };
     let mut options = dcir_tune::TuneOptions::new(spec);
-    options.top_k = tune.top_k.max(1);
+    options.top_k = tune.tune_top_k.max(1);
     let groups = dcir_tune::group::fused_ops(graph).len();
     let mut done = 0;
     let (tuned, report) =
@@ -221,19 +223,7 @@ pub(crate) fn execute(
     bench: Option<(usize, bool)>,
 ) -> Result<CudaRun, String> {
     let mut ex = Executor::new(artifact, 0).map_err(|e| e.to_string())?;
-    for (i, t) in inputs.iter().enumerate() {
-        ex.set_input(i, &io::tensor_bytes(t))
-            .map_err(|e| e.to_string())?;
-    }
-    ex.poison().map_err(|e| e.to_string())?;
-    ex.run_checked().map_err(|e| e.to_string())?;
-    let outputs = graph.outputs().unwrap_or_default();
-    let mut tensors = Vec::with_capacity(outputs.len());
-    for (i, &v) in outputs.iter().enumerate() {
-        let bytes = ex.read_output(i).map_err(|e| e.to_string())?;
-        tensors
-            .push(io::tensor_from_bytes(graph.ty(v).clone(), &bytes).map_err(|e| e.to_string())?);
-    }
+    let tensors = dcir_tune::measure::run_outputs(&mut ex, graph, inputs)?;
     let bench = match bench {
         None => None,
         Some((reps, per_kernel)) => {

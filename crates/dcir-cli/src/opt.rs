@@ -49,15 +49,9 @@ pub struct OptArgs {
     /// Say, for each merge fusion rejected, which rule or estimate rejected it (to standard error).
     #[arg(long)]
     pub explain_fusion: bool,
-    /// After fusing, tune every group on GPU 0 (the fastest of the cost model's best parameter sets that matches the interpreter; docs/tuning.md); with --emit ir, cuda or artifact.
-    #[arg(long)]
-    pub tune: bool,
-    /// With --tune, parameter sets measured per group besides the planner's.
-    #[arg(long, value_name = "N", default_value_t = 8)]
-    pub tune_top_k: usize,
-    /// With --tune, the tuning cache (default: $DCIR_TUNE_CACHE, else ~/.cache/dcir/tune.json); `none` keeps it in memory.
-    #[arg(long, value_name = "FILE")]
-    pub tune_cache: Option<PathBuf>,
+    /// Tuning after fusing (needs a GPU; with --emit ir, cuda or artifact).
+    #[command(flatten)]
+    pub tune: crate::gpu::TuneArgs,
     /// List the registered passes with their options, and exit.
     #[arg(long)]
     pub list_passes: bool,
@@ -160,8 +154,8 @@ pub fn list_passes(registry: &PassRegistry) -> String {
 fn run(name: &str, registry: &PassRegistry, args: &OptArgs) -> Result<(), Reported> {
     let started = Instant::now();
     let mut timings: Vec<(&str, Duration)> = Vec::new();
-    let fusing = args.fuse || args.emit != Emit::Ir || args.explain_fusion || args.tune;
-    if args.tune && matches!(args.emit, Emit::Plan | Emit::Dot) {
+    let fusing = args.fuse || args.emit != Emit::Ir || args.explain_fusion || args.tune.tune;
+    if args.tune.tune && matches!(args.emit, Emit::Plan | Emit::Dot) {
         eprintln!(
             "{name}: error: --tune chooses kernel parameters; use it with --emit ir, cuda or artifact"
         );
@@ -300,13 +294,9 @@ fn fuse(
             }
             Reported
         })?;
-        if args.tune {
-            let tuning = crate::gpu::Tuning {
-                top_k: args.tune_top_k,
-                cache: args.tune_cache.clone(),
-            };
+        if args.tune.tune {
             for graph in &mut module.graphs {
-                *graph = crate::gpu::tune_graph(graph, &args.device, &tuning).map_err(|e| {
+                *graph = crate::gpu::tune_graph(graph, &args.device, &args.tune).map_err(|e| {
                     eprintln!("{name}: error: {e}");
                     Reported
                 })?;

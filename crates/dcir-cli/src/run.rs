@@ -77,15 +77,9 @@ pub struct RunArgs {
     /// (cuda) The device the fusion cost model plans for: `live` (GPU 0, queried) or a preset (h200, h100, a100, v100, rtx2080).
     #[arg(long, value_name = "NAME", default_value = "live")]
     pub device: String,
-    /// (cuda) Tune every fused group: measure the cost model's best parameter sets on GPU 0 and keep the fastest that matches the interpreter (a report goes to standard error).
-    #[arg(long)]
-    pub tune: bool,
-    /// (cuda) With --tune, parameter sets measured per group besides the planner's.
-    #[arg(long, value_name = "N", default_value_t = 8)]
-    pub tune_top_k: usize,
-    /// (cuda) With --tune, the tuning cache (default: $DCIR_TUNE_CACHE, else ~/.cache/dcir/tune.json); `none` keeps it in memory.
-    #[arg(long, value_name = "FILE")]
-    pub tune_cache: Option<PathBuf>,
+    /// (cuda) Tuning before compiling.
+    #[command(flatten)]
+    pub tune: crate::gpu::TuneArgs,
 }
 
 /// A failure already described to the user.
@@ -131,13 +125,13 @@ fn run(name: &str, args: &RunArgs) -> Result<(), Reported> {
             || args.bench.is_some()
             || args.per_kernel
             || args.artifact.is_some()
-            || args.tune)
+            || args.tune.tune)
     {
         return Err(fail(
             "--check, --bench, --per-kernel, --artifact and --tune need --backend cuda".to_string(),
         ));
     }
-    if args.tune && args.artifact.is_some() {
+    if args.tune.tune && args.artifact.is_some() {
         return Err(fail(
             "--tune tunes a graph it compiles; an --artifact is already compiled".to_string(),
         ));
@@ -176,13 +170,7 @@ fn run(name: &str, args: &RunArgs) -> Result<(), Reported> {
         Backend::Cuda => {
             let artifact = match &args.artifact {
                 Some(dir) => crate::gpu::load(dir, graph),
-                None => {
-                    let tune = args.tune.then(|| crate::gpu::Tuning {
-                        top_k: args.tune_top_k,
-                        cache: args.tune_cache.clone(),
-                    });
-                    crate::gpu::compile(graph, &args.device, tune.as_ref())
-                }
+                None => crate::gpu::compile(graph, &args.device, &args.tune),
             }
             .map_err(fail)?;
             timings.push(("compile", t.elapsed()));

@@ -348,6 +348,20 @@ impl Executor {
             .map_err(driver("running the forward pass"))
     }
 
+    /// One checked forward pass on `inputs` (one byte string per graph
+    /// input): uploads them, poisons the outputs, runs launch by launch and
+    /// returns every output's bytes.
+    pub fn run_once(&mut self, inputs: &[Vec<u8>]) -> Result<Vec<Vec<u8>>> {
+        for (i, bytes) in inputs.iter().enumerate() {
+            self.set_input(i, bytes)?;
+        }
+        self.poison()?;
+        self.run_checked()?;
+        (0..self.outputs.len())
+            .map(|i| self.read_output(i))
+            .collect()
+    }
+
     /// Captures one forward pass as a CUDA graph; later runs replay it.
     pub fn capture_graph(&mut self) -> Result<()> {
         self.graph = None;
@@ -371,25 +385,7 @@ impl Executor {
 
     /// Times `reps` forward passes after `warmup`, each between two events.
     pub fn bench(&mut self, warmup: usize, reps: usize) -> Result<Timing> {
-        for _ in 0..warmup {
-            self.enqueue_all()?;
-        }
-        let mut ms = Vec::with_capacity(reps);
-        for _ in 0..reps.max(1) {
-            let (start, end) = (self.event()?, self.event()?);
-            start
-                .record(&self.stream)
-                .map_err(driver("recording an event"))?;
-            self.enqueue_all()?;
-            end.record(&self.stream)
-                .map_err(driver("recording an event"))?;
-            end.synchronize()
-                .map_err(driver("running the forward pass"))?;
-            ms.push(f64::from(
-                start.elapsed_ms(&end).map_err(driver("reading an event"))?,
-            ));
-        }
-        Ok(Timing::of(ms))
+        self.timed(warmup, reps, None)
     }
 
     /// Like [`Executor::bench`], with the L2 cache flushed before each timed
@@ -404,14 +400,27 @@ impl Executor {
                 bytes: flush_bytes as u64,
                 error: format!("{e:?}"),
             })?;
+        self.timed(warmup, reps, Some(&mut flush))
+    }
+
+    /// `reps` passes after `warmup`, each between two events, `flush`
+    /// zeroed before each (outside the events).
+    fn timed(
+        &mut self,
+        warmup: usize,
+        reps: usize,
+        mut flush: Option<&mut CudaSlice<u8>>,
+    ) -> Result<Timing> {
         for _ in 0..warmup {
             self.enqueue_all()?;
         }
         let mut ms = Vec::with_capacity(reps);
-        for rep in 0..reps.max(1) {
-            self.stream
-                .memset_zeros(&mut flush)
-                .map_err(driver(format!("flushing L2 ({rep})")))?;
+        for _ in 0..reps.max(1) {
+            if let Some(flush) = flush.as_deref_mut() {
+                self.stream
+                    .memset_zeros(flush)
+                    .map_err(driver("flushing the L2 cache"))?;
+            }
             let (start, end) = (self.event()?, self.event()?);
             start
                 .record(&self.stream)

@@ -71,19 +71,10 @@ impl Measure for GpuMeasure {
         expected: &[Tensor],
     ) -> Result<f64, String> {
         let mut ex = Executor::new(artifact, 0).map_err(|e| e.to_string())?;
-        for (i, t) in inputs.iter().enumerate() {
-            ex.set_input(i, &io::tensor_bytes(t))
-                .map_err(|e| e.to_string())?;
-        }
-        ex.poison().map_err(|e| e.to_string())?;
-        ex.run_checked().map_err(|e| e.to_string())?;
-        let outputs = group.outputs().unwrap_or_default();
-        for (i, (&v, want)) in outputs.iter().zip(expected).enumerate() {
-            let bytes = ex.read_output(i).map_err(|e| e.to_string())?;
-            let got =
-                io::tensor_from_bytes(group.ty(v).clone(), &bytes).map_err(|e| e.to_string())?;
+        let outputs = run_outputs(&mut ex, group, inputs)?;
+        for (i, (want, got)) in expected.iter().zip(&outputs).enumerate() {
             let tolerance = Tolerance::for_output_of(group, want.dtype());
-            compare(want, &got, &tolerance)
+            compare(want, got, &tolerance)
                 .map_err(|m| format!("output {i} does not match the interpreter: {m}"))?;
         }
         let flush = 2 * self.device.l2_bytes as usize;
@@ -92,4 +83,22 @@ impl Measure for GpuMeasure {
             .map_err(|e| e.to_string())?;
         Ok(timing.median_ms)
     }
+}
+
+/// One checked run of `ex` (loaded from `graph`'s artifact) on `inputs`,
+/// outputs poisoned first: the outputs, as tensors of `graph`'s result types.
+pub fn run_outputs(
+    ex: &mut Executor,
+    graph: &Graph,
+    inputs: &[Tensor],
+) -> Result<Vec<Tensor>, String> {
+    let bytes: Vec<Vec<u8>> = inputs.iter().map(io::tensor_bytes).collect();
+    let results = ex.run_once(&bytes).map_err(|e| e.to_string())?;
+    graph
+        .outputs()
+        .unwrap_or_default()
+        .iter()
+        .zip(results)
+        .map(|(&v, b)| io::tensor_from_bytes(graph.ty(v).clone(), &b).map_err(|e| e.to_string()))
+        .collect()
 }
