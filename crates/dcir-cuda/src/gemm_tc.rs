@@ -422,6 +422,15 @@ fn let_int(name: &str, value: Expr) -> Stmt {
     }
 }
 
+fn let_bool(name: &str, value: Expr) -> Stmt {
+    Stmt::Let {
+        name: name.into(),
+        ty: Ty::Bool,
+        value,
+        constant: true,
+    }
+}
+
 fn let_u32(name: &str, value: Expr) -> Stmt {
     Stmt::Let {
         name: name.into(),
@@ -1249,12 +1258,7 @@ impl PixelPlan {
             let value = match conds.into_iter().flatten().reduce(and) {
                 Some(cond) => {
                     let inside = format!("{}_in{i}", t.p);
-                    body.push(Stmt::Let {
-                        name: inside.clone(),
-                        ty: Ty::Bool,
-                        value: cond,
-                        constant: true,
-                    });
+                    body.push(let_bool(&inside, cond));
                     let read = select(var(&inside), offset, int(0));
                     let raw = format!("{}_x{i}", t.p);
                     body.push(Stmt::Let {
@@ -1314,12 +1318,7 @@ impl PixelPlan {
                 .reduce(and);
             if let Some(cond) = cond {
                 let flag = format!("{}_tin{j}", t.p);
-                out.push(Stmt::Let {
-                    name: flag.clone(),
-                    ty: Ty::Bool,
-                    value: cond,
-                    constant: true,
-                });
+                out.push(let_bool(&flag, cond));
                 inside.push(Some(var(flag)));
             } else {
                 inside.push(None);
