@@ -42,6 +42,11 @@ pub struct KernelEntry {
     pub source: String,
     /// PTX from NVRTC, when the compiler was available.
     pub ptx: Option<String>,
+    /// Machine code for the artifact's `arch`, kept in memory only (never
+    /// written: a directory carries PTX): the runtime loads it first, which
+    /// spares the driver's compilation of the PTX.
+    #[serde(skip)]
+    pub cubin: Option<Vec<u8>>,
     /// Threads per block (x, y, z).
     pub block: [u32; 3],
     /// Blocks per grid (x, y, z).
@@ -196,6 +201,7 @@ mod tests {
                 name: "g0".into(),
                 source: "extern \"C\" __global__ void g0() {}\n".into(),
                 ptx: Some(".version 9.0\n".into()),
+                cubin: None,
                 block: [128, 1, 1],
                 grid: [4, 1, 1],
                 dynamic_shared: 0,

@@ -259,15 +259,17 @@ fn kernel_entry(
     source: String,
     options: &BuildOptions,
 ) -> Result<KernelEntry, String> {
-    let ptx = if options.compile {
-        Some(nvrtc::compile(&source, &kernel.name, &options.arch)?.ptx)
+    let (ptx, cubin) = if options.compile {
+        let compiled = nvrtc::compile(&source, &kernel.name, &options.arch)?;
+        (Some(compiled.ptx), compiled.cubin)
     } else {
-        None
+        (None, None)
     };
     Ok(KernelEntry {
         name: kernel.name.clone(),
         source,
         ptx,
+        cubin,
         block: [kernel.block, 1, 1],
         grid: [kernel.grid, 1, 1],
         dynamic_shared: kernel.dynamic_shared as u32,

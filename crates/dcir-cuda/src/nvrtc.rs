@@ -113,6 +113,9 @@ impl std::fmt::Display for Resources {
 pub struct Compiled {
     /// The PTX text.
     pub ptx: String,
+    /// Machine code (CUBIN) when the target is a real architecture
+    /// (`sm_90`): it loads without the driver compiling the PTX.
+    pub cubin: Option<Vec<u8>>,
     /// ptxas's report for the kernel, when the log held one.
     pub resources: Option<Resources>,
     /// NVRTC's program log (warnings and ptxas's `info` lines).
@@ -137,15 +140,18 @@ pub fn compile(source: &str, name: &str, arch: &str) -> Result<Compiled, String>
     // SAFETY: `program` was just created and is destroyed exactly once below,
     // after its last use; `src` and `file` outlive it.
     #[allow(unsafe_code)]
-    let (compiled, log, ptx) = unsafe {
+    let (compiled, log, ptx, cubin) = unsafe {
         let compiled = result::compile_program(program, &options);
         let log = result::get_program_log(program).map(|l| c_text(&l));
-        let ptx = match compiled {
-            Ok(()) => Some(result::get_ptx(program).map(|p| c_text(&p))),
-            Err(_) => None,
+        let (ptx, cubin) = match compiled {
+            Ok(()) => (
+                Some(result::get_ptx(program).map(|p| c_text(&p))),
+                get_cubin(program),
+            ),
+            Err(_) => (None, None),
         };
         let _ = result::destroy_program(program);
-        (compiled, log, ptx)
+        (compiled, log, ptx, cubin)
     };
     let log = log.unwrap_or_default();
     if compiled.is_err() {
@@ -156,9 +162,28 @@ pub fn compile(source: &str, name: &str, arch: &str) -> Result<Compiled, String>
         .map_err(|e| format!("NVRTC on {name}: no PTX: {e}"))?;
     Ok(Compiled {
         ptx,
+        cubin,
         resources: parse_resources(&log),
         log,
     })
+}
+
+/// The program's CUBIN, if NVRTC made one (a real target architecture).
+///
+/// # Safety
+///
+/// `program` must be a live, successfully compiled NVRTC program.
+#[allow(unsafe_code)]
+unsafe fn get_cubin(program: cudarc::nvrtc::sys::nvrtcProgram) -> Option<Vec<u8>> {
+    use cudarc::nvrtc::sys::{nvrtcGetCUBIN, nvrtcGetCUBINSize, nvrtcResult};
+    let mut size = 0usize;
+    // SAFETY: the caller's contract; NVRTC writes the size, then `size` bytes.
+    if unsafe { nvrtcGetCUBINSize(program, &mut size) } != nvrtcResult::NVRTC_SUCCESS || size == 0 {
+        return None;
+    }
+    let mut bytes = vec![0u8; size];
+    let status = unsafe { nvrtcGetCUBIN(program, bytes.as_mut_ptr().cast()) };
+    (status == nvrtcResult::NVRTC_SUCCESS).then_some(bytes)
 }
 
 /// The text of a NUL-terminated buffer NVRTC filled.
@@ -249,6 +274,16 @@ mod tests {
         assert!(c.ptx.contains(".entry k"), "{}", c.ptx);
         let r = c.resources.expect("ptxas report");
         assert!(r.registers > 0 && r.violation(1024).is_none(), "{r}");
+        // A real architecture also gives machine code (an ELF image); a
+        // virtual one only PTX.
+        assert!(c.cubin.as_ref().is_some_and(|b| b.starts_with(b"\x7fELF")));
+        assert!(
+            compile(src, "k", "compute_90")
+                .expect("compiles")
+                .cubin
+                .is_none()
+        );
+        assert_eq!(version().map(|(major, _)| major), Some(13));
         let err = compile("this is not C", "bad", DEFAULT_ARCH).unwrap_err();
         assert!(err.contains("NVRTC failed on bad"), "{err}");
     }

@@ -169,9 +169,17 @@ impl Executor {
             let module = match modules.get(&content_hash(ptx)) {
                 Some(m) => m.clone(),
                 None => {
-                    let m = ctx
-                        .load_module(Ptx::from_src(ptx.clone()))
-                        .map_err(load_error)?;
+                    // Machine code first (no JIT); the PTX if the device rejects it.
+                    let binary = k
+                        .cubin
+                        .as_ref()
+                        .and_then(|c| ctx.load_module(Ptx::from_binary(c.clone())).ok());
+                    let m = match binary {
+                        Some(m) => m,
+                        None => ctx
+                            .load_module(Ptx::from_src(ptx.clone()))
+                            .map_err(load_error)?,
+                    };
                     modules.insert(content_hash(ptx), m.clone());
                     m
                 }
