@@ -22,9 +22,10 @@
 //! neighbouring lanes' vectors by warp shuffles (loaded only at the warp's
 //! edges); otherwise every element comes through the index maps (so view
 //! prologues such as `pad` work). Threads of a partial last block redo the
-//! last strip and store nothing, so every lane takes part in the shuffles. The elementwise epilogue (batchnorm, bias, clip ...) runs per
-//! output and the results are stored `cols` at a time when the output row
-//! is a multiple of `cols`, else per element with bounds checks.
+//! last strip and store nothing, so every lane takes part in the shuffles.
+//! The elementwise epilogue (batchnorm, bias, clip ...) runs per output and
+//! the results are stored `cols` at a time when the output row is a
+//! multiple of `cols`, else per element with bounds checks.
 //!
 //! **depthwise_pointwise**: a block owns a `tile = [th, tw]` output tile of
 //! one image and `tile_n` output channels of the pointwise conv (capped at
@@ -740,7 +741,7 @@ fn load_row_vectors(
     let chunk = |j: usize| (j as i64 - pad).div_euclid(cols_i);
     let whole = |j: usize| pad + chunk(j) * cols_i == j as i64 && j + cols <= span;
     // The thread's own chunk (q = 0) is always inside the row.
-    let own_loaded = pad >= 0 && whole(pad as usize);
+    let own_loaded = whole(pad as usize);
     let mut ends = Vec::new();
     let mut j = 0;
     while j < span {
