@@ -104,9 +104,11 @@ fn small_constant(graph: &Graph, v: ValueId) -> Option<OpId> {
 }
 
 /// The ops that compute `v` through views alone (innermost first) from
-/// values any group can read — graph parameters, small constants, and values
-/// defined outside the views' own group — or `None` when `v` is not such a
-/// view. `group_of` maps each grouped op to its group.
+/// values any group can read — graph parameters, small constants, and
+/// values another group materializes — or `None` when `v` is not such a
+/// view. A portable view is never materialized, so the chain follows one
+/// into whichever group defines it. `group_of` maps each grouped op to its
+/// group.
 fn portable_view(
     graph: &Graph,
     group_of: &FxHashMap<OpId, usize>,
@@ -121,11 +123,18 @@ fn portable_view(
     }
     let mut chain = Vec::new();
     for &operand in &d.operands {
-        match graph.value(operand).def {
-            ValueDef::BlockArg { .. } => {}
-            ValueDef::OpResult { .. } if small_constant(graph, operand).is_some() => {}
-            ValueDef::OpResult { op: def, .. } if group_of.get(&def) != group_of.get(&op) => {}
-            ValueDef::OpResult { .. } => chain.extend(portable_view(graph, group_of, operand)?),
+        let ValueDef::OpResult { op: def, .. } = graph.value(operand).def else {
+            continue; // a parameter
+        };
+        if small_constant(graph, operand).is_some() {
+            continue;
+        }
+        match portable_view(graph, group_of, operand) {
+            // Never materialized, wherever it is defined: copied along.
+            Some(inner) => chain.extend(inner),
+            // Another group's value is one of that group's results.
+            None if group_of.get(&def) != group_of.get(&op) => {}
+            None => return None,
         }
     }
     chain.push(op);
