@@ -45,20 +45,23 @@ pub fn region_group(graph: &Graph, op: OpId) -> Result<Group, String> {
 
 /// A graph of fused `op` alone: one parameter per operand, the group with
 /// its attributes, its results returned. Kernels of it are those of `op`.
+/// Its text names nothing of `graph` (`@group`, `@g`, `%in0`, ...), so two
+/// groups that compute alike on alike shapes — the repeated layers of a
+/// model — print the same and share their measurements.
 pub fn standalone(graph: &Graph, op: OpId) -> Result<Graph, String> {
     let data = graph.op(op);
     let sym = symbol(graph, op);
     let region = data.region.ok_or_else(|| format!("@{sym} has no region"))?;
-    let mut b = GraphBuilder::new(format!("{}_{sym}", graph.name()));
+    let mut b = GraphBuilder::new("group");
     let mut params = Vec::with_capacity(data.operands.len());
-    for &v in &data.operands {
+    for (i, &v) in data.operands.iter().enumerate() {
         let p = b
-            .param(&graph.value(v).name, graph.ty(v).clone())
+            .param(&format!("in{i}"), graph.ty(v).clone())
             .map_err(|e| e.to_string())?;
         params.push(p);
     }
     let results = b
-        .fused(&sym, &params, data.attrs.clone(), |b, args| {
+        .fused("g", &params, data.attrs.clone(), |b, args| {
             let block = graph.block(region);
             let mut map: HashMap<ValueId, ValueId> = block
                 .args
@@ -149,7 +152,7 @@ mod tests {
         let text = print_graph(&s);
         assert!(
             text.starts_with(
-                "graph @g_g0(%x: f32[8,64], %w: f32[64,32], %b: f32[32]) -> (f32[8,32])"
+                "graph @group(%in0: f32[8,64], %in1: f32[64,32], %in2: f32[32]) -> (f32[8,32])"
             ),
             "{text}"
         );

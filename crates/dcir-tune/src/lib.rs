@@ -21,6 +21,7 @@ pub mod group;
 pub mod measure;
 mod report;
 
+use std::collections::HashSet;
 use std::time::Instant;
 
 use dcir_artifact::Artifact;
@@ -140,11 +141,17 @@ pub fn tune_graph(
         .map(|op| prepare(graph, op, options, &model, &fingerprint))
         .collect::<Result<Vec<_>, String>>()?;
 
+    // Each uncached key once: a group that repeats an earlier one (the same
+    // text) finds the earlier group's measurements in the cache.
+    let mut keys = HashSet::new();
     let uncached: Vec<(usize, usize)> = work
         .iter()
         .enumerate()
         .flat_map(|(w, g)| (0..g.candidates.len()).map(move |c| (w, c)))
-        .filter(|&(w, c)| cache.get(&work[w].candidates[c].key).is_none())
+        .filter(|&(w, c)| {
+            let key = &work[w].candidates[c].key;
+            cache.get(key).is_none() && keys.insert(key.as_str())
+        })
         .collect();
     let build = BuildOptions {
         arch: options.arch.clone(),

@@ -31,8 +31,14 @@ impl Measure for Fake {
     ) -> Result<f64, String> {
         self.runs += 1;
         assert!(!inputs.is_empty() && !expected.is_empty());
-        if !self.groups_seen.contains(&g.name().to_string()) {
-            self.groups_seen.push(g.name().to_string());
+        // The header: every candidate of a group has the same.
+        let header = dcir_ir::print_graph(g)
+            .lines()
+            .next()
+            .unwrap_or("")
+            .to_string();
+        if !self.groups_seen.contains(&header) {
+            self.groups_seen.push(header);
             return Err("output 0 does not match the interpreter".into());
         }
         let k = &a.kernels[0];
@@ -50,8 +56,18 @@ const GRAPH: &str = "graph @g(%x: f32[64,256], %w: f32[256,128], %b: f32[128]) -
 }
 ";
 
-fn planned() -> Graph {
-    let g = dcir_reader::parse_module(GRAPH)
+/// Two layers alike: the second one's candidates are the first one's.
+const TWIN_LAYERS: &str = "graph @g(%x: f32[64,256], %z: f32[64,256], %w: f32[256,128], %v: f32[256,128]) -> (f32[64,128], f32[64,128]) {
+  %m = matmul %x, %w : f32[64,128]
+  %y = relu %m : f32[64,128]
+  %n = matmul %z, %v : f32[64,128]
+  %u = relu %n : f32[64,128]
+  return %y, %u
+}
+";
+
+fn planned(text: &str) -> Graph {
+    let g = dcir_reader::parse_module(text)
         .expect("parses")
         .graphs
         .remove(0);
@@ -67,7 +83,7 @@ fn the_fastest_matching_candidate_wins_and_a_warm_cache_measures_nothing() {
         println!("SKIP: {reason}");
         return;
     }
-    let graph = planned();
+    let graph = planned(GRAPH);
     let options = TuneOptions::new(DeviceSpec::preset("h200").expect("preset"));
     let mut fake = Fake {
         runs: 0,
@@ -101,4 +117,37 @@ fn the_fastest_matching_candidate_wins_and_a_warm_cache_measures_nothing() {
     assert_eq!((fake.runs, report.measured()), (runs, 0));
     assert_eq!(dcir_ir::print_graph(&again), dcir_ir::print_graph(&tuned));
     assert!(report.table().contains("| @g0 |"), "{}", report.table());
+}
+
+#[test]
+fn a_repeated_layer_is_measured_once() {
+    if let Some(reason) = dcir_cuda::nvrtc::unavailable_reason() {
+        assert!(std::env::var("DCIR_REQUIRE_NVRTC").is_err(), "{reason}");
+        println!("SKIP: {reason}");
+        return;
+    }
+    let graph = planned(TWIN_LAYERS);
+    let options = TuneOptions::new(DeviceSpec::preset("h200").expect("preset"));
+    let mut fake = Fake {
+        runs: 0,
+        groups_seen: Vec::new(),
+    };
+    let mut cache = Cache::in_memory();
+    let (tuned, report) =
+        tune_graph(&graph, &options, &mut fake, &mut cache, &mut |_| {}).expect("tunes");
+    let [first, second] = report.groups.as_slice() else {
+        panic!("two groups: {report:?}");
+    };
+    assert!(
+        first.measured == first.candidates && first.measured >= 2,
+        "{first:?}"
+    );
+    assert_eq!((second.measured, second.candidates), (0, first.candidates));
+    assert_eq!(fake.runs, first.candidates);
+    assert_eq!(second.chosen, first.chosen);
+    let ops = group::fused_ops(&tuned);
+    assert_eq!(
+        group::describe_params(&tuned, ops[0]),
+        group::describe_params(&tuned, ops[1])
+    );
 }
