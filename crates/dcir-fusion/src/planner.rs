@@ -7,7 +7,8 @@
 //! merging creates no cycle through a third group), and asks the estimator
 //! for the union's time. The merge that saves the most time is applied; the
 //! search stops when no legal merge saves time. Estimates are cached per op
-//! set, so a round re-estimates only pairs that touch the last merge.
+//! set, so a round re-estimates only pairs that touch the last merge, and a
+//! round's new sets go to the estimator together ([`Estimator::estimate_all`]).
 //! Rejections are kept for `--explain-fusion`.
 
 use dcir_ir::{Graph, OpId, OpKind};
@@ -134,6 +135,31 @@ impl State<'_> {
         })
     }
 
+    /// Estimates every op set of `sets` not yet cached in one call to the
+    /// model (illegal sets are cached with their reason).
+    fn prefetch(&mut self, model: &dyn Estimator, sets: Vec<Vec<OpId>>) {
+        let mut legal: Vec<(Vec<OpId>, Group)> = Vec::new();
+        for ops in sets {
+            if self.cache.contains_key(&ops) || legal.iter().any(|(o, _)| *o == ops) {
+                continue;
+            }
+            match self.form(&ops) {
+                Ok(group) => legal.push((ops, group)),
+                Err(reason) => {
+                    self.cache.insert(ops, Err(reason));
+                }
+            }
+        }
+        if legal.is_empty() {
+            return;
+        }
+        let groups: Vec<Group> = legal.iter().map(|(_, g)| g.clone()).collect();
+        let estimates = model.estimate_all(self.graph, &groups);
+        for ((ops, _), estimate) in legal.into_iter().zip(estimates) {
+            self.cache.insert(ops, estimate);
+        }
+    }
+
     fn estimate(&mut self, model: &dyn Estimator, ops: &[OpId]) -> Result<Estimate, String> {
         if let Some(hit) = self.cache.get(ops) {
             return hit.clone();
@@ -177,6 +203,20 @@ pub fn plan_graph(graph: &Graph, model: &dyn Estimator) -> Result<Plan, String> 
     }
     let mut rejections;
     loop {
+        // The round's groups, asked for at once: both sides and the union of
+        // every pair that would not close a cycle.
+        let mut wanted = Vec::new();
+        for p in 0..state.members.len() {
+            for c in state.consumers(p) {
+                if state.members[p].is_empty() || state.reachable_through_other(p, c) {
+                    continue;
+                }
+                let (pp, cc) = (state.members[p].clone(), state.members[c].clone());
+                wanted.push(state.sorted([pp.clone(), cc.clone()].concat()));
+                wanted.extend([pp, cc]);
+            }
+        }
+        state.prefetch(model, wanted);
         rejections = Vec::new();
         let mut best: Option<(f64, usize, usize, Vec<OpId>)> = None;
         for p in 0..state.members.len() {
@@ -270,6 +310,9 @@ fn finish(
     if order.len() != live.len() {
         return Err("the groups form a cycle (a planner bug)".to_string());
     }
+    let mut sets: Vec<Vec<OpId>> = order.iter().map(|&g| state.members[g].clone()).collect();
+    sets.extend(sets.clone().into_iter().flatten().map(|op| vec![op]));
+    state.prefetch(model, sets);
     let mut groups = Vec::with_capacity(order.len());
     for g in order {
         let ops = state.members[g].clone();

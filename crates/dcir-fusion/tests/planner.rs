@@ -4,9 +4,11 @@
 
 mod common;
 
-use common::{fuse_and_check, read};
-use dcir_fusion::GroupKind;
-use dcir_ir::{Module, OpKind};
+use std::cell::RefCell;
+
+use common::{Roofline, fuse_and_check, read};
+use dcir_fusion::{Estimate, Estimator, Group, GroupKind, plan_graph};
+use dcir_ir::{Graph, Module, OpKind};
 
 fn kinds(module: &Module) -> Vec<String> {
     let g = &module.graphs[0];
@@ -67,6 +69,48 @@ fn every_example_fuses_verifies_and_computes_the_same() {
     ] {
         let fused = fuse_and_check(&read(&format!("ir-examples/{name}.dcir")));
         assert!(!kinds(&fused).is_empty(), "{name}");
+    }
+}
+
+/// [`Roofline`] answering only in batches, recording each batch's size.
+struct Batched(RefCell<Vec<usize>>);
+
+impl Estimator for Batched {
+    fn estimate(&self, _: &Graph, _: &Group) -> Result<Estimate, String> {
+        panic!("the planner asks in batches")
+    }
+
+    fn estimate_all(&self, graph: &Graph, groups: &[Group]) -> Vec<Result<Estimate, String>> {
+        self.0.borrow_mut().push(groups.len());
+        groups.iter().map(|g| Roofline.estimate(graph, g)).collect()
+    }
+}
+
+#[test]
+fn the_planner_asks_for_each_rounds_groups_at_once_and_plans_alike() {
+    for path in [
+        "ir-examples/resnet50_bottleneck.dcir",
+        "ir-examples/bert_encoder_layer.dcir",
+    ] {
+        let module = read(path);
+        let graph = &module.graphs[0];
+        let batched = Batched(RefCell::new(Vec::new()));
+        let plan = plan_graph(graph, &batched).expect("plans");
+        let alone = plan_graph(graph, &Roofline).expect("plans");
+        let ops = |p: &dcir_fusion::Plan| {
+            p.groups
+                .iter()
+                .map(|g| g.group.ops.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(ops(&plan), ops(&alone), "{path}");
+        let batches = batched.0.into_inner();
+        // Each set once: the batches hold no more than the distinct sets the
+        // planner considered, and the first round asks for many at once.
+        assert!(
+            batches[0] > 2 && batches.iter().all(|&n| n > 0),
+            "{path}: {batches:?}"
+        );
     }
 }
 

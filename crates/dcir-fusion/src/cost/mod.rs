@@ -92,6 +92,13 @@ pub trait Estimator {
     /// The estimate for `group` of `graph`, or why it cannot run as one kernel
     /// (no parameters fit the device).
     fn estimate(&self, graph: &Graph, group: &Group) -> Result<Estimate, String>;
+
+    /// The estimates for several groups, in order. The planner asks for each
+    /// round's groups at once, so an estimator that measures can compile them
+    /// together; by default they are estimated one by one.
+    fn estimate_all(&self, graph: &Graph, groups: &[Group]) -> Vec<Result<Estimate, String>> {
+        groups.iter().map(|g| self.estimate(graph, g)).collect()
+    }
 }
 
 /// The analytic model over a device.
