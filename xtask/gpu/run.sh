@@ -22,7 +22,8 @@
 #   perf      the kernel families at real sizes (kernel_check --no-check)
 #   peers     PyTorch (cuBLAS/cuDNN) at the perf shapes (family_peers.py)
 #   suite     dcir against PyTorch eager and torch.compile on the suite's
-#             workloads, one table of ratios (suite.py --compile)
+#             workloads, one table of ratios (suite.py --compile; more flags
+#             in SUITE_ARGS, e.g. "--tune-cache /tmp/t.json --tune-fusion")
 #   sanitize  every ir-example (f32) under compute-sanitizer memcheck and racecheck
 #   test      the GPU test target (crates/dcir-cli/tests/gpu_check.rs)
 #
@@ -128,7 +129,8 @@ peers() {
 }
 
 suite() {
-    timeout "${SUITE_TIMEOUT:-900}" python3 "$B/suite.py" --compile --deadline "${SUITE_DEADLINE:-0}" 2>&1 | tee "$OUT/suite.log" | grep -E '^\|' | tail -24
+    # shellcheck disable=SC2086 # SUITE_ARGS is a list of flags
+    timeout "${SUITE_TIMEOUT:-900}" python3 "$B/suite.py" --compile --deadline "${SUITE_DEADLINE:-0}" ${SUITE_ARGS:-} 2>&1 | tee "$OUT/suite.log" | grep -E '^\|' | tail -24
 }
 
 sanitize() {

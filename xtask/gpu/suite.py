@@ -12,7 +12,8 @@ calls after warm-up. JAX/XLA (jax.jit, matmul precision "highest") for the
 workloads defined in JAX here (ln_gelu, convblock, the BERT layer), the
 median of 5 x 50 calls timed to block_until_ready. With --tune-cache FILE,
 dcir tunes every graph first (dcir-run --tune; the cache makes a second
-call measure nothing, so carry FILE between calls). f16 graphs are the f32
+call measure nothing, so carry FILE between calls), and with --tune-fusion
+fuses with measured times too; the tuning's time is printed per graph. f16 graphs are the f32
 ones with every f32 made f16; batch 32 runs the ONNX models exported at
 batch 32 and the BERT layer on 32 sequences. Two passes: dcir, eager and JAX
 for every workload, then torch.compile (the slow part) in the same order
@@ -217,15 +218,22 @@ def bert_layer_text(batch):
     return text
 
 
-def dcir_ms(path, graph, tune_cache=None):
+def dcir_ms(path, graph, tune_cache=None, tune_fusion=False):
     """dcir's median ms on `path` (graph `graph`); tuned first with the cache
-    file `tune_cache` when given (a warm cache measures nothing)."""
+    file `tune_cache` when given (a warm cache measures nothing), fused with
+    measured times too with `tune_fusion`. Prints the tuning's time."""
     args = [f"{HERE}/dcir-run", path, "--backend", "cuda", "--bench", "100"]
     if graph:
         args += ["--graph", graph]
     if tune_cache:
-        args += ["--tune", "--tune-cache", tune_cache]
+        args += ["--tune", "--tune-cache", tune_cache] + (["--tune-fusion"] if tune_fusion else [])
+    started = time.time()
     run = subprocess.run(args, capture_output=True, text=True)
+    if tune_cache:
+        lines = [l for l in run.stderr.splitlines()
+                 if "with measured times" in l or "candidates measured" in l]
+        print(f"tune {os.path.basename(path)}: {time.time() - started:.1f} s in all; "
+              + " | ".join(lines), flush=True)
     found = re.search(r"median ([0-9.]+) ms", run.stdout)
     if run.returncode != 0 or not found:
         print(f"dcir failed on {path}: {run.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
@@ -238,6 +246,8 @@ def main():
     ap.add_argument("--compile", action="store_true", help="also time torch.compile (default, reduce-overhead)")
     ap.add_argument("--only", help="run only this workload")
     ap.add_argument("--tune-cache", help="tune dcir's groups first (dcir-run --tune) with this cache file")
+    ap.add_argument("--tune-fusion", action="store_true",
+                    help="with --tune-cache, also fuse with measured times (dcir-run --tune-fusion)")
     ap.add_argument("--deadline", type=float, default=0.0,
                     help="seconds after which torch.compile of further workloads is skipped (0: none)")
     ap.add_argument("--chart", default=os.path.join(os.environ.get("OUT", "/tmp"), "suite.png"))
@@ -269,7 +279,7 @@ def main():
         if args.only and name != args.only:
             continue
         for dtype, tdtype in [("f32", torch.float32), ("f16", torch.float16)]:
-            dcir = dcir_ms(*dcir_graph(spec, dtype, scratch), args.tune_cache)
+            dcir = dcir_ms(*dcir_graph(spec, dtype, scratch), args.tune_cache, args.tune_fusion)
             module = make().to(DEV).eval().to(tdtype)
             inputs = [torch.randn(*s, device=DEV, dtype=tdtype) for s in shapes]
             peers = {"eager": timed_ms(lambda: module(*inputs))}

@@ -46,18 +46,26 @@ pub struct TuneArgs {
     /// With --tune, the tuning cache (default: $DCIR_TUNE_CACHE, else ~/.cache/dcir/tune.json); `none` keeps it in memory.
     #[arg(long, value_name = "FILE")]
     pub tune_cache: Option<PathBuf>,
+    /// With --tune, fuse with measured times: every merge the planner considers is compiled and timed, and kept only when the GPU says it pays (slower; shares the cache).
+    #[arg(long, requires = "tune")]
+    pub tune_fusion: bool,
 }
 
 /// Timed runs per tuning candidate (the median is kept).
 const TUNE_REPS: usize = 20;
 
 /// Fuses `graph` (cleanup pipeline, then the planner with `device`'s cost
-/// model) unless it already has `fused` ops, tunes it with `tune`, and
-/// builds its artifact with NVRTC.
+/// model, or with measured times under `--tune-fusion`) unless it already
+/// has `fused` ops, tunes it under `--tune`, and builds its artifact with
+/// NVRTC.
 pub(crate) fn compile(graph: &Graph, device: &str, tune: &TuneArgs) -> Result<Artifact, String> {
     if let Some(reason) = dcir_cuda::nvrtc::unavailable_reason() {
         return Err(format!("the cuda backend compiles with NVRTC: {reason}"));
     }
+    let mut session = match tune.tune {
+        true => Some(TuneSession::open(device, tune)?),
+        false => None,
+    };
     let mut module = Module::new();
     module.graphs.push(graph.clone());
     let fused = graph
@@ -71,66 +79,183 @@ pub(crate) fn compile(graph: &Graph, device: &str, tune: &TuneArgs) -> Result<Ar
         PassManager::new(passes, Instrumentation::default())
             .run(&mut module, &mut std::io::sink())
             .map_err(|e| e.to_string())?;
-        let spec = device_spec(device)?;
-        let model = CostModel::new(spec);
         let g = &mut module.graphs[0];
-        let plan = plan_graph(g, &model).map_err(|e| format!("cannot fuse @{}: {e}", g.name()))?;
+        let plan = match &mut session {
+            Some(s) if s.fusion => s.plan(g)?,
+            _ => {
+                let model = CostModel::new(device_spec(device)?);
+                plan_graph(g, &model).map_err(|e| format!("cannot fuse @{}: {e}", g.name()))?
+            }
+        };
         *g = apply_plan(g, &plan).map_err(|e| format!("cannot fuse @{}: {e}", g.name()))?;
         verify_module(&module)
             .map_err(|e| format!("the fused IR does not verify (a fusion bug): {e:?}"))?;
     }
-    if tune.tune {
+    if let Some(s) = &mut session {
         let g = &mut module.graphs[0];
-        *g = tune_graph(g, device, tune)?;
+        *g = s.tune(g)?;
     }
     dcir_cuda::build_artifact(&module.graphs[0], &dcir_cuda::BuildOptions::default())
 }
 
-/// `graph` (fused) with every group's parameters measured on GPU 0, the
-/// candidates ranked by `device`'s cost model (`live` or a preset); a line
-/// per group and the report table on standard error.
-pub(crate) fn tune_graph(graph: &Graph, device: &str, tune: &TuneArgs) -> Result<Graph, String> {
-    let spec = device_spec(device)?;
-    let mut measure = dcir_tune::GpuMeasure::new(TUNE_REPS)?;
-    let path = match &tune.tune_cache {
-        Some(p) if p.as_os_str() == "none" => None,
-        Some(p) => Some(p.clone()),
-        None => default_cache(),
-    };
-    let mut cache = match &path {
-        Some(p) => {
-            let (cache, note) = dcir_tune::Cache::open(p);
-            if let Some(note) = note {
-                eprintln!("tune: {note}");
+/// A tuning session on GPU 0: the measurer, the cache and the progress
+/// display, for planning with measured times and for tuning.
+pub(crate) struct TuneSession {
+    measure: dcir_tune::GpuMeasure,
+    cache: dcir_tune::Cache,
+    path: Option<PathBuf>,
+    options: dcir_tune::TuneOptions,
+    /// Plan with measured times (`--tune-fusion`).
+    pub fusion: bool,
+    display: Display,
+}
+
+impl TuneSession {
+    /// Opens GPU 0 and the cache `tune` names, the candidates ranked by
+    /// `device`'s cost model (`live` or a preset).
+    pub(crate) fn open(device: &str, tune: &TuneArgs) -> Result<TuneSession, String> {
+        let mut options = dcir_tune::TuneOptions::new(device_spec(device)?);
+        options.top_k = tune.tune_top_k.max(1);
+        let measure = dcir_tune::GpuMeasure::new(TUNE_REPS)?;
+        let path = match &tune.tune_cache {
+            Some(p) if p.as_os_str() == "none" => None,
+            Some(p) => Some(p.clone()),
+            None => default_cache(),
+        };
+        let cache = match &path {
+            Some(p) => {
+                let (cache, note) = dcir_tune::Cache::open(p);
+                if let Some(note) = note {
+                    eprintln!("tune: {note}");
+                }
+                cache
             }
-            cache
-        }
-        None => dcir_tune::Cache::in_memory(),
-    };
-    let mut options = dcir_tune::TuneOptions::new(spec);
-    options.top_k = tune.tune_top_k.max(1);
-    let groups = dcir_tune::group::fused_ops(graph).len();
-    let mut done = 0;
-    let (tuned, report) =
-        dcir_tune::tune_graph(graph, &options, &mut measure, &mut cache, &mut |g| {
-            done += 1;
-            eprintln!(
-                "tune: [{done}/{groups}] @{} ({}): {} candidates, {} measured -> {}",
-                g.symbol,
-                g.kind,
-                g.candidates,
-                g.measured,
-                g.chosen
-                    .as_ref()
-                    .map_or("none matched".to_string(), |c| format!("{:.4} ms", c.ms))
-            );
-        })?;
-    cache.save()?;
-    eprint!("{}", report.table());
-    if let Some(p) = &path {
-        eprintln!("tune: cache {} ({} entries)", p.display(), cache.len());
+            None => dcir_tune::Cache::in_memory(),
+        };
+        Ok(TuneSession {
+            measure,
+            cache,
+            path,
+            options,
+            fusion: tune.tune_fusion,
+            display: Display::new(),
+        })
     }
-    Ok(tuned)
+
+    /// The plan of `graph` with every group the planner considers measured.
+    pub(crate) fn plan(&mut self, graph: &Graph) -> Result<dcir_fusion::Plan, String> {
+        let started = std::time::Instant::now();
+        self.display.stage(&format!("fusing @{}", graph.name()));
+        let display = &self.display;
+        let hear = |p: dcir_tune::Progress<'_>| display.hear(p);
+        let estimator = dcir_tune::MeasuredEstimator::new(
+            self.options.clone(),
+            &mut self.measure,
+            &mut self.cache,
+            &hear,
+        );
+        let plan = plan_graph(graph, &estimator);
+        let measured = estimator.measured();
+        self.cache.save()?;
+        let plan =
+            plan.map_err(|e| format!("cannot fuse @{} with measured times: {e}", graph.name()))?;
+        self.display.line(&format!(
+            "tune: fused @{} with measured times: {} groups, {measured} candidates measured, {:.1} s",
+            graph.name(),
+            plan.groups.len(),
+            started.elapsed().as_secs_f64()
+        ));
+        Ok(plan)
+    }
+
+    /// `graph` (fused) with every group's parameters measured; the report
+    /// table on standard error.
+    pub(crate) fn tune(&mut self, graph: &Graph) -> Result<Graph, String> {
+        self.display.stage(&format!("tuning @{}", graph.name()));
+        let groups = dcir_tune::group::fused_ops(graph).len();
+        let done = std::sync::atomic::AtomicUsize::new(0);
+        let (tuned, report) = dcir_tune::tune_graph(
+            graph,
+            &self.options,
+            &mut self.measure,
+            &mut self.cache,
+            &|p| {
+                if let dcir_tune::Progress::Tuned(g) = p {
+                    let done = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                    self.display.line(&format!(
+                        "tune: [{done}/{groups}] @{} ({}): {} candidates, {} measured -> {}",
+                        g.symbol,
+                        g.kind,
+                        g.candidates,
+                        g.measured,
+                        g.chosen
+                            .as_ref()
+                            .map_or("none matched".to_string(), |c| format!("{:.4} ms", c.ms))
+                    ));
+                }
+                self.display.hear(p);
+            },
+        )?;
+        self.cache.save()?;
+        self.display.clear();
+        eprint!("{}", report.table());
+        if let Some(p) = &self.path {
+            eprintln!("tune: cache {} ({} entries)", p.display(), self.cache.len());
+        }
+        Ok(tuned)
+    }
+}
+
+/// Tuning's progress bar on standard error (hidden when that is not a
+/// terminal; the per-group lines are printed either way).
+struct Display {
+    bar: indicatif::ProgressBar,
+}
+
+impl Display {
+    fn new() -> Display {
+        let bar = indicatif::ProgressBar::new(0);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{prefix} {msg:>9} {wide_bar} {pos}/{len} [{elapsed}]",
+            )
+            .expect("a valid template"),
+        );
+        Display { bar }
+    }
+
+    /// A new stage (`fusing @g`, `tuning @g`).
+    fn stage(&self, what: &str) {
+        self.bar.set_prefix(what.to_string());
+    }
+
+    /// A line above the bar.
+    fn line(&self, text: &str) {
+        self.bar.suspend(|| eprintln!("{text}"));
+    }
+
+    /// Takes the bar off the screen.
+    fn clear(&self) {
+        self.bar.finish_and_clear();
+    }
+
+    fn hear(&self, p: dcir_tune::Progress<'_>) {
+        use dcir_tune::Progress;
+        match p {
+            Progress::Compiling(n) | Progress::Measuring(n) => {
+                let what = if matches!(p, Progress::Compiling(_)) {
+                    "compiled"
+                } else {
+                    "measured"
+                };
+                self.bar.set_message(what);
+                self.bar.set_length(n as u64);
+                self.bar.set_position(0);
+            }
+            Progress::Compiled | Progress::Measured => self.bar.inc(1),
+            Progress::Tuned(_) => {}
+        }
+    }
 }
 
 /// `$DCIR_TUNE_CACHE`, else `~/.cache/dcir/tune.json`, else none.

@@ -260,6 +260,15 @@ fn fuse(
     module: &mut Module,
 ) -> Result<Option<String>, Reported> {
     let mut emitted = String::new();
+    let mut session = match args.tune.tune {
+        true => Some(
+            crate::gpu::TuneSession::open(&args.device, &args.tune).map_err(|e| {
+                eprintln!("{name}: error: {e}");
+                Reported
+            })?,
+        ),
+        false => None,
+    };
     for graph in &mut module.graphs {
         let already_fused = graph
             .all_ops()
@@ -268,8 +277,14 @@ fn fuse(
         if matches!(args.emit, Emit::Cuda | Emit::Artifact) && already_fused {
             continue;
         }
-        let plan = plan_graph(graph, model).map_err(|e| {
-            eprintln!("{name}: error: cannot fuse @{}: {e}", graph.name());
+        let plan = match &mut session {
+            Some(s) if s.fusion => s.plan(graph),
+            _ => {
+                plan_graph(graph, model).map_err(|e| format!("cannot fuse @{}: {e}", graph.name()))
+            }
+        }
+        .map_err(|e| {
+            eprintln!("{name}: error: {e}");
             Reported
         })?;
         if args.explain_fusion {
@@ -294,9 +309,9 @@ fn fuse(
             }
             Reported
         })?;
-        if args.tune.tune {
+        if let Some(s) = &mut session {
             for graph in &mut module.graphs {
-                *graph = crate::gpu::tune_graph(graph, &args.device, &args.tune).map_err(|e| {
+                *graph = s.tune(graph).map_err(|e| {
                     eprintln!("{name}: error: {e}");
                     Reported
                 })?;

@@ -262,11 +262,12 @@ fn cuda_flags_need_the_cuda_backend() {
 }
 
 /// Tuning needs a GPU: without one it is a clean error, never a panic; with
-/// one the tuned graph must pass `--check` (a cache in memory only).
+/// one the tuned graph must pass `--check` (a cache in memory only), with the
+/// planner's merges decided by the model or by measured times.
 #[test]
 fn tuning_errors_cleanly_or_passes_the_check() {
-    let out = dcir_run(
-        &[
+    for fusion in [&[][..], &["--tune-fusion"]] {
+        let mut args = vec![
             "ir-examples/ln_gelu.dcir",
             "--backend",
             "cuda",
@@ -276,22 +277,42 @@ fn tuning_errors_cleanly_or_passes_the_check() {
             "--tune-cache",
             "none",
             "--check",
+        ];
+        args.extend_from_slice(fusion);
+        let out = dcir_run(&args, None);
+        let stderr = text(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        if out.status.success() {
+            assert!(stderr.contains("tune: [1/"), "{stderr}");
+            if !fusion.is_empty() {
+                assert!(stderr.contains("with measured times"), "{stderr}");
+            }
+            assert!(text(&out.stdout).contains("check %y: PASS"));
+        } else {
+            assert_eq!(out.status.code(), Some(1));
+            assert!(
+                stderr.contains("NVRTC") || stderr.contains("no CUDA driver"),
+                "{stderr}"
+            );
+            println!("SKIP: no GPU: {}", stderr.lines().last().unwrap_or(""));
+        }
+    }
+    // Measured fusion is a way of tuning.
+    let out = dcir_run(
+        &[
+            "ir-examples/ln_gelu.dcir",
+            "--backend",
+            "cuda",
+            "--tune-fusion",
         ],
         None,
     );
-    let stderr = text(&out.stderr);
-    assert!(!stderr.contains("panicked"), "{stderr}");
-    if out.status.success() {
-        assert!(stderr.contains("tune: [1/"), "{stderr}");
-        assert!(text(&out.stdout).contains("check %y: PASS"));
-    } else {
-        assert_eq!(out.status.code(), Some(1));
-        assert!(
-            stderr.contains("NVRTC") || stderr.contains("no CUDA driver"),
-            "{stderr}"
-        );
-        println!("SKIP: no GPU: {}", stderr.lines().last().unwrap_or(""));
-    }
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("required arguments were not provided:\n  --tune"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 /// Without a GPU (CI, this dev VM) the cuda backend is a clean error, never a

@@ -1,10 +1,10 @@
 //! One fused group as a graph of its own, and its kernel parameters.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
-use dcir_fusion::{Group, KernelParams, check_group};
+use dcir_fusion::{Estimate, Group, KernelParams, Plan, PlannedGroup, apply_plan, check_group};
 use dcir_ir::print::format_attr;
-use dcir_ir::{Attrs, Graph, GraphBuilder, OpId, OpKind, ValueId};
+use dcir_ir::{Attrs, BuildError, Graph, GraphBuilder, OpId, OpKind, ValueDef, ValueId};
 
 /// The attributes of a `fused` op that are not kernel parameters.
 const GROUP_ATTRS: [&str; 2] = ["kind", "level"];
@@ -83,6 +83,83 @@ pub fn standalone(graph: &Graph, op: OpId) -> Result<Graph, String> {
         })
         .map_err(|e| e.to_string())?;
     b.finish(&results).map_err(|e| e.to_string())
+}
+
+/// What [`standalone`] gives for `group`, a set of unfused ops of `graph`,
+/// once a plan makes it one `fused` op with `estimate`'s parameters: the
+/// group's inputs become parameters (constants are copied, as the plan's
+/// rewrite copies the small ones into the region), the values it defines
+/// that other ops read or the graph returns become its results.
+pub fn planned_standalone(
+    graph: &Graph,
+    group: &Group,
+    estimate: &Estimate,
+) -> Result<Graph, String> {
+    let text = |e: BuildError| e.to_string();
+    let mut b = GraphBuilder::new("group");
+    let mut map: HashMap<ValueId, ValueId> = HashMap::new();
+    for (i, v) in group.inputs(graph).into_iter().enumerate() {
+        let ty = graph.ty(v).clone();
+        let copy = match graph.value(v).def {
+            ValueDef::OpResult { op, .. } if graph.op(op).kind == OpKind::Constant => Some(
+                b.op_declared(
+                    OpKind::Constant,
+                    &[],
+                    graph.op(op).attrs.clone(),
+                    ty.clone(),
+                )
+                .map_err(text)?,
+            ),
+            _ => None,
+        };
+        let new = match copy {
+            Some(c) => c,
+            None => b.param(&format!("in{i}"), ty).map_err(text)?,
+        };
+        map.insert(v, new);
+    }
+    let inside: HashSet<OpId> = group.ops.iter().copied().collect();
+    let mut ops = Vec::with_capacity(group.ops.len());
+    let mut outputs = Vec::new();
+    for &op in &group.ops {
+        let d = graph.op(op);
+        let operands: Vec<ValueId> = d.operands.iter().map(|v| map[v]).collect();
+        let r = b
+            .op_declared(
+                d.kind,
+                &operands,
+                d.attrs.clone(),
+                graph.ty(d.results[0]).clone(),
+            )
+            .map_err(text)?;
+        map.insert(d.results[0], r);
+        if let ValueDef::OpResult { op: copy, .. } = b.graph().value(r).def {
+            ops.push(copy);
+        }
+        let read_outside = graph
+            .block(graph.body())
+            .ops
+            .iter()
+            .any(|&u| !inside.contains(&u) && graph.op(u).operands.contains(&d.results[0]));
+        if read_outside {
+            outputs.push(r);
+        }
+    }
+    let sub = b.finish(&outputs).map_err(text)?;
+    let (kind, level) = check_group(&sub, &ops)?;
+    let plan = Plan {
+        groups: vec![PlannedGroup {
+            group: Group { ops, kind, level },
+            estimate: estimate.clone(),
+            unfused_time: estimate.time,
+        }],
+        rejections: Vec::new(),
+    };
+    let fused = apply_plan(&sub, &plan)?;
+    let op = *fused_ops(&fused)
+        .first()
+        .ok_or("the group became no kernel (a lone view)")?;
+    standalone(&fused, op)
 }
 
 /// Replaces the kernel parameters of fused `op` with `params` (its `kind`

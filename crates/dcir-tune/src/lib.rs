@@ -11,18 +11,23 @@
 //! before each). The fastest candidate that matched becomes the group's
 //! parameters. Every measurement (or failure) goes into the [`Cache`], keyed
 //! by the candidate's text, the device and the toolchain, so a second run
-//! measures nothing.
+//! measures nothing, and a group that repeats another (a model's repeated
+//! layers print alike) is measured once.
 //!
-//! Not yet here (issue 9): the planner's merges decided by measured times,
-//! and cuBLAS as a candidate.
+//! [`MeasuredEstimator`] puts the same measurements under the planner, so
+//! merges follow the GPU's times rather than the model's. cuBLAS is not a
+//! candidate yet.
 
 pub mod cache;
 pub mod group;
 pub mod measure;
+mod measured;
 mod report;
 
 use std::collections::HashSet;
 use std::time::Instant;
+
+use rayon::prelude::*;
 
 use dcir_artifact::Artifact;
 use dcir_cuda::BuildOptions;
@@ -32,6 +37,7 @@ use dcir_ir::{Attrs, Graph, OpId, print_graph};
 
 pub use cache::{Cache, Entry, Fingerprint};
 pub use measure::{GpuMeasure, Measure};
+pub use measured::MeasuredEstimator;
 pub use report::{GroupReport, TuneReport};
 
 /// How to tune.
@@ -98,23 +104,87 @@ fn diverse(ranked: &[KernelParams], k: usize) -> Vec<&KernelParams> {
     picked
 }
 
+/// What tuning reports as it goes, for a progress display.
+#[derive(Clone, Copy, Debug)]
+pub enum Progress<'a> {
+    /// This many candidates are being compiled, in parallel.
+    Compiling(usize),
+    /// One of them is compiled.
+    Compiled,
+    /// This many compiled candidates are to be measured, one by one.
+    Measuring(usize),
+    /// One of them is measured (or failed).
+    Measured,
+    /// A group of the graph is tuned: its report.
+    Tuned(&'a GroupReport),
+}
+
+/// Hears [`Progress`], from any thread.
+pub type ProgressFn<'a> = &'a (dyn Fn(Progress<'_>) + Sync);
+
 /// One candidate of a group: its parameters, the standalone graph with
 /// them, its cache key and the model's estimate.
 struct Candidate {
     params: String,
+    /// The parameter set, `None` for those the standalone graph came with.
+    kernel: Option<KernelParams>,
     graph: Graph,
     key: String,
     estimate_ms: f64,
 }
 
-/// One group's candidates, before measurement.
+/// The candidates of one group, and the group alone with the planner's
+/// parameters (whose interpreter run is the reference).
+struct CandidateSet {
+    standalone: Graph,
+    candidates: Vec<Candidate>,
+}
+
+impl CandidateSet {
+    /// The model's best `top_k` distinct shapes among `ranked`, then the
+    /// parameters `standalone` has; `estimate_ms` gives the model's time of
+    /// a parameter set, `None` the planner's own.
+    fn new(
+        standalone: Graph,
+        ranked: &[KernelParams],
+        top_k: usize,
+        fingerprint: &Fingerprint,
+        estimate_ms: &dyn Fn(Option<&KernelParams>) -> f64,
+    ) -> Result<CandidateSet, String> {
+        let mut candidates: Vec<Candidate> = Vec::new();
+        let picks = diverse(ranked, top_k);
+        for params in picks.into_iter().map(Some).chain([None]) {
+            let mut g = standalone.clone();
+            let inner = group::fused_ops(&g)[0];
+            if let Some(p) = params {
+                group::set_params(&mut g, inner, p)?;
+            }
+            let text = group::describe_params(&g, inner);
+            if candidates.iter().any(|c| c.params == text) {
+                continue;
+            }
+            candidates.push(Candidate {
+                key: fingerprint.key(&print_graph(&g)),
+                estimate_ms: estimate_ms(params),
+                kernel: params.cloned(),
+                params: text,
+                graph: g,
+            });
+        }
+        Ok(CandidateSet {
+            standalone,
+            candidates,
+        })
+    }
+}
+
+/// One fused group of the graph being tuned, and its candidates.
 struct Work {
     op: OpId,
     symbol: String,
     kind: String,
     planned: String,
-    standalone: Graph,
-    candidates: Vec<Candidate>,
+    set: CandidateSet,
 }
 
 /// Tunes every `fused` group of `graph` (a planned graph) and returns the
@@ -127,7 +197,7 @@ pub fn tune_graph(
     options: &TuneOptions,
     measure: &mut dyn Measure,
     cache: &mut Cache,
-    progress: &mut dyn FnMut(&GroupReport),
+    progress: ProgressFn<'_>,
 ) -> Result<(Graph, TuneReport), String> {
     let start = Instant::now();
     // A wide ranking to pick `top_k` distinct shapes from (see `diverse`).
@@ -140,47 +210,119 @@ pub fn tune_graph(
         .into_iter()
         .map(|op| prepare(graph, op, options, &model, &fingerprint))
         .collect::<Result<Vec<_>, String>>()?;
+    let sets: Vec<&CandidateSet> = work.iter().map(|w| &w.set).collect();
+    let mut tuned = graph.clone();
+    let mut groups = Vec::new();
+    measure_sets(
+        &sets,
+        options,
+        measure,
+        cache,
+        progress,
+        &mut |w, measured, cache| {
+            let g = &work[w];
+            cache
+                .save()
+                .map_err(|e| format!("tuning @{}: {e}", g.symbol))?;
+            let (report, attrs) = choose(g, cache, measured);
+            if let Some(attrs) = attrs {
+                tuned.op_mut(g.op).attrs = attrs;
+            }
+            progress(Progress::Tuned(&report));
+            groups.push(report);
+            Ok(())
+        },
+    )?;
+    Ok((
+        tuned,
+        TuneReport {
+            groups,
+            seconds: start.elapsed().as_secs_f64(),
+        },
+    ))
+}
 
-    // Each uncached key once: a group that repeats an earlier one (the same
-    // text) finds the earlier group's measurements in the cache.
+/// Compiles every candidate of `sets` the cache lacks (each key once, all
+/// on all cores), runs each on its group's seeded inputs against the
+/// interpreter's outputs and caches its time or failure. After each set,
+/// `done(set, measured now, cache)`; sets are taken in order, so a set that
+/// repeats an earlier one finds the earlier one's entries.
+fn measure_sets(
+    sets: &[&CandidateSet],
+    options: &TuneOptions,
+    measure: &mut dyn Measure,
+    cache: &mut Cache,
+    progress: ProgressFn<'_>,
+    done: &mut dyn FnMut(usize, usize, &mut Cache) -> Result<(), String>,
+) -> Result<(), String> {
     let mut keys = HashSet::new();
-    let uncached: Vec<(usize, usize)> = work
+    let uncached: Vec<(usize, &Candidate)> = sets
         .iter()
         .enumerate()
-        .flat_map(|(w, g)| (0..g.candidates.len()).map(move |c| (w, c)))
-        .filter(|&(w, c)| {
-            let key = &work[w].candidates[c].key;
-            cache.get(key).is_none() && keys.insert(key.as_str())
-        })
+        .flat_map(|(s, set)| set.candidates.iter().map(move |c| (s, c)))
+        .filter(|(_, c)| cache.get(&c.key).is_none() && keys.insert(c.key.as_str()))
         .collect();
     let build = BuildOptions {
         arch: options.arch.clone(),
         compile: true,
     };
-    let graphs: Vec<&Graph> = uncached
-        .iter()
-        .map(|&(w, c)| &work[w].candidates[c].graph)
+    if !uncached.is_empty() {
+        progress(Progress::Compiling(uncached.len()));
+    }
+    let mut artifacts: Vec<Option<Result<Artifact, String>>> = uncached
+        .par_iter()
+        .map(|(_, c)| {
+            let built = dcir_cuda::build_artifact(&c.graph, &build);
+            progress(Progress::Compiled);
+            Some(built)
+        })
         .collect();
-    let mut artifacts: Vec<Option<Result<Artifact, String>>> =
-        compile_all(&graphs, &build).into_iter().map(Some).collect();
-
-    let mut tuned = graph.clone();
-    let mut groups = Vec::new();
-    for (w, g) in work.iter().enumerate() {
-        let fail = |e: String| format!("tuning @{}: {e}", g.symbol);
-        let mut reference = None;
+    // The interpreter's outputs, for the sets with a candidate to run.
+    let runs: Vec<bool> = (0..sets.len())
+        .map(|s| {
+            uncached
+                .iter()
+                .zip(&artifacts)
+                .any(|((u, _), a)| *u == s && matches!(a, Some(Ok(_))))
+        })
+        .collect();
+    let to_measure = artifacts
+        .iter()
+        .filter(|a| matches!(a, Some(Ok(_))))
+        .count();
+    if to_measure > 0 {
+        progress(Progress::Measuring(to_measure));
+    }
+    let mut references: Vec<Option<Result<Reference, String>>> =
+        (0..sets.len()).map(|_| None).collect();
+    for s in 0..sets.len() {
+        if runs[s] && references[s].is_none() {
+            // This set's and the next ones' references, one per core.
+            let batch: Vec<usize> = (s..sets.len())
+                .filter(|&t| runs[t])
+                .take(rayon::current_num_threads())
+                .collect();
+            let refs: Vec<_> = batch
+                .par_iter()
+                .map(|&t| reference_run(&sets[t].standalone, options.seed))
+                .collect();
+            for (t, r) in batch.into_iter().zip(refs) {
+                references[t] = Some(r);
+            }
+        }
         let mut measured = 0;
-        for (slot, &(_, c)) in uncached.iter().enumerate().filter(|(_, u)| u.0 == w) {
-            let cand = &g.candidates[c];
+        for (slot, (_, cand)) in uncached.iter().enumerate().filter(|(_, u)| u.0 == s) {
             let entry = match artifacts[slot].take().expect("one artifact per slot") {
                 Err(e) => Entry::Failed(format!("compile: {e}")),
                 Ok(artifact) => {
-                    let (inputs, expected) = match &reference {
-                        Some(r) => r,
-                        None => reference
-                            .insert(reference_run(&g.standalone, options.seed).map_err(fail)?),
+                    let result = match references[s].as_ref().expect("computed above") {
+                        Err(e) => Err(format!("the interpreter: {e}")),
+                        Ok((inputs, expected)) => {
+                            measure.measure(&cand.graph, &artifact, inputs, expected)
+                        }
                     };
-                    match measure.measure(&cand.graph, &artifact, inputs, expected) {
+                    progress(Progress::Measured);
+                    match result {
                         Ok(ms) => Entry::Time(ms),
                         Err(e) => Entry::Failed(e),
                     }
@@ -189,21 +331,10 @@ pub fn tune_graph(
             cache.insert(cand.key.clone(), entry);
             measured += 1;
         }
-        cache.save().map_err(fail)?;
-        let (report, attrs) = choose(g, cache, measured);
-        if let Some(attrs) = attrs {
-            tuned.op_mut(g.op).attrs = attrs;
-        }
-        progress(&report);
-        groups.push(report);
+        references[s] = None;
+        done(s, measured, cache)?;
     }
-    Ok((
-        tuned,
-        TuneReport {
-            groups,
-            seconds: start.elapsed().as_secs_f64(),
-        },
-    ))
+    Ok(())
 }
 
 /// The candidates of fused `op`: the model's best distinct shapes, then the
@@ -220,44 +351,31 @@ fn prepare(
     let region = group::region_group(graph, op).map_err(fail)?;
     let estimate = model.estimate(graph, &region).map_err(fail)?;
     let scored = model.candidates(graph, &region).map_err(fail)?;
-    let estimate_of = |p: &KernelParams| {
-        let text = p.describe();
-        scored
-            .iter()
-            .find(|c| c.params.describe() == text)
-            .map_or(f64::NAN, |c| c.time * 1e3)
+    let estimate_ms = |p: Option<&KernelParams>| match p {
+        None => estimate.time * 1e3,
+        Some(p) => {
+            let text = p.describe();
+            scored
+                .iter()
+                .find(|c| c.params.describe() == text)
+                .map_or(f64::NAN, |c| c.time * 1e3)
+        }
     };
     let standalone = group::standalone(graph, op).map_err(fail)?;
-    let mut candidates: Vec<Candidate> = Vec::new();
-    let mut with_params = |params: Option<&KernelParams>| -> Result<(), String> {
-        let mut g = standalone.clone();
-        let inner = group::fused_ops(&g)[0];
-        if let Some(p) = params {
-            group::set_params(&mut g, inner, p)?;
-        }
-        let text = group::describe_params(&g, inner);
-        if candidates.iter().any(|c| c.params == text) {
-            return Ok(());
-        }
-        candidates.push(Candidate {
-            key: fingerprint.key(&print_graph(&g)),
-            estimate_ms: params.map_or_else(|| estimate.time * 1e3, estimate_of),
-            params: text,
-            graph: g,
-        });
-        Ok(())
-    };
-    for p in diverse(&estimate.candidates, options.top_k) {
-        with_params(Some(p)).map_err(fail)?;
-    }
-    with_params(None).map_err(fail)?;
+    let set = CandidateSet::new(
+        standalone,
+        &estimate.candidates,
+        options.top_k,
+        fingerprint,
+        &estimate_ms,
+    )
+    .map_err(fail)?;
     Ok(Work {
         op,
         kind: region.kind.name().to_string(),
         planned: group::describe_params(graph, op),
         symbol,
-        standalone,
-        candidates,
+        set,
     })
 }
 
@@ -266,7 +384,7 @@ fn prepare(
 fn choose(g: &Work, cache: &Cache, measured: usize) -> (GroupReport, Option<Attrs>) {
     let mut failures = Vec::new();
     let mut times = Vec::new();
-    for c in &g.candidates {
+    for c in &g.set.candidates {
         match cache.get(&c.key) {
             Some(Entry::Time(ms)) => times.push((c, *ms)),
             Some(Entry::Failed(why)) => failures.push(format!("{}: {why}", c.params)),
@@ -282,7 +400,7 @@ fn choose(g: &Work, cache: &Cache, measured: usize) -> (GroupReport, Option<Attr
     let report = GroupReport {
         symbol: g.symbol.clone(),
         kind: g.kind.clone(),
-        candidates: g.candidates.len(),
+        candidates: g.set.candidates.len(),
         measured,
         planned: g.planned.clone(),
         planned_ms,
@@ -296,32 +414,12 @@ fn choose(g: &Work, cache: &Cache, measured: usize) -> (GroupReport, Option<Attr
     (report, attrs)
 }
 
-/// The group's random inputs and the interpreter's outputs for them.
-fn reference_run(
-    group: &Graph,
-    seed: u64,
-) -> Result<(Vec<dcir_interp::Tensor>, Vec<dcir_interp::Tensor>), String> {
+/// A group's random inputs and the interpreter's outputs for them.
+type Reference = (Vec<dcir_interp::Tensor>, Vec<dcir_interp::Tensor>);
+
+/// The reference of `group` for `seed`.
+fn reference_run(group: &Graph, seed: u64) -> Result<Reference, String> {
     let inputs = random_inputs(group, seed);
     let expected = run_graph(group, &inputs).map_err(|e| e.to_string())?;
     Ok((inputs, expected))
-}
-
-/// The artifacts of `graphs`, built on all cores.
-fn compile_all(graphs: &[&Graph], build: &BuildOptions) -> Vec<Result<Artifact, String>> {
-    let threads = std::thread::available_parallelism().map_or(1, usize::from);
-    let per = graphs.len().div_ceil(threads).max(1);
-    let mut out: Vec<Result<Artifact, String>> = graphs
-        .iter()
-        .map(|_| Err("not built".to_string()))
-        .collect();
-    std::thread::scope(|s| {
-        for (chunk, slots) in graphs.chunks(per).zip(out.chunks_mut(per)) {
-            s.spawn(move || {
-                for (g, slot) in chunk.iter().zip(slots) {
-                    *slot = dcir_cuda::build_artifact(g, build);
-                }
-            });
-        }
-    });
-    out
 }

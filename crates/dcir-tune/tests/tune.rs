@@ -5,7 +5,12 @@ use dcir_artifact::Artifact;
 use dcir_fusion::DeviceSpec;
 use dcir_interp::Tensor;
 use dcir_ir::Graph;
-use dcir_tune::{Cache, Fingerprint, Measure, TuneOptions, group, tune_graph};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use dcir_fusion::{CostModel, apply_plan, plan_graph};
+use dcir_tune::{
+    Cache, Fingerprint, Measure, MeasuredEstimator, Progress, TuneOptions, group, tune_graph,
+};
 
 /// Times a candidate as grid + block / 100 (ms); the first candidate of
 /// each group (the model's best) "does not match".
@@ -90,10 +95,15 @@ fn the_fastest_matching_candidate_wins_and_a_warm_cache_measures_nothing() {
         groups_seen: Vec::new(),
     };
     let mut cache = Cache::in_memory();
-    let mut heard = 0;
+    let heard = AtomicUsize::new(0);
+    let count = |p: Progress<'_>| {
+        if let Progress::Tuned(_) = p {
+            heard.fetch_add(1, Ordering::Relaxed);
+        }
+    };
     let (tuned, report) =
-        tune_graph(&graph, &options, &mut fake, &mut cache, &mut |_| heard += 1).expect("tunes");
-    assert_eq!(heard, report.groups.len());
+        tune_graph(&graph, &options, &mut fake, &mut cache, &count).expect("tunes");
+    assert_eq!(heard.into_inner(), report.groups.len());
     assert_eq!(report.groups.len(), group::fused_ops(&graph).len());
     assert_eq!(fake.runs, report.measured());
     for (g, op) in report.groups.iter().zip(group::fused_ops(&tuned)) {
@@ -113,7 +123,7 @@ fn the_fastest_matching_candidate_wins_and_a_warm_cache_measures_nothing() {
     // A second run takes every measurement from the cache.
     let runs = fake.runs;
     let (again, report) =
-        tune_graph(&graph, &options, &mut fake, &mut cache, &mut |_| {}).expect("tunes");
+        tune_graph(&graph, &options, &mut fake, &mut cache, &|_| {}).expect("tunes");
     assert_eq!((fake.runs, report.measured()), (runs, 0));
     assert_eq!(dcir_ir::print_graph(&again), dcir_ir::print_graph(&tuned));
     assert!(report.table().contains("| @g0 |"), "{}", report.table());
@@ -134,7 +144,7 @@ fn a_repeated_layer_is_measured_once() {
     };
     let mut cache = Cache::in_memory();
     let (tuned, report) =
-        tune_graph(&graph, &options, &mut fake, &mut cache, &mut |_| {}).expect("tunes");
+        tune_graph(&graph, &options, &mut fake, &mut cache, &|_| {}).expect("tunes");
     let [first, second] = report.groups.as_slice() else {
         panic!("two groups: {report:?}");
     };
@@ -150,4 +160,96 @@ fn a_repeated_layer_is_measured_once() {
         group::describe_params(&tuned, ops[0]),
         group::describe_params(&tuned, ops[1])
     );
+}
+
+/// Times a candidate by how many ops its group has: `per_op(n)` ms.
+struct ByOps {
+    per_op: fn(usize) -> f64,
+    runs: usize,
+}
+
+impl Measure for ByOps {
+    fn fingerprint(&self) -> Fingerprint {
+        Fingerprint {
+            device: "fake (9.0)".into(),
+            toolchain: "none".into(),
+        }
+    }
+
+    fn measure(
+        &mut self,
+        g: &Graph,
+        _: &Artifact,
+        _: &[Tensor],
+        _: &[Tensor],
+    ) -> Result<f64, String> {
+        self.runs += 1;
+        let op = group::fused_ops(g)[0];
+        let region = g.op(op).region.expect("a region");
+        Ok((self.per_op)(g.block(region).ops.len() - 1))
+    }
+}
+
+/// The groups of `plan` as their ops' count each.
+fn sizes(plan: &dcir_fusion::Plan) -> Vec<usize> {
+    plan.groups.iter().map(|g| g.group.ops.len()).collect()
+}
+
+#[test]
+fn measured_times_decide_the_merges() {
+    if let Some(reason) = dcir_cuda::nvrtc::unavailable_reason() {
+        assert!(std::env::var("DCIR_REQUIRE_NVRTC").is_err(), "{reason}");
+        println!("SKIP: {reason}");
+        return;
+    }
+    let g = dcir_reader::parse_module(GRAPH)
+        .expect("parses")
+        .graphs
+        .remove(0);
+    let device = DeviceSpec::preset("h200").expect("preset");
+    let mut options = TuneOptions::new(device.clone());
+    options.top_k = 2;
+    let modelled = plan_graph(&g, &CostModel::new(device)).expect("plans");
+    assert!(
+        sizes(&modelled).iter().any(|&n| n > 1),
+        "{:?}",
+        sizes(&modelled)
+    );
+
+    // A GPU on which a kernel of several ops is slower than its ops apart:
+    // nothing merges.
+    let mut apart = ByOps {
+        per_op: |n| if n == 1 { 0.01 } else { 1.0 },
+        runs: 0,
+    };
+    let mut cache = Cache::in_memory();
+    let estimator = MeasuredEstimator::new(options.clone(), &mut apart, &mut cache, &|_| {});
+    let plan = plan_graph(&g, &estimator).expect("plans");
+    assert!(sizes(&plan).iter().all(|&n| n == 1), "{:?}", sizes(&plan));
+    assert!(estimator.measured() > 0);
+
+    // One on which every kernel costs the same, so each merge saves one:
+    // as few groups as legality allows (two: the layernorm reduces what
+    // the GEMM's epilogue computes), and the tuning after finds every
+    // candidate measured.
+    let mut merged = ByOps {
+        per_op: |_| 0.01,
+        runs: 0,
+    };
+    let mut cache = Cache::in_memory();
+    let estimator = MeasuredEstimator::new(options.clone(), &mut merged, &mut cache, &|_| {});
+    let plan = plan_graph(&g, &estimator).expect("plans");
+    let measured = estimator.measured();
+    assert_eq!(plan.groups.len(), 2, "{:?}", sizes(&plan));
+    assert!(
+        plan.groups
+            .iter()
+            .all(|p| (p.estimate.time - 1e-5).abs() < 1e-12)
+    );
+    assert_eq!(merged.runs, measured);
+    let fused = apply_plan(&g, &plan).expect("applies");
+    let (_, report) =
+        tune_graph(&fused, &options, &mut merged, &mut cache, &|_| {}).expect("tunes");
+    assert_eq!(report.measured(), 0, "{}", report.table());
+    assert_eq!(merged.runs, measured);
 }
