@@ -1,4 +1,5 @@
-//! `cargo xtask pipeline FILE.dcir [--out DIR]`: every compiler stage's output, one file each.
+//! `cargo xtask pipeline FILE.dcir [--out DIR]`: every compiler stage's output, one file each
+//! (the tuned IR last, where a GPU is present).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -78,5 +79,34 @@ pub fn run(file: &Path, out: Option<PathBuf>) -> Result<()> {
         }
         println!("{}", path.display());
     }
-    Ok(())
+    tuned(&opt, file, &out)
+}
+
+/// The last stage, `07-tuned.dcir`: every group's parameters measured on
+/// GPU 0 (`dcir-opt --fuse --tune`, a cache in memory only). It needs a GPU
+/// and NVRTC; without them it is skipped with the reason, not failed.
+fn tuned(opt: &Path, file: &Path, out: &Path) -> Result<()> {
+    let path = out.join("07-tuned.dcir");
+    let _ = fs::remove_file(&path);
+    let mut cmd = Command::new(opt);
+    cmd.args(["--fuse", "--tune", "--tune-cache", "none"])
+        .arg(file)
+        .arg("-o")
+        .arg(&path);
+    let output = cmd
+        .output()
+        .with_context(|| format!("cannot run {cmd:?}"))?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if output.status.success() {
+        eprint!("{stderr}");
+        println!("{}", path.display());
+        return Ok(());
+    }
+    let reason = stderr.lines().last().unwrap_or("").trim();
+    if reason.contains("no CUDA driver") || reason.contains("NVRTC") {
+        println!("07-tuned.dcir skipped: {reason}");
+        return Ok(());
+    }
+    eprint!("{stderr}");
+    bail!("stage 07-tuned.dcir failed: {cmd:?}")
 }
