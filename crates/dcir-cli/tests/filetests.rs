@@ -592,13 +592,14 @@ fn cuda_of_examples_and_models() {
         }
         kernels
     };
-    let mut to_compile: Vec<(String, String, u32)> = Vec::new();
+    // (name, source, block, what it is) of each kernel to compile.
+    let mut to_compile: Vec<(String, String, u32, String)> = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
     let mut distinct = |kernels: &[(dcir_cuda::kir::Kernel, String)]| {
         for (k, source) in kernels {
             // Identical kernels under other names (BERT's 12 layers) compile once.
             if seen.insert(source.replace(&k.name, "KERNEL")) {
-                to_compile.push((k.name.clone(), source.clone(), k.block));
+                to_compile.push((k.name.clone(), source.clone(), k.block, k.summary.clone()));
             }
         }
     };
@@ -680,8 +681,10 @@ fn cuda_of_examples_and_models() {
                 scope.spawn(move || {
                     chunk
                         .iter()
-                        .filter_map(|(name, source, block)| {
-                            compile_with_nvrtc(source, name, *block).err()
+                        .filter_map(|(name, source, block, summary)| {
+                            compile_with_nvrtc(source, name, *block)
+                                .err()
+                                .map(|e| format!("{e}\n  {summary}"))
                         })
                         .collect::<Vec<_>>()
                 })
