@@ -1602,7 +1602,10 @@ fn lower_contraction(l: &mut Lower, op: OpId, c: &Contraction) -> Result<Kernel>
         block: t.threads as u32,
         grid: split.blocks() as u32,
         dynamic_shared: 0,
-        min_blocks_per_sm: min_blocks_per_sm(&t),
+        min_blocks_per_sm: occupancy_promise(
+            min_blocks_per_sm(&t, a.width == 1 || b.width == 1, split.is_split()),
+            split.blocks(),
+        ),
         scratch,
     })
 }
@@ -1642,13 +1645,35 @@ const OVERHEAD_REGISTERS: usize = 40;
 
 /// The blocks per SM to promise ptxas: as many as the registers this tiling
 /// needs leave room for (accumulators counted twice: the epilogue's
-/// temporaries and im2col index math live beside them). Without a promise
-/// ptxas aims at its own occupancy target (48 registers for 256 threads)
-/// and spills a 4×4 micro-tile's loop.
-fn min_blocks_per_sm(t: &Tiling) -> u32 {
+/// temporaries live beside them), with 24 more when an operand is loaded
+/// element by element (a conv's im2col, a transposed view: an index and
+/// bounds per element) and 16 for split-K's slots and sums. Without a
+/// promise ptxas aims at its own occupancy target (48 registers for 256
+/// threads) and spills a 4×4 micro-tile's loop; with one too tight it
+/// spilled split conv tiles (64×32×32 of 128 threads at 128 registers) and
+/// a 32×32 tile of transposed heads at 64.
+fn min_blocks_per_sm(t: &Tiling, gathered: bool, split: bool) -> u32 {
     let prefetch = ((t.tm + t.tn) * t.tk).div_ceil(t.threads);
-    let registers = 2 * t.mt() * t.nt() + t.mt() + t.nt() + prefetch + OVERHEAD_REGISTERS;
+    let registers = 2 * t.mt() * t.nt()
+        + t.mt()
+        + t.nt()
+        + prefetch
+        + OVERHEAD_REGISTERS
+        + if gathered { 24 } else { 0 }
+        + if split { 16 } else { 0 };
     (65536 / (t.threads * registers)).clamp(1, 32) as u32
+}
+
+/// Fewest SMs of the GPUs dcir models (the RTX 2080's 46): no SM receives
+/// more than `⌈grid / MIN_SMS⌉` blocks of a grid.
+const MIN_SMS: usize = 46;
+
+/// The blocks per SM to promise ptxas for a grid of `grid` blocks whose
+/// registers allow `by_registers`: never more than an SM can receive, so a
+/// small grid leaves ptxas every register (a 3-block GEMM over transposed
+/// heads took 118 and spilled under a promise of 4 blocks).
+pub(super) fn occupancy_promise(by_registers: u32, grid: usize) -> u32 {
+    by_registers.min(grid.div_ceil(MIN_SMS).max(1) as u32)
 }
 
 /// Lowers a `gemm` group.

@@ -229,7 +229,7 @@ impl Config {
     /// The blocks per SM to promise ptxas: as many as this tiling's registers
     /// leave room for — f32 accumulators (`wm·wn/32` per thread), twice the
     /// double-buffered A and B fragments, 48 for addresses and loop state, 32
-    /// more for the element path's staging, 16 for split-K's sums and 32 for
+    /// more for the element path's staging, 16 for split-K's sums and 48 for
     /// 64-wide k-tiles.
     /// Without a promise ptxas aims at its own occupancy target and spilled a
     /// 32×32 warp tile at 80 registers.
@@ -242,8 +242,9 @@ impl Config {
             + if self.element_path { 32 } else { 0 }
             + if self.splits > 1 { 16 } else { 0 }
             // 64-wide k-tiles unroll four k slices of addresses (a 64x64x64
-            // tile of 256 threads spilled under a 128-register promise).
-            + if self.tk >= 64 { 32 } else { 0 };
+            // tile of 256 threads spilled under a 128-register promise, and
+            // a 32x64x64 one of 16x16 warp tiles at 32 more).
+            + if self.tk >= 64 { 48 } else { 0 };
         (65536 / (self.threads() * registers)).clamp(1, 32) as u32
     }
 }
@@ -1898,7 +1899,7 @@ fn lower_problem(
         block: cfg.threads() as u32,
         grid: split.blocks() as u32,
         dynamic_shared: cfg.shared_bytes(),
-        min_blocks_per_sm: cfg.min_blocks_per_sm(),
+        min_blocks_per_sm: super::gemm::occupancy_promise(cfg.min_blocks_per_sm(), split.blocks()),
         scratch,
     })
 }

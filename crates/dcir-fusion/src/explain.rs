@@ -80,6 +80,7 @@ pub fn plan_table(graph: &Graph, plan: &Plan) -> String {
             Bound::Memory => "memory",
             Bound::Compute => "compute",
             Bound::Launch => "launch",
+            Bound::Latency => "latency",
         };
         let intensity = if bin + bout == 0 {
             0.0

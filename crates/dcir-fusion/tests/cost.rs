@@ -290,7 +290,7 @@ fn report(out: &mut String, model: &CostModel, title: &str, g: &Graph, grp: &Gro
             let l = chosen.launch;
             writeln!(
                 out,
-                "{title} [{}]\n  params: {}\n  time: {:.2} us  bound: {:?}  pul: {:.3} (gm {:.3} sm {:.3} wb {:.3} coef_r {})\n  flops: {}  bytes: {}  dram: {:.0}\n  launch: {} blocks x {} threads, {} B shared, {} regs, {} blocks/SM\n  top {}: {}",
+                "{title} [{}]\n  params: {}\n  time: {:.2} us  bound: {:?}  pul: {:.3} (gm {:.3} sm {:.3} wb {:.3} lat {:.3} coef_r {})\n  flops: {}  bytes: {}  dram: {:.0}\n  launch: {} blocks x {} threads, {} B shared, {} regs, {} blocks/SM\n  top {}: {}",
                 grp.kind.name(),
                 e.params.describe(),
                 e.time * 1e6,
@@ -299,6 +299,7 @@ fn report(out: &mut String, model: &CostModel, title: &str, g: &Graph, grp: &Gro
                 f.gm,
                 f.sm,
                 f.wb,
+                f.lat,
                 f.coef_r,
                 e.flops,
                 e.bytes,

@@ -64,6 +64,9 @@ pub enum Bound {
     Compute,
     /// Launch overhead (tiny kernels).
     Launch,
+    /// A block's chain of dependent loads (few blocks, each waiting on
+    /// round trips to memory one after another).
+    Latency,
 }
 
 /// The model's answer for one group with its best parameters.
@@ -81,8 +84,8 @@ pub struct Estimate {
     pub bytes: u64,
     /// What limits it.
     pub bound: Bound,
-    /// The parameter sets ranked best by PUL (ties by estimated time), for
-    /// measurement: at most `top_k`, the chosen one among them.
+    /// Parameter sets for measurement: the chosen one, then the best by
+    /// PUL and the fastest by estimated time in turn (at most `2·top_k`).
     pub candidates: Vec<KernelParams>,
 }
 
@@ -198,6 +201,11 @@ impl CostModel {
 /// A ranked candidate: enumeration index, score, parameters, block intensity.
 type Ranked = (usize, pul::Scored, space::P, f64);
 
+/// How much faster than the PUL ranking's choice a candidate must be
+/// estimated to replace it: closer than this, the estimates do not tell
+/// the two apart.
+const CLEARLY_FASTER: f64 = 1.1;
+
 impl Estimator for CostModel {
     fn estimate(&self, graph: &Graph, group: &Group) -> Result<Estimate, String> {
         if !group.ops.is_empty()
@@ -217,11 +225,12 @@ impl Estimator for CostModel {
             });
         }
         let info = shape::analyze(graph, group)?;
-        // The top k: best PUL first; equal PUL by time, then by the block's
-        // operational intensity (less traffic through L2), then enumeration
-        // order. Kept by insertion while enumerating (k is small).
+        // The top k by PUL: best PUL first; equal PUL by time, then by the
+        // block's operational intensity (less traffic through L2), then
+        // enumeration order. Beside it the top k by estimated time (ties
+        // the same way). Both kept by insertion while enumerating (k is small).
         let k = self.top_k.max(1);
-        let before = |a: &Ranked, b: &Ranked| {
+        let by_pul = |a: &Ranked, b: &Ranked| {
             b.1.factors
                 .pul()
                 .total_cmp(&a.1.factors.pul())
@@ -230,7 +239,25 @@ impl Estimator for CostModel {
                 .then(a.0.cmp(&b.0))
                 .is_lt()
         };
+        let by_time = |a: &Ranked, b: &Ranked| {
+            a.1.time
+                .total_cmp(&b.1.time)
+                .then(b.1.factors.pul().total_cmp(&a.1.factors.pul()))
+                .then(b.3.total_cmp(&a.3))
+                .then(a.0.cmp(&b.0))
+                .is_lt()
+        };
+        let keep =
+            |list: &mut Vec<Ranked>, item: &Ranked, before: &dyn Fn(&Ranked, &Ranked) -> bool| {
+                if list.len() == k && !before(item, &list[k - 1]) {
+                    return;
+                }
+                let pos = list.partition_point(|x| before(x, item));
+                list.insert(pos, item.clone());
+                list.truncate(k);
+            };
         let mut scored: Vec<Ranked> = Vec::with_capacity(k + 1);
+        let mut fastest: Vec<Ranked> = Vec::with_capacity(k + 1);
         let mut index = 0;
         space::for_each(&self.device, &info, &mut |c| {
             let i = index;
@@ -240,12 +267,8 @@ impl Estimator for CostModel {
                 return;
             }
             let item = (i, s, c.params, c.oi);
-            if scored.len() == k && !before(&item, &scored[k - 1]) {
-                return;
-            }
-            let pos = scored.partition_point(|x| before(x, &item));
-            scored.insert(pos, item);
-            scored.truncate(k);
+            keep(&mut scored, &item, &by_pul);
+            keep(&mut fastest, &item, &by_time);
         });
         if scored.is_empty() {
             return Err(format!(
@@ -254,13 +277,34 @@ impl Estimator for CostModel {
                 self.device.name
             ));
         }
-        let best = scored
+        // The fastest of the PUL top k, unless a candidate is estimated
+        // clearly faster: near ties go to PUL, which sees L2 traffic and
+        // intensity the time does not; a latency-bound group, where those
+        // terms do not bind, takes the fastest (docs/cost-model.md,
+        // "Ranking and choice").
+        let best_of_pul = scored
             .iter()
             .enumerate()
             .min_by(|(ra, a), (rb, b)| a.1.time.total_cmp(&b.1.time).then(ra.cmp(rb)))
-            .map(|(r, _)| r)
-            .unwrap_or(0);
-        let (_, bs, bp, _) = &scored[best];
+            .map(|(_, r)| r)
+            .expect("not empty");
+        let chosen = match fastest.first() {
+            Some(f) if f.1.time * CLEARLY_FASTER < best_of_pul.1.time => f,
+            _ => best_of_pul,
+        };
+        // For measurement: the choice, then the PUL and time rankings in turn.
+        let mut candidates = vec![chosen.2.to_params()];
+        for i in 0..k {
+            for list in [&scored, &fastest] {
+                if let Some(item) = list.get(i) {
+                    let p = item.2.to_params();
+                    if !candidates.contains(&p) {
+                        candidates.push(p);
+                    }
+                }
+            }
+        }
+        let (_, bs, bp, _) = chosen;
         Ok(Estimate {
             params: bp.to_params(),
             time: bs.time,
@@ -268,7 +312,7 @@ impl Estimator for CostModel {
             flops: info.flops,
             bytes: info.bytes,
             bound: bs.bound,
-            candidates: scored.iter().map(|(_, _, p, _)| p.to_params()).collect(),
+            candidates,
         })
     }
 }

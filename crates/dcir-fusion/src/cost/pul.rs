@@ -26,14 +26,18 @@ pub struct Factors {
     /// Wave (load-balance) ratio: useful fraction of the block slots the
     /// grid occupies over its waves, times the lanes with work.
     pub wb: f64,
+    /// Latency ratio: the fraction of the time spent on throughput rather
+    /// than waiting out the blocks' chains of dependent loads (a departure
+    /// from DeepCuts; docs/cost-model.md, "Latency chains").
+    pub lat: f64,
     /// 1 when the block fits the SM (threads, shared memory, registers), else 0.
     pub coef_r: f64,
 }
 
 impl Factors {
-    /// The performance upper limit: the product of the four factors.
+    /// The performance upper limit: the product of the factors.
     pub fn pul(&self) -> f64 {
-        self.gm * self.sm * self.wb * self.coef_r
+        self.gm * self.sm * self.wb * self.lat * self.coef_r
     }
 }
 
@@ -139,7 +143,6 @@ pub(crate) fn score(dev: &DeviceSpec, info: &GroupInfo, c: &Cand) -> Scored {
     let wb = wave_efficiency(blocks, bps.min(saturating).max(1), dev.sm_count)
         * occupancy
         * c.lane_util.clamp(0.0, 1.0);
-    let factors = Factors { gm, sm, wb, coef_r };
 
     // DRAM traffic: compulsory, plus fixed re-reads, plus GEMM panel re-reads
     // when the operands do not stay in L2.
@@ -167,11 +170,23 @@ pub(crate) fn score(dev: &DeviceSpec, info: &GroupInfo, c: &Cand) -> Scored {
         }
         None => dram / dev.bandwidth,
     };
-    let core = if c.serialize && bps <= 1 {
+    let throughput = if c.serialize && bps <= 1 {
         comp + mem
     } else {
         comp.max(mem)
     } / wb.max(1e-9);
+    // No wave ends before its blocks' latency chains do.
+    let slots = (dev.sm_count * bps.max(1)) as f64;
+    let chain = (c.blocks / slots).ceil() * c.chain;
+    let core = throughput.max(chain);
+    let lat = if chain > 0.0 { throughput / core } else { 1.0 };
+    let factors = Factors {
+        gm,
+        sm,
+        wb,
+        lat,
+        coef_r,
+    };
     let time = if coef_r > 0.0 {
         core + dev.launch_overhead
     } else {
@@ -179,6 +194,8 @@ pub(crate) fn score(dev: &DeviceSpec, info: &GroupInfo, c: &Cand) -> Scored {
     };
     let bound = if dev.launch_overhead >= core {
         Bound::Launch
+    } else if chain > throughput {
+        Bound::Latency
     } else if comp >= mem {
         Bound::Compute
     } else {

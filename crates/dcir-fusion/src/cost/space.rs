@@ -264,6 +264,10 @@ pub(crate) struct Cand {
     /// k-steps its shared-memory pipeline keeps in flight (1 elsewhere; see
     /// docs/cost-model.md, "Pipeline depth").
     pub feed: f64,
+    /// Seconds of dependent latency one block cannot hide: its k loop's
+    /// round trips and split-K's reduction (docs/cost-model.md, "Latency
+    /// chains"); 0 where not modelled.
+    pub chain: f64,
 }
 
 fn ceil_div(a: f64, b: f64) -> f64 {
@@ -373,6 +377,7 @@ pub(crate) fn for_each(dev: &DeviceSpec, info: &GroupInfo, out: &mut dyn FnMut(C
                                 vector as f64 * (info.bytes as f64 / n - info.elem).max(info.elem),
                             ),
                             feed: 1.0,
+                            chain: 0.0,
                         });
                     }
                 }
@@ -450,6 +455,7 @@ pub(crate) fn for_each(dev: &DeviceSpec, info: &GroupInfo, out: &mut dyn FnMut(C
                                 _ => info.elem,
                             }),
                             feed: 1.0,
+                            chain: 0.0,
                         });
                     }
                 }
@@ -477,6 +483,7 @@ pub(crate) fn for_each(dev: &DeviceSpec, info: &GroupInfo, out: &mut dyn FnMut(C
                         serialize: false,
                         in_flight: None,
                         feed: 1.0,
+                        chain: 0.0,
                     });
                 }
             }
@@ -573,6 +580,7 @@ pub(crate) fn for_each(dev: &DeviceSpec, info: &GroupInfo, out: &mut dyn FnMut(C
                                 serialize: stages == 1,
                                 in_flight: None,
                                 feed: 1.0,
+                                chain: 0.0,
                             });
                         }
                     }
@@ -614,6 +622,8 @@ fn gemm(dev: &DeviceSpec, info: &GroupInfo, g: &GemmShape, conv: bool, out: &mut
                     let tiles = g.batch * gm * gn;
                     // One k-step of the tile at the SM's full rate.
                     let kstep = 2.0 * tmf * tnf * tkf / (rate / dev.sm_count.max(1) as f64);
+                    // ... and with its fixed cost on tensor cores.
+                    let step = kstep + if tc { KSTEP_OVERHEAD_S } else { 0.0 };
                     let comp = tile_comp_per_load(dev, tmf, tnf, threads, tc, rate);
                     let padded = 2.0 * tiles * tmf * tnf * gk * tkf;
                     // Staging instructions, two flops each at the scalar rate.
@@ -674,12 +684,8 @@ fn gemm(dev: &DeviceSpec, info: &GroupInfo, g: &GemmShape, conv: bool, out: &mut
                                 }),
                                 serialize: stages == 1,
                                 in_flight: None,
-                                feed: pipeline_feed(stages, kstep)
-                                    / if tc {
-                                        1.0 + KSTEP_OVERHEAD_S / kstep
-                                    } else {
-                                        1.0
-                                    },
+                                feed: kstep / step,
+                                chain: latency_chain(gk / sf, stages, step, split),
                             });
                         }
                     }
@@ -703,14 +709,28 @@ const SPLIT_BLOCKS: f64 = 2.0;
 /// and keep no such term.
 const KSTEP_OVERHEAD_S: f64 = 1.15e-7;
 
-/// Fraction of the time the math units are fed when `stages` shared-memory
-/// buffers keep `stages − 1` k-steps of `kstep` seconds in flight against
-/// the load latency (Little's law); 1 stage is modelled by `serialize`.
-fn pipeline_feed(stages: u32, kstep: f64) -> f64 {
-    if stages <= 1 {
-        return 1.0;
-    }
-    ((stages - 1) as f64 * kstep / super::pul::LOAD_LATENCY_S).min(1.0)
+/// Seconds of dependent latency in one block of a contraction running
+/// `steps` k-steps of `step` seconds with `stages` shared-memory buffers and
+/// `split` split-K splits (docs/cost-model.md, "Latency chains"). One stage
+/// waits a load round trip before every k-step and computes after it;
+/// deeper pipelines wait one round trip per `stages − 1` k-steps (their
+/// arithmetic is the throughput terms' business). A split block writes its
+/// partial sums and counts itself in (a round trip each); the last one then
+/// reads the `split` partial tiles one split after another, a round trip
+/// each.
+fn latency_chain(steps: f64, stages: u32, step: f64, split: u32) -> f64 {
+    let latency = super::pul::LOAD_LATENCY_S;
+    let k_loop = if stages <= 1 {
+        steps * (latency + step)
+    } else {
+        latency * (1.0 + (steps - 1.0).max(0.0) / (stages - 1) as f64)
+    };
+    let reduction = if split > 1 {
+        (2.0 + split as f64) * latency
+    } else {
+        0.0
+    };
+    k_loop + reduction
 }
 
 /// Rows × columns of the input patch one block reads for a `th × tw`
@@ -769,6 +789,7 @@ fn direct(dev: &DeviceSpec, info: &GroupInfo, dw: &Depthwise, out: &mut dyn FnMu
                 // Every load of the strip is unrolled and independent.
                 in_flight: Some(span * e),
                 feed: 1.0,
+                chain: 0.0,
             });
         }
     }
@@ -818,6 +839,7 @@ fn dwpw(dev: &DeviceSpec, info: &GroupInfo, dw: &Depthwise, o: f64, out: &mut dy
                     serialize: false,
                     in_flight: None,
                     feed: 1.0,
+                    chain: 0.0,
                 });
             }
         }
@@ -888,5 +910,6 @@ fn chain(
         serialize: stages == 1,
         in_flight: None,
         feed: 1.0,
+        chain: 0.0,
     })
 }
