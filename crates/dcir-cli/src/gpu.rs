@@ -224,8 +224,9 @@ impl Display {
         Display { bar }
     }
 
-    /// A new stage (`fusing @g`, `tuning @g`).
+    /// A new stage (`fusing @g`, `tuning @g`): the bar starts over.
     fn stage(&self, what: &str) {
+        self.bar.reset();
         self.bar.set_prefix(what.to_string());
     }
 
