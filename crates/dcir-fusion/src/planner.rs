@@ -203,63 +203,62 @@ pub fn plan_graph(graph: &Graph, model: &dyn Estimator) -> Result<Plan, String> 
     }
     let mut rejections;
     loop {
-        // The round's groups, asked for at once: both sides and the union of
-        // every pair that would not close a cycle.
+        // The round's producer → consumer pairs, with the union of each that
+        // would not close a cycle; those unions and both sides go to the
+        // estimator at once.
+        let mut pairs: Vec<(usize, usize, Option<Vec<OpId>>)> = Vec::new();
         let mut wanted = Vec::new();
-        for p in 0..state.members.len() {
-            for c in state.consumers(p) {
-                if state.members[p].is_empty() || state.reachable_through_other(p, c) {
-                    continue;
-                }
-                let (pp, cc) = (state.members[p].clone(), state.members[c].clone());
-                wanted.push(state.sorted([pp.clone(), cc.clone()].concat()));
-                wanted.extend([pp, cc]);
-            }
-        }
-        state.prefetch(model, wanted);
-        rejections = Vec::new();
-        let mut best: Option<(f64, usize, usize, Vec<OpId>)> = None;
         for p in 0..state.members.len() {
             if state.members[p].is_empty() {
                 continue;
             }
             for c in state.consumers(p) {
-                let merged =
-                    state.sorted([state.members[p].clone(), state.members[c].clone()].concat());
-                let (producer, consumer) = (state.members[p][0], state.members[c][0]);
-                let reject = |reason: String| Rejection {
-                    producer,
-                    consumer,
-                    reason,
-                };
                 if state.reachable_through_other(p, c) {
-                    rejections.push(reject(
-                        "cycle: the consumer also depends on the producer through another group"
-                            .into(),
-                    ));
+                    pairs.push((p, c, None));
                     continue;
                 }
                 let (pp, cc) = (state.members[p].clone(), state.members[c].clone());
-                let separate = state
-                    .estimate(model, &pp)
+                let merged = state.sorted([pp.clone(), cc.clone()].concat());
+                wanted.extend([merged.clone(), pp, cc]);
+                pairs.push((p, c, Some(merged)));
+            }
+        }
+        state.prefetch(model, wanted);
+        rejections = Vec::new();
+        let mut best: Option<(f64, usize, usize, Vec<OpId>)> = None;
+        for (p, c, merged) in pairs {
+            let (producer, consumer) = (state.members[p][0], state.members[c][0]);
+            let reject = |reason: String| Rejection {
+                producer,
+                consumer,
+                reason,
+            };
+            let Some(merged) = merged else {
+                rejections.push(reject(
+                    "cycle: the consumer also depends on the producer through another group".into(),
+                ));
+                continue;
+            };
+            let (pp, cc) = (state.members[p].clone(), state.members[c].clone());
+            let separate = state
+                .estimate(model, &pp)
+                .map(|e| e.time)
+                .unwrap_or(f64::INFINITY)
+                + state
+                    .estimate(model, &cc)
                     .map(|e| e.time)
-                    .unwrap_or(f64::INFINITY)
-                    + state
-                        .estimate(model, &cc)
-                        .map(|e| e.time)
-                        .unwrap_or(f64::INFINITY);
-                match state.estimate(model, &merged) {
-                    Err(reason) => rejections.push(reject(reason)),
-                    Ok(e) if e.time >= separate => rejections.push(reject(format!(
-                        "slower: {:.2} us merged vs {:.2} us apart",
-                        e.time * 1e6,
-                        separate * 1e6
-                    ))),
-                    Ok(e) => {
-                        let saving = separate - e.time;
-                        if best.as_ref().is_none_or(|b| saving > b.0) {
-                            best = Some((saving, p, c, merged));
-                        }
+                    .unwrap_or(f64::INFINITY);
+            match state.estimate(model, &merged) {
+                Err(reason) => rejections.push(reject(reason)),
+                Ok(e) if e.time >= separate => rejections.push(reject(format!(
+                    "slower: {:.2} us merged vs {:.2} us apart",
+                    e.time * 1e6,
+                    separate * 1e6
+                ))),
+                Ok(e) => {
+                    let saving = separate - e.time;
+                    if best.as_ref().is_none_or(|b| saving > b.0) {
+                        best = Some((saving, p, c, merged));
                     }
                 }
             }
