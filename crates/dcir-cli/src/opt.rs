@@ -155,9 +155,9 @@ fn run(name: &str, registry: &PassRegistry, args: &OptArgs) -> Result<(), Report
     let started = Instant::now();
     let mut timings: Vec<(&str, Duration)> = Vec::new();
     let fusing = args.fuse || args.emit != Emit::Ir || args.explain_fusion || args.tune.tune;
-    if args.tune.tune && matches!(args.emit, Emit::Plan | Emit::Dot) {
+    if args.tune.tune && !args.tune.tune_fusion && matches!(args.emit, Emit::Plan | Emit::Dot) {
         eprintln!(
-            "{name}: error: --tune chooses kernel parameters; use it with --emit ir, cuda or artifact"
+            "{name}: error: --tune chooses kernel parameters; use it with --emit ir, cuda or artifact (or add --tune-fusion for the plan with measured times)"
         );
         return Err(Reported);
     }

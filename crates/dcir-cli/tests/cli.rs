@@ -268,3 +268,42 @@ fn emits_an_artifact_directory() {
     assert_eq!(artifact.outputs.len(), 1);
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }
+
+/// `--tune` needs a GPU; the plan (`--emit plan`) takes it only with
+/// `--tune-fusion`, which measures the merges. Without a GPU each is a clean
+/// error; with one the measured plan is a plan table.
+#[test]
+fn tuning_flags() {
+    let out = dcir_opt(
+        &["--tune", "--emit", "plan", "ir-examples/ln_gelu.dcir"],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("add --tune-fusion"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = dcir_opt(
+        &[
+            "--tune",
+            "--tune-fusion",
+            "--tune-cache",
+            "none",
+            "--emit",
+            "plan",
+            "ir-examples/ln_gelu.dcir",
+        ],
+        None,
+    );
+    let stderr = text(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    if out.status.success() {
+        assert!(text(&out.stdout).starts_with("plan for @ln_gelu"));
+        assert!(stderr.contains("with measured times"), "{stderr}");
+    } else {
+        assert_eq!(out.status.code(), Some(1));
+        assert!(stderr.contains("no CUDA driver"), "{stderr}");
+        println!("SKIP: no GPU: {}", stderr.lines().last().unwrap_or(""));
+    }
+}
