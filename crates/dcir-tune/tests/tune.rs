@@ -12,6 +12,25 @@ use dcir_tune::{
     Cache, Fingerprint, Measure, MeasuredEstimator, Progress, TuneOptions, group, tune_graph,
 };
 
+/// The fingerprint of the stand-ins for the GPU.
+fn stand_in() -> Fingerprint {
+    Fingerprint {
+        device: "fake (9.0)".into(),
+        toolchain: "none".into(),
+    }
+}
+
+/// True (after printing `SKIP`) when NVRTC is missing: candidates are
+/// compiled. A failure instead under `DCIR_REQUIRE_NVRTC` (CI).
+fn nvrtc_missing() -> bool {
+    let Some(reason) = dcir_cuda::nvrtc::unavailable_reason() else {
+        return false;
+    };
+    assert!(std::env::var("DCIR_REQUIRE_NVRTC").is_err(), "{reason}");
+    println!("SKIP: {reason}");
+    true
+}
+
 /// Times a candidate as grid + block / 100 (ms); the first candidate of
 /// each group (the model's best) "does not match".
 struct Fake {
@@ -21,10 +40,7 @@ struct Fake {
 
 impl Measure for Fake {
     fn fingerprint(&self) -> Fingerprint {
-        Fingerprint {
-            device: "fake (9.0)".into(),
-            toolchain: "none".into(),
-        }
+        stand_in()
     }
 
     fn measure(
@@ -83,9 +99,7 @@ fn planned(text: &str) -> Graph {
 
 #[test]
 fn the_fastest_matching_candidate_wins_and_a_warm_cache_measures_nothing() {
-    if let Some(reason) = dcir_cuda::nvrtc::unavailable_reason() {
-        assert!(std::env::var("DCIR_REQUIRE_NVRTC").is_err(), "{reason}");
-        println!("SKIP: {reason}");
+    if nvrtc_missing() {
         return;
     }
     let graph = planned(GRAPH);
@@ -131,9 +145,7 @@ fn the_fastest_matching_candidate_wins_and_a_warm_cache_measures_nothing() {
 
 #[test]
 fn a_repeated_layer_is_measured_once() {
-    if let Some(reason) = dcir_cuda::nvrtc::unavailable_reason() {
-        assert!(std::env::var("DCIR_REQUIRE_NVRTC").is_err(), "{reason}");
-        println!("SKIP: {reason}");
+    if nvrtc_missing() {
         return;
     }
     let graph = planned(TWIN_LAYERS);
@@ -170,10 +182,7 @@ struct ByOps {
 
 impl Measure for ByOps {
     fn fingerprint(&self) -> Fingerprint {
-        Fingerprint {
-            device: "fake (9.0)".into(),
-            toolchain: "none".into(),
-        }
+        stand_in()
     }
 
     fn measure(
@@ -197,9 +206,7 @@ fn sizes(plan: &dcir_fusion::Plan) -> Vec<usize> {
 
 #[test]
 fn measured_times_decide_the_merges() {
-    if let Some(reason) = dcir_cuda::nvrtc::unavailable_reason() {
-        assert!(std::env::var("DCIR_REQUIRE_NVRTC").is_err(), "{reason}");
-        println!("SKIP: {reason}");
+    if nvrtc_missing() {
         return;
     }
     let g = dcir_reader::parse_module(GRAPH)
