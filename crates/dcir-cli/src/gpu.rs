@@ -84,7 +84,8 @@ pub(crate) fn compile(graph: &Graph, device: &str, tune: &TuneArgs) -> Result<Ar
             Some(s) if s.fusion => s.plan(g)?,
             _ => {
                 let model = CostModel::new(device_spec(device)?);
-                plan_graph(g, &model).map_err(|e| format!("cannot fuse @{}: {e}", g.name()))?
+                plan_graph(g, &model, &dcir_cuda::CudaTarget)
+                    .map_err(|e| format!("cannot fuse @{}: {e}", g.name()))?
             }
         };
         *g = apply_plan(g, &plan).map_err(|e| format!("cannot fuse @{}: {e}", g.name()))?;
@@ -154,7 +155,7 @@ impl TuneSession {
             &mut self.cache,
             &hear,
         );
-        let plan = plan_graph(graph, &estimator);
+        let plan = plan_graph(graph, &estimator, &dcir_cuda::CudaTarget);
         let measured = estimator.measured();
         self.cache.save()?;
         let plan =

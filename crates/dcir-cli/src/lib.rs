@@ -8,7 +8,7 @@
 pub fn default_registry() -> dcir_passes::PassRegistry {
     let mut registry = dcir_passes::PassRegistry::with_builtins();
     registry
-        .register(dcir_fusion::FUSE)
+        .register(dcir_cuda::FUSE)
         .expect("`fuse` is not a builtin name");
     registry
 }

@@ -279,9 +279,8 @@ fn fuse(
         }
         let plan = match &mut session {
             Some(s) if s.fusion => s.plan(graph),
-            _ => {
-                plan_graph(graph, model).map_err(|e| format!("cannot fuse @{}: {e}", graph.name()))
-            }
+            _ => plan_graph(graph, model, &dcir_cuda::CudaTarget)
+                .map_err(|e| format!("cannot fuse @{}: {e}", graph.name())),
         }
         .map_err(|e| {
             eprintln!("{name}: error: {e}");

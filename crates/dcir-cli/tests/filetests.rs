@@ -291,7 +291,7 @@ fn fuse_module(module: &Module) -> Result<String, String> {
     let mut out = String::new();
     let mut fused = module.clone();
     for graph in &mut fused.graphs {
-        let plan = plan_graph(graph, &model)?;
+        let plan = plan_graph(graph, &model, &dcir_cuda::CudaTarget)?;
         out.push_str(&explain::plan_table(graph, &plan));
         out.push_str(&explain::explain(graph, &plan));
         let after = apply_plan(graph, &plan)?;
@@ -320,7 +320,7 @@ fn cuda_module(module: &Module) -> Result<String, String> {
             .iter()
             .any(|&o| graph.op(o).kind == dcir_ir::OpKind::Fused);
         if !already {
-            let plan = plan_graph(graph, &model)?;
+            let plan = plan_graph(graph, &model, &dcir_cuda::CudaTarget)?;
             *graph = apply_plan(graph, &plan)?;
         }
     }
@@ -555,7 +555,7 @@ fn fusion_plans_of_examples_and_models() {
     for (name, module) in modules {
         let mut text = String::new();
         for graph in &module.graphs {
-            match plan_graph(graph, &model) {
+            match plan_graph(graph, &model, &dcir_cuda::CudaTarget) {
                 Ok(plan) => text.push_str(&explain::plan_table(graph, &plan)),
                 Err(e) => failures.push(format!("{name}: {e}")),
             }
@@ -583,7 +583,8 @@ fn cuda_of_examples_and_models() {
     let fuse = |name: &str, mut module: Module| -> Vec<(dcir_cuda::kir::Kernel, String)> {
         let mut kernels = Vec::new();
         for graph in &mut module.graphs {
-            let plan = plan_graph(graph, &model).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let plan = plan_graph(graph, &model, &dcir_cuda::CudaTarget)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
             *graph = apply_plan(graph, &plan).unwrap_or_else(|e| panic!("{name}: {e}"));
             for k in dcir_cuda::lower_graph(graph).unwrap_or_else(|e| panic!("{name}: {e}")) {
                 let source = dcir_cuda::print_kernel(&k);

@@ -226,7 +226,7 @@ fn check_file(
                 .iter()
                 .any(|&o| graph.op(o).kind == OpKind::Fused);
             if !fused {
-                let plan = plan_graph(graph, &model)?;
+                let plan = plan_graph(graph, &model, &dcir_cuda::CudaTarget)?;
                 *graph = apply_plan(graph, &plan)?;
             }
         }

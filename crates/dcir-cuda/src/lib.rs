@@ -10,6 +10,8 @@
 //! f16/bf16), `conv` (implicit GEMM, or direct for depthwise),
 //! `depthwise_pointwise`, `contraction_chain`, `attention`; a form a family
 //! does not handle is an [`EmitError::Unsupported`] naming it.
+//! [`CudaTarget`] hands that verdict to the planner, which forms no group
+//! the emitter refuses; [`FUSE`] is the `fuse` pass planning for it.
 //! See `docs/cuda.md`.
 
 pub mod artifact;
@@ -17,12 +19,14 @@ pub mod kir;
 pub mod lower;
 pub mod nvrtc;
 pub mod print;
+pub mod target;
 
 use dcir_ir::Module;
 
 pub use artifact::{BuildOptions, build_artifact};
 pub use lower::{EmitError, kernel_name, lower_fused, lower_graph};
 pub use print::print_kernel;
+pub use target::{CudaTarget, FUSE};
 
 /// The CUDA source of every kernel of every graph of `module`, each under a
 /// `// ===== kernel <name> =====` line (what `dcir-opt --emit cuda` prints).

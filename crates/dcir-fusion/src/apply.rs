@@ -26,6 +26,8 @@ struct Rebuild<'g> {
     new: Graph,
     map: FxHashMap<ValueId, ValueId>,
     reserved: FxHashSet<&'g str>,
+    /// Building one group alone: values from outside it become parameters.
+    standalone: bool,
 }
 
 impl Rebuild<'_> {
@@ -159,17 +161,86 @@ fn group_attrs(planned: &PlannedGroup) -> Attrs {
         .expect("fused takes any attribute")
 }
 
+/// The ops using each value of the body.
+pub(crate) fn users_of(graph: &Graph) -> FxHashMap<ValueId, Vec<OpId>> {
+    let mut users: FxHashMap<ValueId, Vec<OpId>> = FxHashMap::default();
+    for &op in &graph.block(graph.body()).ops {
+        for &v in &graph.op(op).operands {
+            users.entry(v).or_default().push(op);
+        }
+    }
+    users
+}
+
+/// The group of each grouped op, given the groups' op sets in plan order;
+/// a lone `reshape` is no group (it stays a plain op).
+pub(crate) fn partition<'a>(
+    graph: &Graph,
+    groups: impl IntoIterator<Item = &'a [OpId]>,
+) -> FxHashMap<OpId, usize> {
+    let mut group_of = FxHashMap::default();
+    for (index, ops) in groups.into_iter().enumerate() {
+        if !matches!(ops, [op] if graph.op(*op).kind == OpKind::Reshape) {
+            group_of.extend(ops.iter().map(|&o| (o, index)));
+        }
+    }
+    group_of
+}
+
+impl<'g> Rebuild<'g> {
+    fn new(graph: &'g Graph, standalone: bool) -> Self {
+        Rebuild {
+            old: graph,
+            new: Graph::new(graph.name()),
+            map: FxHashMap::default(),
+            reserved: graph
+                .value_ids()
+                .map(|v| graph.value(v).name.as_str())
+                .collect(),
+            standalone,
+        }
+    }
+}
+
+/// Group `index` of a plan built exactly as [`apply_plan`] builds it, alone:
+/// a graph whose parameters are the values the group reads from outside and
+/// whose body is its `fused` op, or `None` when nothing outside reads the
+/// group (it would be dropped). `group_of` is the plan's [`partition`].
+pub(crate) fn standalone_group(
+    graph: &Graph,
+    planned: &PlannedGroup,
+    index: usize,
+    users: &FxHashMap<ValueId, Vec<OpId>>,
+    group_of: &FxHashMap<OpId, usize>,
+) -> Result<Option<(Graph, OpId)>, String> {
+    let mut rb = Rebuild::new(graph, true);
+    let Some(fused) = emit_group(&mut rb, planned, index, users, group_of)? else {
+        return Ok(None);
+    };
+    let results = rb.new.op(fused).results.clone();
+    let types = results.iter().map(|&r| rb.new.ty(r).clone()).collect();
+    rb.new.set_result_types(types);
+    let ret = rb
+        .new
+        .create_op(OpKind::Return, results, Attrs::new(), Vec::new())
+        .map_err(|e| e.to_string())?;
+    let body = rb.new.body();
+    rb.new.append_op(body, ret);
+    Ok(Some((rb.new, fused)))
+}
+
 /// The graph with every group of `plan` as one `fused` op.
 pub fn apply_plan(graph: &Graph, plan: &Plan) -> Result<Graph, String> {
-    let mut rb = Rebuild {
-        old: graph,
-        new: Graph::new(graph.name()),
-        map: FxHashMap::default(),
-        reserved: graph
-            .value_ids()
-            .map(|v| graph.value(v).name.as_str())
-            .collect(),
-    };
+    Ok(apply_plan_indexed(graph, plan)?.0)
+}
+
+/// [`apply_plan`], with each `fused` op of the result and the index of the
+/// plan group it holds.
+pub(crate) fn apply_plan_indexed(
+    graph: &Graph,
+    plan: &Plan,
+) -> Result<(Graph, Vec<(OpId, usize)>), String> {
+    let mut rb = Rebuild::new(graph, false);
     rb.new.loc = graph.loc;
     rb.new.set_result_types(graph.result_types().to_vec());
     for &p in graph.params() {
@@ -180,29 +251,9 @@ pub fn apply_plan(graph: &Graph, plan: &Plan) -> Result<Graph, String> {
         rb.map.insert(p, v);
     }
     let body = rb.new.body();
-    let users: FxHashMap<ValueId, Vec<OpId>> = {
-        let mut u: FxHashMap<ValueId, Vec<OpId>> = FxHashMap::default();
-        for &op in &graph.block(graph.body()).ops {
-            for &v in &graph.op(op).operands {
-                u.entry(v).or_default().push(op);
-            }
-        }
-        u
-    };
+    let users = users_of(graph);
+    let group_of = partition(graph, plan.groups.iter().map(|g| g.group.ops.as_slice()));
     // Constants stay in the body where something outside a region reads them.
-    let grouped: FxHashSet<OpId> = plan
-        .groups
-        .iter()
-        .filter(|g| !is_lone_reshape(graph, g))
-        .flat_map(|g| g.group.ops.iter().copied())
-        .collect();
-    let group_of: FxHashMap<OpId, usize> = plan
-        .groups
-        .iter()
-        .enumerate()
-        .filter(|(_, g)| !is_lone_reshape(graph, g))
-        .flat_map(|(i, g)| g.group.ops.iter().map(move |&o| (o, i)))
-        .collect();
     for &op in &graph.block(graph.body()).ops {
         let d = graph.op(op);
         if d.kind != OpKind::Constant {
@@ -211,7 +262,7 @@ pub fn apply_plan(graph: &Graph, plan: &Plan) -> Result<Graph, String> {
         let needed_outside = d.results.iter().any(|r| {
             users.get(r).is_some_and(|us| {
                 us.iter()
-                    .any(|u| !grouped.contains(u) || small_constant(graph, *r).is_none())
+                    .any(|u| !group_of.contains_key(u) || small_constant(graph, *r).is_none())
             })
         });
         if needed_outside {
@@ -220,6 +271,7 @@ pub fn apply_plan(graph: &Graph, plan: &Plan) -> Result<Graph, String> {
             rb.map.extend(local);
         }
     }
+    let mut fused_ops = Vec::new();
     for (index, planned) in plan.groups.iter().enumerate() {
         if is_lone_reshape(graph, planned) {
             let mut local = FxHashMap::default();
@@ -228,7 +280,9 @@ pub fn apply_plan(graph: &Graph, plan: &Plan) -> Result<Graph, String> {
             rb.map.extend(local);
             continue;
         }
-        emit_group(&mut rb, planned, index, &users, &group_of)?;
+        if let Some(fused) = emit_group(&mut rb, planned, index, &users, &group_of)? {
+            fused_ops.push((fused, index));
+        }
     }
     let ret = graph
         .outputs()
@@ -242,16 +296,18 @@ pub fn apply_plan(graph: &Graph, plan: &Plan) -> Result<Graph, String> {
         .create_op(OpKind::Return, operands, Attrs::new(), Vec::new())
         .map_err(|e| e.to_string())?;
     rb.new.append_op(body, ret_op);
-    Ok(rb.new)
+    Ok((rb.new, fused_ops))
 }
 
+/// Appends group `index` to the body as one `fused` op and returns it, or
+/// `None` when nothing outside reads the group (dead code, no kernel).
 fn emit_group(
     rb: &mut Rebuild<'_>,
     planned: &PlannedGroup,
     index: usize,
     users: &FxHashMap<ValueId, Vec<OpId>>,
     group_of: &FxHashMap<OpId, usize>,
-) -> Result<(), String> {
+) -> Result<Option<OpId>, String> {
     let graph = rb.old;
     let ops = &planned.group.ops;
     let inside: FxHashSet<OpId> = ops.iter().copied().collect();
@@ -289,12 +345,23 @@ fn emit_group(
         if local.contains_key(&v) {
             continue;
         }
-        let outer = *rb.map.get(&v).ok_or_else(|| {
-            format!(
-                "%{} is used before the group that defines it",
-                graph.value(v).name
-            )
-        })?;
+        let outer = match rb.map.get(&v) {
+            Some(&outer) => outer,
+            None if rb.standalone => {
+                let param = rb
+                    .new
+                    .add_param(graph.value(v).name.clone(), graph.ty(v).clone())
+                    .map_err(|e| e.to_string())?;
+                rb.map.insert(v, param);
+                param
+            }
+            None => {
+                return Err(format!(
+                    "%{} is used before the group that defines it",
+                    graph.value(v).name
+                ));
+            }
+        };
         let name = rb.fresh(&format!("{}.in", graph.value(v).name));
         let arg = rb
             .new
@@ -330,7 +397,7 @@ fn emit_group(
         .collect();
     if outputs.is_empty() {
         // Nothing outside reads the group: it is dead code and no kernel.
-        return Ok(());
+        return Ok(None);
     }
     for &op in ops {
         rb.copy_op(op, region, &mut local, &|rb, r| {
@@ -363,5 +430,5 @@ fn emit_group(
     for (&r, &n) in outputs.iter().zip(&rb.new.op(fused).results.clone()) {
         rb.map.insert(r, n);
     }
-    Ok(())
+    Ok(Some(fused))
 }

@@ -4,18 +4,22 @@
 //! - [`legality`]: the edge rule table and the kernel shapes a group may take;
 //! - [`device`]: the GPU as the cost model sees it;
 //! - [`group`]: a candidate group of ops;
-//! - [`cost`]: the DeepCuts performance model (PUL) and roofline estimates.
+//! - [`cost`]: the DeepCuts performance model (PUL) and roofline estimates;
+//! - [`target`]: what a backend lowers, asked by the planner;
+//! - [`planner`], [`apply`]: the partition search and the rewrite into `fused` ops.
 
 pub mod class;
 pub mod cost;
 pub mod device;
 pub mod group;
 pub mod legality;
+pub mod target;
 
 pub use cost::{Bound, CostModel, Estimate, Estimator, KernelParams};
 pub use device::{DeviceSpec, LiveDevice};
 pub use group::Group;
 pub use legality::{EdgeRule, GroupKind, Level, check_group, edge_rule, group_kind};
+pub use target::{AnyGroup, Refusal, Target};
 pub mod planner;
 
 pub use planner::{Plan, PlannedGroup, Rejection, plan_graph};
@@ -25,4 +29,4 @@ pub use apply::apply_plan;
 pub mod explain;
 mod pass;
 
-pub use pass::FUSE;
+pub use pass::{FUSE_NAME, FUSE_OPTIONS, FUSE_SUMMARY, fuse_pass};

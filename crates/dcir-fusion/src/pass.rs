@@ -1,57 +1,67 @@
-//! The `fuse` pass: plan every graph and rewrite it into `fused` ops.
+//! The `fuse` pass: plan every graph for a target and rewrite it into
+//! `fused` ops. A backend registers it with its own [`Target`] (the CUDA
+//! emitter's is `dcir_cuda::FUSE`), so the pass forms only groups that
+//! backend lowers.
 
 use dcir_ir::{Module, OpKind};
 use dcir_passes::analysis::AnalysisManager;
-use dcir_passes::{OptionKind, Pass, PassDef, PassError, PassOptionDef, PassOptions, PassResult};
+use dcir_passes::{OptionKind, Pass, PassError, PassOptionDef, PassOptions, PassResult};
 
 use crate::apply::apply_plan;
 use crate::cost::CostModel;
 use crate::device::DeviceSpec;
 use crate::planner::plan_graph;
+use crate::target::Target;
 
-/// The registry entry of `fuse`.
-pub const FUSE: PassDef = PassDef {
-    name: "fuse",
-    summary: "group ops into fused kernels (DeepCuts' partition search with the PUL cost model); graphs already fused are left alone",
-    options: &[
-        PassOptionDef {
-            name: "device",
-            kind: OptionKind::Str,
-            default: "h200",
-            help: "device preset the cost model uses: h200, h100, a100, v100, rtx2080",
-        },
-        PassOptionDef {
-            name: "top-k",
-            kind: OptionKind::Int,
-            default: "8",
-            help: "parameter sets kept per group for measurement",
-        },
-    ],
-    create: |options: &PassOptions| {
-        let name = options.str("device");
-        let device = DeviceSpec::preset(name).ok_or_else(|| {
-            format!(
-                "unknown device `{name}` (presets: {})",
-                DeviceSpec::PRESETS.join(", ")
-            )
-        })?;
-        let top_k = usize::try_from(options.int("top-k"))
-            .ok()
-            .filter(|&k| k > 0)
-            .ok_or("top-k must be at least 1")?;
-        Ok(Box::new(Fuse {
-            model: CostModel { device, top_k },
-        }))
+/// The name `fuse` is registered under.
+pub const FUSE_NAME: &str = "fuse";
+
+/// The one-line summary of `fuse`.
+pub const FUSE_SUMMARY: &str = "group ops into fused kernels (DeepCuts' partition search with the PUL cost model); graphs already fused are left alone";
+
+/// The options of `fuse`.
+pub const FUSE_OPTIONS: &[PassOptionDef] = &[
+    PassOptionDef {
+        name: "device",
+        kind: OptionKind::Str,
+        default: "h200",
+        help: "device preset the cost model uses: h200, h100, a100, v100, rtx2080",
     },
-};
+    PassOptionDef {
+        name: "top-k",
+        kind: OptionKind::Int,
+        default: "8",
+        help: "parameter sets kept per group for measurement",
+    },
+];
+
+/// A `fuse` pass with `options` (of [`FUSE_OPTIONS`]) planning for `target`.
+pub fn fuse_pass(options: &PassOptions, target: Box<dyn Target>) -> Result<Box<dyn Pass>, String> {
+    let name = options.str("device");
+    let device = DeviceSpec::preset(name).ok_or_else(|| {
+        format!(
+            "unknown device `{name}` (presets: {})",
+            DeviceSpec::PRESETS.join(", ")
+        )
+    })?;
+    let top_k = usize::try_from(options.int("top-k"))
+        .ok()
+        .filter(|&k| k > 0)
+        .ok_or("top-k must be at least 1")?;
+    Ok(Box::new(Fuse {
+        model: CostModel { device, top_k },
+        target,
+    }))
+}
 
 struct Fuse {
     model: CostModel,
+    target: Box<dyn Target>,
 }
 
 impl Pass for Fuse {
     fn name(&self) -> &'static str {
-        FUSE.name
+        FUSE_NAME
     }
 
     fn run(
@@ -65,7 +75,7 @@ impl Pass for Fuse {
             if body.iter().any(|&o| graph.op(o).kind == OpKind::Fused) {
                 continue;
             }
-            let plan = plan_graph(graph, &self.model)
+            let plan = plan_graph(graph, &self.model, self.target.as_ref())
                 .map_err(|e| PassError::new(format!("@{}: {e}", graph.name())))?;
             *graph = apply_plan(graph, &plan)
                 .map_err(|e| PassError::new(format!("@{}: {e}", graph.name())))?;

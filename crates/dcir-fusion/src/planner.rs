@@ -10,13 +10,24 @@
 //! set, so a round re-estimates only pairs that touch the last merge, and a
 //! round's new sets go to the estimator together ([`Estimator::estimate_all`]).
 //! Rejections are kept for `--explain-fusion`.
+//!
+//! The backend ([`Target`]) has the last word: a round's merges are tried
+//! best first, and the first the target accepts is made. The final plan is
+//! checked group by group the same way; a group refused there is banned and
+//! the search runs again, and an op the target lowers alone in no way is an
+//! error naming it.
 
 use dcir_ir::{Graph, OpId, OpKind};
 use rustc_hash::{FxHashMap, FxHashSet};
 
+use crate::apply::{apply_plan_indexed, partition, standalone_group};
 use crate::cost::{Estimate, Estimator};
 use crate::group::Group;
 use crate::legality::check_group;
+use crate::target::{Refusal, Target};
+
+/// Searches after a final check refused a group, at most.
+const MAX_SEARCHES: usize = 16;
 
 /// One group of the plan with its estimate.
 #[derive(Clone, Debug)]
@@ -36,7 +47,8 @@ pub struct Rejection {
     pub producer: OpId,
     /// The consumer group's first op.
     pub consumer: OpId,
-    /// The rule or estimate that decided (`E4: ...`, `cycle: ...`, `slower: ...`).
+    /// The rule, estimate or target that decided (`E4: ...`, `cycle: ...`,
+    /// `slower: ...`, `target: ...`).
     pub reason: String,
 }
 
@@ -77,6 +89,8 @@ struct State<'g> {
     /// The body ops using each value.
     users: FxHashMap<dcir_ir::ValueId, Vec<OpId>>,
     cache: FxHashMap<Vec<OpId>, Result<Estimate, String>>,
+    /// The target's answer for each op set asked about.
+    verdicts: FxHashMap<Vec<OpId>, Result<(), Refusal>>,
 }
 
 impl State<'_> {
@@ -160,6 +174,37 @@ impl State<'_> {
         }
     }
 
+    /// The target's answer for merging groups `p` and `c` into `merged`
+    /// (legal and estimated), the group built as the plan would build it.
+    fn verdict(
+        &mut self,
+        model: &dyn Estimator,
+        target: &dyn Target,
+        (p, c): (usize, usize),
+        merged: &[OpId],
+    ) -> Result<Result<(), Refusal>, String> {
+        if let Some(hit) = self.verdicts.get(merged) {
+            return Ok(hit.clone());
+        }
+        let planned = PlannedGroup {
+            group: self.form(merged)?,
+            estimate: self.estimate(model, merged)?,
+            unfused_time: 0.0,
+        };
+        let groups = self.members.iter().enumerate().map(|(g, ops)| match g {
+            _ if g == p => merged,
+            _ if g == c => &[],
+            _ => ops.as_slice(),
+        });
+        let group_of = partition(self.graph, groups);
+        let verdict = match standalone_group(self.graph, &planned, p, &self.users, &group_of)? {
+            Some((alone, fused)) => target.accept(&alone, fused),
+            None => Ok(()),
+        };
+        self.verdicts.insert(merged.to_vec(), verdict.clone());
+        Ok(verdict)
+    }
+
     fn estimate(&mut self, model: &dyn Estimator, ops: &[OpId]) -> Result<Estimate, String> {
         if let Some(hit) = self.cache.get(ops) {
             return hit.clone();
@@ -172,9 +217,14 @@ impl State<'_> {
     }
 }
 
-/// Partitions the body of `graph` into kernels with `model`'s estimates.
-/// A graph that already holds `fused` ops is refused.
-pub fn plan_graph(graph: &Graph, model: &dyn Estimator) -> Result<Plan, String> {
+/// Partitions the body of `graph` into kernels with `model`'s estimates,
+/// every kernel one `target` lowers. A graph that already holds `fused` ops
+/// is refused, and so is an op `target` lowers in no group.
+pub fn plan_graph(
+    graph: &Graph,
+    model: &dyn Estimator,
+    target: &dyn Target,
+) -> Result<Plan, String> {
     let body = &graph.block(graph.body()).ops;
     if body.iter().any(|&o| graph.op(o).kind == OpKind::Fused) {
         return Err("the graph is already fused".to_string());
@@ -186,6 +236,7 @@ pub fn plan_graph(graph: &Graph, model: &dyn Estimator) -> Result<Plan, String> 
         position: body.iter().enumerate().map(|(i, &o)| (o, i)).collect(),
         users: FxHashMap::default(),
         cache: FxHashMap::default(),
+        verdicts: FxHashMap::default(),
     };
     for &op in body {
         for &v in &graph.op(op).operands {
@@ -195,7 +246,51 @@ pub fn plan_graph(graph: &Graph, model: &dyn Estimator) -> Result<Plan, String> 
             }
         }
     }
-    for &op in body {
+    for _ in 0..MAX_SEARCHES {
+        let plan = search(&mut state, model, target)?;
+        let (fused, groups) = apply_plan_indexed(graph, &plan)?;
+        let mut refused = false;
+        for (op, index) in groups {
+            if let Err(refusal) = target.accept(&fused, op) {
+                let ops = &plan.groups[index].group.ops;
+                if let [single] = ops.as_slice() {
+                    return Err(no_kernel(graph, *single, &refusal));
+                }
+                state.verdicts.insert(ops.clone(), Err(refusal));
+                refused = true;
+            }
+        }
+        if !refused {
+            return Ok(plan);
+        }
+    }
+    Err(format!(
+        "the target refused groups of {MAX_SEARCHES} plans in a row (a planner bug)"
+    ))
+}
+
+/// The error for an op the target lowers in no group, not even alone.
+fn no_kernel(graph: &Graph, op: OpId, refusal: &Refusal) -> String {
+    let d = graph.op(op);
+    let named = d
+        .results
+        .first()
+        .map(|&r| format!(" %{}", graph.value(r).name))
+        .unwrap_or_default();
+    format!("`{}`{named} has no kernel: {refusal}", d.kind.name())
+}
+
+/// One greedy search from every op its own group; merges the target
+/// refused (in `state.verdicts`) are not made.
+fn search(
+    state: &mut State<'_>,
+    model: &dyn Estimator,
+    target: &dyn Target,
+) -> Result<Plan, String> {
+    let graph = state.graph;
+    state.group_of.clear();
+    state.members.clear();
+    for &op in &graph.block(graph.body()).ops {
         if !is_free(graph.op(op).kind) {
             state.group_of.insert(op, state.members.len());
             state.members.push(vec![op]);
@@ -225,7 +320,7 @@ pub fn plan_graph(graph: &Graph, model: &dyn Estimator) -> Result<Plan, String> 
         }
         state.prefetch(model, wanted);
         rejections = Vec::new();
-        let mut best: Option<(f64, usize, usize, Vec<OpId>)> = None;
+        let mut saving: Vec<(f64, usize, usize, Vec<OpId>)> = Vec::new();
         for (p, c, merged) in pairs {
             let (producer, consumer) = (state.members[p][0], state.members[c][0]);
             let reject = |reason: String| Rejection {
@@ -255,15 +350,26 @@ pub fn plan_graph(graph: &Graph, model: &dyn Estimator) -> Result<Plan, String> 
                     e.time * 1e6,
                     separate * 1e6
                 ))),
-                Ok(e) => {
-                    let saving = separate - e.time;
-                    if best.as_ref().is_none_or(|b| saving > b.0) {
-                        best = Some((saving, p, c, merged));
-                    }
-                }
+                Ok(e) => saving.push((separate - e.time, p, c, merged)),
             }
         }
-        let Some((_, p, c, merged)) = best else { break };
+        // Best saving first; a stable sort keeps the first of equal savings first.
+        saving.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let mut best = None;
+        for (_, p, c, merged) in saving {
+            match state.verdict(model, target, (p, c), &merged)? {
+                Ok(()) => {
+                    best = Some((p, c, merged));
+                    break;
+                }
+                Err(refusal) => rejections.push(Rejection {
+                    producer: state.members[p][0],
+                    consumer: state.members[c][0],
+                    reason: format!("target: {refusal}"),
+                }),
+            }
+        }
+        let Some((p, c, merged)) = best else { break };
         for &op in &merged {
             state.group_of.insert(op, p);
         }
@@ -275,7 +381,7 @@ pub fn plan_graph(graph: &Graph, model: &dyn Estimator) -> Result<Plan, String> 
 
 /// Orders the groups producers-first and attaches their estimates.
 fn finish(
-    mut state: State<'_>,
+    state: &mut State<'_>,
     model: &dyn Estimator,
     rejections: Vec<Rejection>,
 ) -> Result<Plan, String> {
@@ -295,7 +401,7 @@ fn finish(
     let mut ready: Vec<usize> = live.iter().copied().filter(|g| indegree[g] == 0).collect();
     let mut order = Vec::new();
     while !ready.is_empty() {
-        ready.sort_by_key(|&g| std::cmp::Reverse(first(g, &state)));
+        ready.sort_by_key(|&g| std::cmp::Reverse(first(g, state)));
         let g = ready.pop().expect("not empty");
         order.push(g);
         for &c in &consumers[&g] {

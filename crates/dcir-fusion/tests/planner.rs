@@ -95,8 +95,8 @@ fn the_planner_asks_for_each_rounds_groups_at_once_and_plans_alike() {
         let module = read(path);
         let graph = &module.graphs[0];
         let batched = Batched(RefCell::new(Vec::new()));
-        let plan = plan_graph(graph, &batched).expect("plans");
-        let alone = plan_graph(graph, &Roofline).expect("plans");
+        let plan = plan_graph(graph, &batched, &dcir_fusion::AnyGroup).expect("plans");
+        let alone = plan_graph(graph, &Roofline, &dcir_fusion::AnyGroup).expect("plans");
         let ops = |p: &dcir_fusion::Plan| {
             p.groups
                 .iter()

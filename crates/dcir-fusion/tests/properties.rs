@@ -18,7 +18,7 @@ fn check(model: &dyn Estimator, specs: &[dcir_testgen::GraphSpec]) -> Result<(),
         if body.iter().any(|&o| graph.op(o).kind == OpKind::Fused) {
             continue; // already fused: the planner refuses it
         }
-        let plan = plan_graph(graph, model).map_err(TestCaseError::fail)?;
+        let plan = plan_graph(graph, model, &dcir_fusion::AnyGroup).map_err(TestCaseError::fail)?;
         for planned in &plan.groups {
             let ops = &planned.group.ops;
             prop_assert!(

@@ -93,7 +93,7 @@ fn planned(text: &str) -> Graph {
         .graphs
         .remove(0);
     let model = dcir_fusion::CostModel::new(DeviceSpec::preset("h200").expect("preset"));
-    let plan = dcir_fusion::plan_graph(&g, &model).expect("plans");
+    let plan = dcir_fusion::plan_graph(&g, &model, &dcir_cuda::CudaTarget).expect("plans");
     dcir_fusion::apply_plan(&g, &plan).expect("applies")
 }
 
@@ -216,7 +216,7 @@ fn measured_times_decide_the_merges() {
     let device = DeviceSpec::preset("h200").expect("preset");
     let mut options = TuneOptions::new(device.clone());
     options.top_k = 2;
-    let modelled = plan_graph(&g, &CostModel::new(device)).expect("plans");
+    let modelled = plan_graph(&g, &CostModel::new(device), &dcir_cuda::CudaTarget).expect("plans");
     assert!(
         sizes(&modelled).iter().any(|&n| n > 1),
         "{:?}",
@@ -231,7 +231,7 @@ fn measured_times_decide_the_merges() {
     };
     let mut cache = Cache::in_memory();
     let estimator = MeasuredEstimator::new(options.clone(), &mut apart, &mut cache, &|_| {});
-    let plan = plan_graph(&g, &estimator).expect("plans");
+    let plan = plan_graph(&g, &estimator, &dcir_cuda::CudaTarget).expect("plans");
     assert!(sizes(&plan).iter().all(|&n| n == 1), "{:?}", sizes(&plan));
     assert!(estimator.measured() > 0);
 
@@ -245,7 +245,7 @@ fn measured_times_decide_the_merges() {
     };
     let mut cache = Cache::in_memory();
     let estimator = MeasuredEstimator::new(options.clone(), &mut merged, &mut cache, &|_| {});
-    let plan = plan_graph(&g, &estimator).expect("plans");
+    let plan = plan_graph(&g, &estimator, &dcir_cuda::CudaTarget).expect("plans");
     let measured = estimator.measured();
     assert_eq!(plan.groups.len(), 2, "{:?}", sizes(&plan));
     assert!(

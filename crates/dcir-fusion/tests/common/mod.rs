@@ -75,7 +75,7 @@ pub fn fuse_and_check(module: &Module) -> Module {
 pub fn fuse_and_check_with(module: &Module, model: &dyn Estimator) -> Module {
     let mut fused = module.clone();
     for graph in &mut fused.graphs {
-        let plan = plan_graph(graph, model).expect("plans");
+        let plan = plan_graph(graph, model, &dcir_fusion::AnyGroup).expect("plans");
         *graph = apply_plan(graph, &plan).expect("rewrites");
     }
     verify_module(&fused).unwrap_or_else(|e| panic!("{e:?}\n{}", dcir_ir::print_module(&fused)));

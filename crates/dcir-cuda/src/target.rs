@@ -1,0 +1,37 @@
+//! The CUDA emitter as the planner's [`Target`]: a group is accepted when it
+//! lowers, so the planner's contract and the emitter are one predicate.
+
+use dcir_fusion::{FUSE_NAME, FUSE_OPTIONS, FUSE_SUMMARY, Refusal, Target, fuse_pass};
+use dcir_ir::{Attr, Graph, OpId};
+use dcir_passes::PassDef;
+
+use crate::lower::{EmitError, lower_fused};
+
+/// The CUDA backend: accepts the `fused` ops [`lower_fused`] lowers.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CudaTarget;
+
+impl Target for CudaTarget {
+    fn accept(&self, graph: &Graph, fused: OpId) -> Result<(), Refusal> {
+        lower_fused(graph, fused).map(|_| ()).map_err(|e| {
+            let family = graph
+                .op(fused)
+                .attrs
+                .get("kind")
+                .and_then(Attr::as_str)
+                .unwrap_or("CUDA")
+                .to_string();
+            match e {
+                EmitError::Unsupported { what, .. } => Refusal { family, what },
+            }
+        })
+    }
+}
+
+/// The `fuse` pass planning for the CUDA emitter.
+pub const FUSE: PassDef = PassDef {
+    name: FUSE_NAME,
+    summary: FUSE_SUMMARY,
+    options: FUSE_OPTIONS,
+    create: |options| fuse_pass(options, Box::new(CudaTarget)),
+};
