@@ -303,6 +303,6 @@ mod tests {
     fn the_table_lists_every_layer() {
         let table = describe_table();
         assert!(table.contains("layer 0: dcir-ir, dcir-artifact"), "{table}");
-        assert!(table.contains("layer 5: dcir-cli"), "{table}");
+        assert!(table.contains("layer 6: dcir-cli"), "{table}");
     }
 }

@@ -40,6 +40,20 @@ enum Cli {
     ValidateCuda,
     /// Build the release drivers and kernel_check, stripped, with the GPU scripts, into target/gpu/.
     GpuBundle,
+    /// Export the model zoo (every torchvision classification model and BERT-base,
+    /// weights stripped) into crates/dcir-onnx/zoo/ with scripts/export_zoo.py.
+    /// Needs a Python with torch, torchvision, transformers and onnx.
+    ExportZoo {
+        /// The Python interpreter to run.
+        #[arg(long, default_value = "python3")]
+        python: PathBuf,
+        /// Only these models (comma-separated names).
+        #[arg(long)]
+        only: Option<String>,
+        /// Models exported at once (default: the CPUs / 2).
+        #[arg(long)]
+        jobs: Option<usize>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -50,6 +64,7 @@ fn main() -> ExitCode {
         Cli::Bench => bench::run(),
         Cli::ValidateCuda => validate_cuda(),
         Cli::GpuBundle => gpu::run(),
+        Cli::ExportZoo { python, only, jobs } => export_zoo(&python, only, jobs),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -84,6 +99,22 @@ fn validate_cuda() -> Result<()> {
             ])
             .args(&snaps),
     )
+}
+
+/// `cargo xtask export-zoo`: `export_zoo.py` into `crates/dcir-onnx/zoo/`.
+fn export_zoo(python: &Path, only: Option<String>, jobs: Option<usize>) -> Result<()> {
+    let root = workspace_root();
+    let mut cmd = Command::new(python);
+    cmd.current_dir(root)
+        .arg("crates/dcir-onnx/scripts/export_zoo.py")
+        .arg("crates/dcir-onnx/zoo");
+    if let Some(only) = only {
+        cmd.args(["--only", &only]);
+    }
+    if let Some(jobs) = jobs {
+        cmd.args(["--jobs", &jobs.to_string()]);
+    }
+    run_checked(&mut cmd)
 }
 
 /// The workspace root: xtask lives one directory below it.

@@ -83,6 +83,30 @@ def export(name, model, args, input_names, outdir):
     )
 
 
+def bert_encoder(batch):
+    """BERT-base (12 layers, hidden 768, 12 heads; random weights) without the
+    pooler, returning the last hidden state, and a batch of 128 token ids."""
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig()
+    config.attn_implementation = "eager"
+    try:
+        config._attn_implementation = "eager"
+    except Exception:
+        pass
+
+    class BertEncoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bert = BertModel(config, add_pooling_layer=False)
+
+        def forward(self, input_ids):
+            return self.bert(input_ids=input_ids, return_dict=False)[0]
+
+    ids = torch.randint(0, config.vocab_size, (batch, 128), dtype=torch.int64)
+    return BertEncoder(), ids
+
+
 def main():
     if len(sys.argv) < 2:
         print(__doc__)
@@ -108,27 +132,8 @@ def main():
         outdir,
     )
 
-    from transformers import BertConfig, BertModel
-
-    config = BertConfig()  # BERT-base defaults: 12 layers, hidden 768, 12 heads
-    config.attn_implementation = "eager"
-    try:
-        config._attn_implementation = "eager"
-    except Exception:
-        pass
-
-    class BertEncoder(torch.nn.Module):
-        """BertModel without the pooler; returns the last hidden state."""
-
-        def __init__(self):
-            super().__init__()
-            self.bert = BertModel(config, add_pooling_layer=False)
-
-        def forward(self, input_ids):
-            return self.bert(input_ids=input_ids, return_dict=False)[0]
-
-    ids = torch.randint(0, config.vocab_size, (batch, 128), dtype=torch.int64)
-    export("bert_base" + suffix, BertEncoder(), (ids,), ["input_ids"], outdir)
+    model, ids = bert_encoder(batch)
+    export("bert_base" + suffix, model, (ids,), ["input_ids"], outdir)
 
     if everything and batch == 1:
         export(
