@@ -13,6 +13,9 @@
 #   models    the imported ONNX models (ResNet-50, MobileNetV2, BERT-base; batch 1,
 #             and 32 where exported; f32 and f16 (the f32 text made f16); random
 #             weights) through dcir-run --backend cuda --check --bench
+#   zoo       every model of crates/dcir-onnx/zoo/ (batch 1, random weights) in
+#             f32 and f16 through dcir-run --backend cuda --check --bench,
+#             four at once (ZOO_ONLY="a b" for some); one line per run in zoo.log
 #   variants  hand-set kernel variants (examples/data/variants_*.dcir) checked
 #             and timed, to fit the cost model
 #   profile   per-kernel times of ResNet-50 f16, MobileNetV2 f16, the BERT
@@ -86,6 +89,32 @@ models() {
     done
 }
 
+# One zoo run: `zoo_one MODEL DTYPE` prints `MODEL DTYPE PASS median ...` or FAIL.
+zoo_one() {
+    local m=$1 dt=$2 src=/tmp/zoo/$1.dcir log=$OUT/zoo/$1_$2.log
+    [ "$dt" = f16 ] && src=/tmp/zoo/${m}_f16.dcir
+    if timeout 300 "$B/dcir-run" "$src" --backend cuda --check --bench 20 >"$log" 2>&1; then
+        echo "$m $dt PASS $(grep '^bench:' "$log" | tail -1 | sed 's/.*median/median/')"
+    else
+        echo "$m $dt FAIL $(grep -m1 -iE 'error|mismatch|fail' "$log" | head -c 200)"
+    fi
+}
+
+zoo() {
+    mkdir -p /tmp/zoo "$OUT/zoo"
+    local models=${ZOO_ONLY:-$(ls crates/dcir-onnx/zoo/*.onnx | xargs -n1 basename | sed 's/\.onnx$//')}
+    for m in $models; do
+        "$B/dcir-import" "crates/dcir-onnx/zoo/$m.onnx" -o "/tmp/zoo/$m.dcir" --no-weights >"$OUT/zoo/$m.import.log" 2>&1 &&
+            sed 's/f32/f16/g' "/tmp/zoo/$m.dcir" >"/tmp/zoo/${m}_f16.dcir"
+    done
+    export -f zoo_one
+    export B OUT
+    for m in $models; do echo "$m f32"; echo "$m f16"; done |
+        xargs -P 4 -L 1 bash -c 'zoo_one "$0" "$1"' | sort >"$OUT/zoo.log"
+    grep -q FAIL "$OUT/zoo.log" && status=1
+    summary+=("zoo: $(grep -c ' PASS' "$OUT/zoo.log") PASS, $(grep -c ' FAIL' "$OUT/zoo.log") FAIL (zoo.log)")
+}
+
 ncu() {
     local ncu
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
@@ -156,7 +185,7 @@ test() {
 
 for step in "$@"; do
     case $step in
-        kernels|examples|export|models|variants|profile|ncu|perf|peers|suite|sanitize|test) $step ;;
+        kernels|examples|export|models|zoo|variants|profile|ncu|perf|peers|suite|sanitize|test) $step ;;
         *) echo "unknown step $step"; exit 2 ;;
     esac
 done

@@ -28,6 +28,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Conv",
     "Div",
     "Dropout",
+    "Einsum",
     "Equal",
     "Erf",
     "Exp",
@@ -42,6 +43,8 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "GlobalMaxPool",
     "Greater",
     "GreaterOrEqual",
+    "HardSigmoid",
+    "HardSwish",
     "Identity",
     "LayerNormalization",
     "Less",
@@ -56,14 +59,17 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Neg",
     "Not",
     "Or",
+    "Pad",
     "Pow",
     "Range",
     "Reciprocal",
+    "ReduceL2",
     "ReduceMax",
     "ReduceMean",
     "ReduceSum",
     "Relu",
     "Reshape",
+    "ScatterND",
     "Shape",
     "Sigmoid",
     "Size",
@@ -818,6 +824,31 @@ impl<'m> Importer<'m> {
                 self.out(node, v)
             }
             "Clip" => self.clip(node, &at),
+            "HardSigmoid" | "HardSwish" => {
+                // HardSigmoid: clip(alpha·x + beta, 0, 1); HardSwish: x times
+                // HardSigmoid with alpha = 1/6, beta = 1/2.
+                let (alpha, beta) = match op {
+                    "HardSigmoid" => (
+                        at.float("alpha").map_or(0.2, f64::from),
+                        at.float("beta").map_or(0.5, f64::from),
+                    ),
+                    _ => (1.0 / 6.0, 0.5),
+                };
+                let x = self.ir_in(node, 0)?;
+                let ty = self.b.ty(x).clone();
+                let a = self.splat(ty.dtype, alpha, ty.dims())?;
+                let c = self.splat(ty.dtype, beta, ty.dims())?;
+                let ax = self.b.op(OpKind::Mul, &[x, a], Attrs::new()).map_err(b)?;
+                let axb = self.b.op(OpKind::Add, &[ax, c], Attrs::new()).map_err(b)?;
+                let clip = Attrs::new()
+                    .with("min", Attr::Float(0.0))
+                    .with("max", Attr::Float(1.0));
+                let mut v = self.b.op(OpKind::Clip, &[axb], clip).map_err(b)?;
+                if op == "HardSwish" {
+                    v = self.b.op(OpKind::Mul, &[x, v], Attrs::new()).map_err(b)?;
+                }
+                self.out(node, v)
+            }
             "Cast" | "CastLike" => {
                 let to = if op == "Cast" {
                     let code = at.int("to").ok_or("Cast needs `to`")?;
@@ -1012,9 +1043,12 @@ impl<'m> Importer<'m> {
                 let a = axis(at.int_or("axis", 0), x.dims.len())?;
                 self.cst(node, tensor::gather_elements(&x, &i, a)?)
             }
-            "ReduceMean" | "ReduceSum" | "ReduceMax" => self.reduce(node, &at),
+            "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceL2" => self.reduce(node, &at),
             "Softmax" => self.softmax(node, &at),
             "MatMul" => self.matmul(node),
+            "Einsum" => self.einsum(node, &at),
+            "Pad" => self.pad(node, &at),
+            "ScatterND" => self.scatter_nd(node, &at),
             "Gemm" => self.gemm(node, &at),
             "Conv" => self.conv(node, &at),
             "MaxPool" | "AveragePool" => self.pool(node, &at),
@@ -1438,19 +1472,28 @@ impl<'m> Importer<'m> {
         }
         let kind = match op {
             "ReduceMean" => OpKind::ReduceMean,
-            "ReduceSum" => OpKind::ReduceSum,
+            "ReduceSum" | "ReduceL2" => OpKind::ReduceSum,
             _ => OpKind::ReduceMax,
         };
-        let v = self
+        // ReduceL2 is sqrt(reduce_sum(x * x)).
+        let src = if op == "ReduceL2" {
+            self.b.op(OpKind::Mul, &[x, x], Attrs::new()).map_err(b)?
+        } else {
+            x
+        };
+        let mut v = self
             .b
             .op(
                 kind,
-                &[x],
+                &[src],
                 Attrs::new()
                     .with("axes", ints(&axes))
                     .with("keepdims", Attr::Bool(keep)),
             )
             .map_err(b)?;
+        if op == "ReduceL2" {
+            v = self.b.op(OpKind::Sqrt, &[v], Attrs::new()).map_err(b)?;
+        }
         self.out(node, v)
     }
 
@@ -1550,6 +1593,288 @@ impl<'m> Importer<'m> {
             self.b.reshape(v, &out).map_err(b)?
         };
         self.out(node, v)
+    }
+
+    /// `Einsum` of the batched-matmul forms `<batch> i k, <batch> k j -> <batch> i j`,
+    /// with the last two letters of either operand or of the output possibly swapped.
+    fn einsum(&mut self, node: &'m NodeProto, at: &At<'_>) -> R<()> {
+        let eq = at.string("equation").ok_or("Einsum needs `equation`")?;
+        let unsupported = |why: &str| {
+            format!(
+                "Einsum equation `{eq}` is not supported ({why}); only batched matrix products \
+                 `<batch> i k, <batch> k j -> <batch> i j` (the last two letters of an operand or \
+                 of the output possibly swapped) are"
+            )
+        };
+        let compact: String = eq.chars().filter(|c| !c.is_whitespace()).collect();
+        let (lhs, rhs) = compact
+            .split_once("->")
+            .ok_or_else(|| unsupported("no explicit output"))?;
+        let terms: Vec<Vec<char>> = lhs.split(',').map(|t| t.chars().collect()).collect();
+        let outl: Vec<char> = rhs.chars().collect();
+        if terms.len() != 2 || node.input.len() != 2 {
+            return Err(unsupported("it needs exactly two operands"));
+        }
+        let (ta, tb) = (&terms[0], &terms[1]);
+        let all = ta.iter().chain(tb).chain(&outl);
+        if all.clone().any(|c| !c.is_ascii_alphabetic()) {
+            return Err(unsupported("only letters are allowed (no `...`)"));
+        }
+        let r = outl.len();
+        if r < 2 || ta.len() != r || tb.len() != r {
+            return Err(unsupported("operands and output need one rank >= 2"));
+        }
+        let batch = &outl[..r - 2];
+        if &ta[..r - 2] != batch || &tb[..r - 2] != batch {
+            return Err(unsupported(
+                "the leading batch letters must be the same, in order",
+            ));
+        }
+        let (a2, b2, o2) = (&ta[r - 2..], &tb[r - 2..], &outl[r - 2..]);
+        let mut distinct: Vec<char> = outl.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        if distinct.len() != r || a2[0] == a2[1] || b2[0] == b2[1] {
+            return Err(unsupported("a letter repeats"));
+        }
+        // The contracted letter is the one both operands share in their last two.
+        let k = *a2
+            .iter()
+            .find(|c| b2.contains(c) && !o2.contains(c) && !batch.contains(c))
+            .ok_or_else(|| unsupported("no contracted letter"))?;
+        let i = *a2.iter().find(|&&c| c != k).unwrap_or(&k);
+        let j = *b2.iter().find(|&&c| c != k).unwrap_or(&k);
+        if i == j
+            || !o2.contains(&i)
+            || !o2.contains(&j)
+            || batch.contains(&i)
+            || batch.contains(&j)
+        {
+            return Err(unsupported(
+                "the output's last two letters must be the free letters",
+            ));
+        }
+        let (x, y) = (self.req(node, 0)?, self.req(node, 1)?);
+        let dtype = match (&x, &y) {
+            (Val::Ir(v), _) | (_, Val::Ir(v)) => self.b.ty(*v).dtype,
+            _ => self.dtype_of(&x),
+        };
+        let (ad, bd) = (self.dims_of(&x), self.dims_of(&y));
+        if ad.len() != r || bd.len() != r {
+            return Err(format!(
+                "Einsum `{eq}`: operands have shapes {ad:?} and {bd:?}, expected rank {r}"
+            ));
+        }
+        let a = self.operand(Self::in_name(node, 0), &x, dtype, &ad)?;
+        let bb = self.operand(Self::in_name(node, 1), &y, dtype, &bd)?;
+        let bshape = tensor::broadcast_shapes(&ad[..r - 2], &bd[..r - 2])?;
+        let full = |d: &[usize]| {
+            let mut s = bshape.clone();
+            s.extend_from_slice(&d[r - 2..]);
+            s
+        };
+        let a = self.broadcast_to(a, &full(&ad))?;
+        let bb = self.broadcast_to(bb, &full(&bd))?;
+        // out[i, j] = a[i, k] b[k, j]; out[j, i] = b[j, k] a[k, i].
+        let (lhs, lt, rhs, rt) = if o2[0] == i {
+            (a, a2[0] == k, bb, b2[1] == k)
+        } else {
+            (bb, b2[0] == k, a, a2[1] == k)
+        };
+        let mut attrs = Attrs::new();
+        if lt {
+            attrs.set("transpose_a", Attr::Bool(true));
+        }
+        if rt {
+            attrs.set("transpose_b", Attr::Bool(true));
+        }
+        let v = self.b.op(OpKind::Matmul, &[lhs, rhs], attrs).map_err(b)?;
+        self.out(node, v)
+    }
+
+    /// `ScatterND` (`reduction = none`) with known indices and updates: folded
+    /// when the data is known too; on run-time data, only rows of dim 0 may be
+    /// replaced (the last indices dim is 1), lowered to `slice`s of the data and
+    /// known update rows joined by a `concat`.
+    fn scatter_nd(&mut self, node: &'m NodeProto, at: &At<'_>) -> R<()> {
+        let reduction = at.string("reduction").unwrap_or_else(|| "none".to_string());
+        if reduction != "none" {
+            return Err(format!(
+                "ScatterND reduction `{reduction}` is not supported"
+            ));
+        }
+        let known = |i: usize, what: &str| -> R<std::rc::Rc<Const>> {
+            self.const_in(node, i)
+                .map_err(|e| {
+                    format!("ScatterND is supported only with {what} known at import time: {e}")
+                })?
+                .ok_or_else(|| format!("ScatterND is missing its {what}"))
+        };
+        let idx = known(1, "indices")?;
+        let upd = known(2, "updates")?;
+        let data = self.req(node, 0)?;
+        let v = match data {
+            Val::Const(c) => return self.cst(node, tensor::scatter_nd(&c, &idx, &upd)?),
+            Val::Ir(v) => v,
+        };
+        let ty = self.b.ty(v).clone();
+        let dims = ty.dims().to_vec();
+        if dims.is_empty() || idx.dims.last() != Some(&1) {
+            return Err(format!(
+                "ScatterND on a run-time value is supported only when it replaces rows of dim 0 \
+                 (indices of shape [.., 1]); found indices {:?} for data {ty}",
+                idx.dims
+            ));
+        }
+        let rows = idx.len();
+        let mut want = idx.dims[..idx.dims.len() - 1].to_vec();
+        want.extend_from_slice(&dims[1..]);
+        if upd.dims != want {
+            return Err(format!(
+                "ScatterND updates have shape {:?}, expected {want:?}",
+                upd.dims
+            ));
+        }
+        let mut flat_dims = vec![rows];
+        flat_dims.extend_from_slice(&dims[1..]);
+        let upd = upd.reshaped(flat_dims)?.cast(ty.dtype);
+        // For each row of the data, the update row that replaces it.
+        let mut src: Vec<Option<usize>> = vec![None; dims[0]];
+        for (u, &i) in idx.to_i64().iter().enumerate() {
+            let r = axis(i, dims[0]).map_err(|_| {
+                format!("ScatterND index {i} is out of range for extent {}", dims[0])
+            })?;
+            if src[r].replace(u).is_some() {
+                return Err(format!("ScatterND indices repeat row {i}"));
+            }
+        }
+        let mut pieces = Vec::new();
+        let mut a = 0;
+        while a < dims[0] {
+            let mut e = a + 1;
+            while e < dims[0] && src[e].is_some() == src[a].is_some() {
+                e += 1;
+            }
+            let piece = if src[a].is_some() {
+                let pick: Vec<i64> = src[a..e].iter().map(|u| u.unwrap_or(0) as i64).collect();
+                let c = tensor::gather(&upd, &Const::ints(pick), 0)?;
+                let key = format!(
+                    "{}#scatter{a}",
+                    node.output.first().map_or("", String::as_str)
+                );
+                let cd = c.dims.clone();
+                self.materialize(&key, &c, ty.dtype, &cd)?
+            } else if a == 0 && e == dims[0] {
+                v
+            } else {
+                let mut starts = vec![0i64; dims.len()];
+                let mut ends: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
+                starts[0] = a as i64;
+                ends[0] = e as i64;
+                self.b
+                    .op(
+                        OpKind::Slice,
+                        &[v],
+                        Attrs::new()
+                            .with("starts", Attr::Ints(starts))
+                            .with("ends", Attr::Ints(ends)),
+                    )
+                    .map_err(b)?
+            };
+            pieces.push(piece);
+            a = e;
+        }
+        let r = if pieces.len() == 1 {
+            pieces[0]
+        } else {
+            self.b
+                .op(
+                    OpKind::Concat,
+                    &pieces,
+                    Attrs::new().with("axis", Attr::Int(0)),
+                )
+                .map_err(b)?
+        };
+        self.out(node, r)
+    }
+
+    /// `Pad` in `constant` mode with pads known at import time.
+    fn pad(&mut self, node: &'m NodeProto, at: &At<'_>) -> R<()> {
+        let mode = at.string("mode").unwrap_or_else(|| "constant".to_string());
+        if mode != "constant" {
+            return Err(format!(
+                "Pad mode `{mode}` is not supported (only `constant`)"
+            ));
+        }
+        let x = self.req(node, 0)?;
+        let dims = self.dims_of(&x);
+        let rank = dims.len();
+        let (pads, value) = if self.opset < 11 {
+            let p = at.ints("pads").ok_or("Pad needs `pads`")?.to_vec();
+            (p, at.float("value").map_or(0.0, f64::from))
+        } else {
+            let p = self
+                .const_in(node, 1)
+                .map_err(|e| format!("Pad needs pads known at import time: {e}"))?
+                .ok_or("Pad needs `pads`")?
+                .to_i64();
+            let v = match self
+                .const_in(node, 2)
+                .map_err(|e| format!("Pad needs a constant_value known at import time: {e}"))?
+            {
+                Some(c) => c
+                    .scalar_f64()
+                    .ok_or("Pad constant_value must hold one element")?,
+                None => 0.0,
+            };
+            (p, v)
+        };
+        let axes: Vec<usize> = match self
+            .const_in(node, 3)
+            .map_err(|e| format!("Pad needs axes known at import time: {e}"))?
+        {
+            Some(c) => c
+                .to_i64()
+                .iter()
+                .map(|&a| axis(a, rank))
+                .collect::<R<_>>()?,
+            None => (0..rank).collect(),
+        };
+        if pads.len() != 2 * axes.len() {
+            return Err(format!(
+                "Pad needs {} pads for {} axes, found {pads:?}",
+                2 * axes.len(),
+                axes.len()
+            ));
+        }
+        let (mut low, mut high) = (vec![0usize; rank], vec![0usize; rank]);
+        let n = axes.len();
+        for (q, &a) in axes.iter().enumerate() {
+            let (l, h) = (pads[q], pads[q + n]);
+            if l < 0 || h < 0 {
+                return Err(format!("Pad with negative pads {pads:?} is not supported"));
+            }
+            low[a] = usize::try_from(l).map_err(|_| "pad too large")?;
+            high[a] = usize::try_from(h).map_err(|_| "pad too large")?;
+        }
+        match x {
+            Val::Const(c) => self.cst(node, tensor::pad(&c, &low, &high, value)?),
+            Val::Ir(v) if low.iter().chain(&high).all(|&p| p == 0) => self.out(node, v),
+            Val::Ir(v) => {
+                let r = self
+                    .b
+                    .op(
+                        OpKind::Pad,
+                        &[v],
+                        Attrs::new()
+                            .with("low", ints(&low))
+                            .with("high", ints(&high))
+                            .with("value", Attr::Float(value)),
+                    )
+                    .map_err(b)?;
+                self.out(node, r)
+            }
+        }
     }
 
     fn gemm(&mut self, node: &'m NodeProto, at: &At<'_>) -> R<()> {

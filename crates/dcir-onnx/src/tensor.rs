@@ -840,3 +840,79 @@ pub(crate) fn encode(dtype: DType, data: &Data) -> Vec<u8> {
     }
     out
 }
+
+/// Constant padding: `low[d]`/`high[d]` elements of `value` before/after dim `d`.
+pub(crate) fn pad(x: &Const, low: &[usize], high: &[usize], value: f64) -> Result<Const, String> {
+    let dims: Vec<usize> = (0..x.dims.len())
+        .map(|d| x.dims[d] + low[d] + high[d])
+        .collect();
+    let n = count(&dims)?;
+    let xs = strides(&x.dims);
+    let os = strides(&dims);
+    let mut fv = Vec::new();
+    let mut iv = Vec::new();
+    let float = x.dtype.is_float();
+    for flat in 0..n {
+        let mut src = Some(0usize);
+        for d in 0..dims.len() {
+            let c = (flat / os[d]) % dims[d];
+            match c.checked_sub(low[d]).filter(|&c| c < x.dims[d]) {
+                Some(c) => src = src.map(|s| s + c * xs[d]),
+                None => src = None,
+            }
+        }
+        match src {
+            Some(s) if float => fv.push(x.data.f64_at(s)),
+            Some(s) => iv.push(x.data.i64_at(s)),
+            None if float => fv.push(value),
+            None => iv.push(value as i64),
+        }
+    }
+    let data = if float { Data::F(fv) } else { Data::I(iv) };
+    Const::new(x.dtype, dims, data)
+}
+
+/// `ScatterND(data, indices, updates)` with `reduction = none`: a copy of
+/// `data` whose slices at `indices[.., :]` are replaced by `updates`.
+pub(crate) fn scatter_nd(x: &Const, indices: &Const, updates: &Const) -> Result<Const, String> {
+    let r = x.dims.len();
+    let q = indices.dims.len();
+    let k = *indices
+        .dims
+        .last()
+        .ok_or("ScatterND needs indices of rank >= 1")?;
+    if k > r {
+        return Err(format!(
+            "ScatterND indices address {k} dims of a rank-{r} tensor"
+        ));
+    }
+    let mut want: Vec<usize> = indices.dims[..q - 1].to_vec();
+    want.extend_from_slice(&x.dims[k..]);
+    if updates.dims != want {
+        return Err(format!(
+            "ScatterND updates have shape {:?}, expected {want:?}",
+            updates.dims
+        ));
+    }
+    let xs = strides(&x.dims);
+    let chunk: usize = x.dims[k..].iter().product();
+    let idx = indices.to_i64();
+    let upd = updates.cast(x.dtype);
+    let mut out = x.clone();
+    let rows: usize = indices.dims[..q - 1].iter().product();
+    for row in 0..rows {
+        let tuple = &idx[row * k..(row + 1) * k];
+        let mut base = 0;
+        for d in 0..k {
+            base += norm_index(tuple[d], x.dims[d])? * xs[d];
+        }
+        for e in 0..chunk {
+            match (&mut out.data, &upd.data) {
+                (Data::F(o), Data::F(u)) => o[base + e] = u[row * chunk + e],
+                (Data::I(o), Data::I(u)) => o[base + e] = u[row * chunk + e],
+                _ => unreachable_kind()?,
+            }
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,571 @@
+//! Einsum, Pad, ScatterND and ReduceL2: small models built in Rust with the
+//! prost types, imported, verified, and run on the interpreter against
+//! references computed here.
+
+use dcir_interp::io::bind_inputs;
+use dcir_interp::{Tensor, run_graph};
+use dcir_ir::{DType, TensorType, verify_module};
+use dcir_onnx::proto::{
+    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
+    TensorShapeProto, TypeProto, ValueInfoProto, tensor_shape_proto, type_proto,
+};
+use dcir_onnx::{ImportOptions, import_bytes};
+use prost::Message;
+
+const FLOAT: i32 = 1;
+const INT64: i32 = 7;
+
+fn value_info(name: &str, elem: i32, dims: &[usize]) -> ValueInfoProto {
+    let dim = dims
+        .iter()
+        .map(|&d| tensor_shape_proto::Dimension {
+            value: Some(tensor_shape_proto::dimension::Value::DimValue(d as i64)),
+            ..Default::default()
+        })
+        .collect();
+    ValueInfoProto {
+        name: Some(name.to_string()),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: Some(elem),
+                shape: Some(TensorShapeProto { dim }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn tensor_f(dims: &[usize], v: &[f32]) -> TensorProto {
+    TensorProto {
+        dims: dims.iter().map(|&d| d as i64).collect(),
+        data_type: Some(FLOAT),
+        float_data: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+fn tensor_i(dims: &[usize], v: &[i64]) -> TensorProto {
+    TensorProto {
+        dims: dims.iter().map(|&d| d as i64).collect(),
+        data_type: Some(INT64),
+        int64_data: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+fn a_str(name: &str, v: &str) -> AttributeProto {
+    AttributeProto {
+        name: Some(name.to_string()),
+        r#type: Some(3),
+        s: Some(v.as_bytes().to_vec()),
+        ..Default::default()
+    }
+}
+
+fn a_int(name: &str, v: i64) -> AttributeProto {
+    AttributeProto {
+        name: Some(name.to_string()),
+        r#type: Some(2),
+        i: Some(v),
+        ..Default::default()
+    }
+}
+
+fn a_ints(name: &str, v: &[i64]) -> AttributeProto {
+    AttributeProto {
+        name: Some(name.to_string()),
+        r#type: Some(7),
+        ints: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+fn node(op: &str, inputs: &[&str], output: &str, attrs: Vec<AttributeProto>) -> NodeProto {
+    NodeProto {
+        op_type: Some(op.to_string()),
+        name: Some(format!("{op}_{output}")),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: vec![output.to_string()],
+        attribute: attrs,
+        ..Default::default()
+    }
+}
+
+fn constant(output: &str, t: TensorProto) -> NodeProto {
+    let attr = AttributeProto {
+        name: Some("value".to_string()),
+        r#type: Some(4),
+        t: Some(t),
+        ..Default::default()
+    };
+    node("Constant", &[], output, vec![attr])
+}
+
+fn model(
+    opset: i64,
+    nodes: Vec<NodeProto>,
+    inputs: &[(&str, &[usize])],
+    out: (&str, &[usize]),
+) -> Vec<u8> {
+    let graph = GraphProto {
+        name: Some("g".to_string()),
+        node: nodes,
+        input: inputs
+            .iter()
+            .map(|(n, d)| value_info(n, FLOAT, d))
+            .collect(),
+        output: vec![value_info(out.0, FLOAT, out.1)],
+        ..Default::default()
+    };
+    ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(opset),
+        }],
+        graph: Some(graph),
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+/// Imports `bytes`, runs it on `inputs` (f32, in graph input order) and
+/// returns the single output.
+fn run(bytes: &[u8], inputs: &[(&str, &[usize], Vec<f32>)]) -> Tensor {
+    let imported = import_bytes(bytes, &ImportOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    verify_module(&imported.module).unwrap();
+    let graph = &imported.module.graphs[0];
+    let given = inputs
+        .iter()
+        .map(|(n, d, v)| {
+            let t = Tensor::from_f32(TensorType::new(DType::F32, d.to_vec()), v).unwrap();
+            (n.to_string(), t)
+        })
+        .collect();
+    let bound = bind_inputs(graph, given, 0).unwrap();
+    assert!(bound.random.is_empty(), "unbound: {:?}", bound.random);
+    let mut out = run_graph(graph, &bound.inputs).unwrap();
+    assert_eq!(out.len(), 1);
+    out.remove(0)
+}
+
+fn import_err(bytes: &[u8]) -> String {
+    import_bytes(bytes, &ImportOptions::default())
+        .unwrap_err()
+        .to_string()
+}
+
+fn close(actual: &Tensor, dims: &[usize], expected: &[f64]) {
+    assert_eq!(actual.dims(), dims);
+    let a = actual.to_f64();
+    assert_eq!(a.len(), expected.len());
+    for (k, (x, e)) in a.iter().zip(expected).enumerate() {
+        assert!(
+            (x - e).abs() <= 1e-4 + 1e-4 * e.abs(),
+            "element {k}: {x} vs {e}"
+        );
+    }
+}
+
+fn ramp(n: usize, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i * 7 % 11) as f32 - 5.0) * scale)
+        .collect()
+}
+
+/// A naive two-operand einsum over single letters (spaces ignored).
+fn einsum_ref(eq: &str, a: (&[usize], &[f32]), b: (&[usize], &[f32])) -> (Vec<usize>, Vec<f64>) {
+    let eq: String = eq.chars().filter(|c| !c.is_whitespace()).collect();
+    let (lhs, out) = eq.split_once("->").unwrap();
+    let (ta, tb) = lhs.split_once(',').unwrap();
+    let (ta, tb, to): (Vec<char>, Vec<char>, Vec<char>) = (
+        ta.chars().collect(),
+        tb.chars().collect(),
+        out.chars().collect(),
+    );
+    let mut letters: Vec<(char, usize)> = Vec::new();
+    for (t, d) in [(&ta, a.0), (&tb, b.0)] {
+        for (c, &n) in t.iter().zip(d) {
+            if !letters.iter().any(|l| l.0 == *c) {
+                letters.push((*c, n));
+            }
+        }
+    }
+    let size = |c: char| letters.iter().find(|l| l.0 == c).unwrap().1;
+    let odims: Vec<usize> = to.iter().map(|&c| size(c)).collect();
+    let mut out = vec![0.0f64; odims.iter().product()];
+    let total: usize = letters.iter().map(|l| l.1).product();
+    let flat = |t: &[char], dims: &[usize], val: &dyn Fn(char) -> usize| {
+        t.iter().zip(dims).fold(0, |acc, (&c, &n)| acc * n + val(c))
+    };
+    for mut f in 0..total {
+        let mut vals = Vec::new();
+        for &(c, n) in letters.iter().rev() {
+            vals.push((c, f % n));
+            f /= n;
+        }
+        let val = |c: char| vals.iter().find(|v| v.0 == c).unwrap().1;
+        let ia = flat(&ta, a.0, &val);
+        let ib = flat(&tb, b.0, &val);
+        let io = flat(&to, &odims, &val);
+        out[io] += f64::from(a.1[ia]) * f64::from(b.1[ib]);
+    }
+    (odims, out)
+}
+
+#[test]
+fn einsum_batched_matmul_forms() {
+    let cases: &[(&str, &[usize], &[usize])] = &[
+        (
+            "B G H I D, B G H J D -> B G H I J",
+            &[2, 1, 3, 4, 5],
+            &[2, 1, 3, 6, 5],
+        ),
+        (
+            "B G H I J, B G H J D -> B G H I D",
+            &[2, 1, 3, 4, 6],
+            &[2, 1, 3, 6, 5],
+        ),
+        ("bik,bkj->bij", &[3, 4, 5], &[3, 5, 2]),
+        ("bki,bkj->bij", &[3, 5, 4], &[3, 5, 2]),
+        ("bik,bkj->bji", &[3, 4, 5], &[3, 5, 2]),
+        ("bki,bjk->bji", &[3, 5, 4], &[3, 2, 5]),
+        ("ik,kj->ij", &[4, 5], &[5, 3]),
+    ];
+    for &(eq, ad, bd) in cases {
+        let (na, nb) = (ad.iter().product(), bd.iter().product());
+        let (va, vb) = (ramp(na, 0.25), ramp(nb, 0.5));
+        let (od, want) = einsum_ref(eq, (ad, &va), (bd, &vb));
+        let bytes = model(
+            17,
+            vec![node(
+                "Einsum",
+                &["a", "b"],
+                "y",
+                vec![a_str("equation", eq)],
+            )],
+            &[("a", ad), ("b", bd)],
+            ("y", &od),
+        );
+        let got = run(&bytes, &[("a", ad, va.clone()), ("b", bd, vb.clone())]);
+        close(&got, &od, &want);
+    }
+}
+
+#[test]
+fn einsum_other_equations_are_refused_by_name() {
+    for (eq, ad, bd) in [
+        ("abc,abd->cd", [2, 3, 4], [2, 3, 5]),
+        ("bij,bjk", [2, 3, 4], [2, 4, 5]),
+        ("bij,bjk->bik", [2, 3, 4], [2, 5, 5]),
+    ] {
+        let bytes = model(
+            17,
+            vec![node(
+                "Einsum",
+                &["a", "b"],
+                "y",
+                vec![a_str("equation", eq)],
+            )],
+            &[("a", &ad), ("b", &bd)],
+            ("y", &[2, 3, 5]),
+        );
+        let msg = import_err(&bytes);
+        assert!(msg.contains("Einsum"), "{eq}: {msg}");
+        if eq != "bij,bjk->bik" {
+            assert!(msg.contains(eq), "{eq}: {msg}");
+        }
+    }
+}
+
+fn pad_ref(x: &[f32], dims: &[usize], low: &[usize], high: &[usize], v: f64) -> Vec<f64> {
+    let od: Vec<usize> = (0..dims.len())
+        .map(|d| dims[d] + low[d] + high[d])
+        .collect();
+    let n: usize = od.iter().product();
+    (0..n)
+        .map(|mut f| {
+            let mut src = 0;
+            let mut inside = true;
+            let mut mul = 1;
+            for d in (0..od.len()).rev() {
+                let c = f % od[d];
+                f /= od[d];
+                match c.checked_sub(low[d]).filter(|&c| c < dims[d]) {
+                    Some(c) => src += c * mul,
+                    None => inside = false,
+                }
+                mul *= dims[d];
+            }
+            if inside { f64::from(x[src]) } else { v }
+        })
+        .collect()
+}
+
+#[test]
+fn pad_constant_mode() {
+    let dims = [1usize, 2, 3, 3];
+    let x = ramp(18, 1.0);
+    // Opset 13: pads for every dim, a constant_value.
+    let bytes = model(
+        13,
+        vec![
+            constant("p", tensor_i(&[8], &[0, 0, 1, 2, 0, 0, 2, 1])),
+            constant("v", tensor_f(&[], &[1.5])),
+            node(
+                "Pad",
+                &["x", "p", "v"],
+                "y",
+                vec![a_str("mode", "constant")],
+            ),
+        ],
+        &[("x", &dims)],
+        ("y", &[1, 2, 6, 6]),
+    );
+    let got = run(&bytes, &[("x", &dims, x.clone())]);
+    close(
+        &got,
+        &[1, 2, 6, 6],
+        &pad_ref(&x, &dims, &[0, 0, 1, 2], &[0, 0, 2, 1], 1.5),
+    );
+    // Opset 18: axes [-1, 1] (pads: begin of each, then end of each),
+    // constant_value left out (zero).
+    let bytes = model(
+        18,
+        vec![
+            constant("p", tensor_i(&[4], &[1, 0, 0, 2])),
+            constant("ax", tensor_i(&[2], &[-1, 1])),
+            node("Pad", &["x", "p", "", "ax"], "y", vec![]),
+        ],
+        &[("x", &dims)],
+        ("y", &[1, 4, 3, 4]),
+    );
+    let got = run(&bytes, &[("x", &dims, x.clone())]);
+    close(
+        &got,
+        &[1, 4, 3, 4],
+        &pad_ref(&x, &dims, &[0, 0, 0, 1], &[0, 2, 0, 0], 0.0),
+    );
+    // Opset 2: pads and value as attributes.
+    let bytes = model(
+        2,
+        vec![node(
+            "Pad",
+            &["x"],
+            "y",
+            vec![a_ints("pads", &[0, 1, 0, 0, 0, 0, 1, 1])],
+        )],
+        &[("x", &dims)],
+        ("y", &[1, 3, 4, 4]),
+    );
+    let got = run(&bytes, &[("x", &dims, x.clone())]);
+    close(
+        &got,
+        &[1, 3, 4, 4],
+        &pad_ref(&x, &dims, &[0, 1, 0, 0], &[0, 0, 1, 1], 0.0),
+    );
+}
+
+#[test]
+fn pad_of_a_constant_folds() {
+    let c = ramp(6, 1.0);
+    let bytes = model(
+        13,
+        vec![
+            constant("c", tensor_f(&[2, 3], &c)),
+            constant("p", tensor_i(&[4], &[1, 0, 0, 1])),
+            constant("v", tensor_f(&[], &[-2.0])),
+            node("Pad", &["c", "p", "v"], "cp", vec![]),
+            node("Add", &["x", "cp"], "y", vec![]),
+        ],
+        &[("x", &[3, 4])],
+        ("y", &[3, 4]),
+    );
+    let imported = import_bytes(&bytes, &ImportOptions::default()).unwrap();
+    let g = &imported.module.graphs[0];
+    assert!(
+        g.all_ops().iter().all(|&o| g.op(o).kind.name() != "pad"),
+        "the pad of a constant should fold"
+    );
+    let x = ramp(12, 0.5);
+    let got = run(&bytes, &[("x", &[3, 4], x.clone())]);
+    let padded = pad_ref(&c, &[2, 3], &[1, 0], &[0, 1], -2.0);
+    let want: Vec<f64> = x
+        .iter()
+        .zip(&padded)
+        .map(|(a, b)| f64::from(*a) + b)
+        .collect();
+    close(&got, &[3, 4], &want);
+}
+
+#[test]
+fn pad_refusals() {
+    let dims = [2usize, 3];
+    let reflect = model(
+        13,
+        vec![
+            constant("p", tensor_i(&[4], &[1, 1, 1, 1])),
+            node("Pad", &["x", "p"], "y", vec![a_str("mode", "reflect")]),
+        ],
+        &[("x", &dims)],
+        ("y", &[4, 5]),
+    );
+    let msg = import_err(&reflect);
+    assert!(msg.contains("mode `reflect`"), "{msg}");
+    let dynamic = model(
+        13,
+        vec![node("Pad", &["x", "p"], "y", vec![])],
+        &[("x", &dims), ("p", &[4])],
+        ("y", &[4, 5]),
+    );
+    let msg = import_err(&dynamic);
+    assert!(msg.contains("known at import time"), "{msg}");
+    let negative = model(
+        13,
+        vec![
+            constant("p", tensor_i(&[4], &[-1, 0, 0, 0])),
+            node("Pad", &["x", "p"], "y", vec![]),
+        ],
+        &[("x", &dims)],
+        ("y", &[1, 3]),
+    );
+    let msg = import_err(&negative);
+    assert!(msg.contains("negative"), "{msg}");
+}
+
+#[test]
+fn scatter_nd_of_constants_folds() {
+    // data [3, 4] ramp; rows 2 and 0 replaced (swin builds masks this way).
+    let data = ramp(12, 1.0);
+    let upd: Vec<f32> = (0..8).map(|i| 10.0 + i as f32).collect();
+    let bytes = model(
+        16,
+        vec![
+            constant("d", tensor_f(&[3, 4], &data)),
+            constant("i", tensor_i(&[2, 1], &[2, 0])),
+            constant("u", tensor_f(&[2, 4], &upd)),
+            node("ScatterND", &["d", "i", "u"], "s", vec![]),
+            // And single elements of a 3-D tensor, one with a negative index.
+            constant("i2", tensor_i(&[2, 2], &[1, -1, 0, 1])),
+            constant("u2", tensor_f(&[2], &[100.0, 200.0])),
+            node("Add", &["x", "s"], "y", vec![]),
+            node("ScatterND", &["y", "i2", "u2"], "z", vec![]),
+        ],
+        &[("x", &[3, 4])],
+        ("z", &[3, 4]),
+    );
+    // The second ScatterND sets single elements of a run-time value: refused.
+    let msg = import_err(&bytes);
+    assert!(msg.contains("ScatterND"), "{msg}");
+    assert!(msg.contains("rows of dim 0"), "{msg}");
+
+    let bytes = model(
+        16,
+        vec![
+            constant("d", tensor_f(&[3, 4], &data)),
+            constant("i", tensor_i(&[2, 1], &[2, 0])),
+            constant("u", tensor_f(&[2, 4], &upd)),
+            node("ScatterND", &["d", "i", "u"], "s", vec![]),
+            constant("i2", tensor_i(&[2, 2], &[1, -1, 0, 1])),
+            constant("u2", tensor_f(&[2], &[100.0, 200.0])),
+            node("ScatterND", &["s", "i2", "u2"], "t", vec![]),
+            node("Add", &["x", "t"], "z", vec![]),
+        ],
+        &[("x", &[3, 4])],
+        ("z", &[3, 4]),
+    );
+    let mut want: Vec<f64> = data.iter().map(|&v| f64::from(v)).collect();
+    for c in 0..4 {
+        want[2 * 4 + c] = f64::from(upd[c]);
+        want[c] = f64::from(upd[4 + c]);
+    }
+    want[4 + 3] = 100.0;
+    want[1] = 200.0;
+    let x = ramp(12, 0.5);
+    for (w, &xv) in want.iter_mut().zip(&x) {
+        *w += f64::from(xv);
+    }
+    let got = run(&bytes, &[("x", &[3, 4], x.clone())]);
+    close(&got, &[3, 4], &want);
+}
+
+#[test]
+fn reduce_l2_axes_attribute_and_input() {
+    let dims = [2usize, 3, 4];
+    let x = ramp(24, 0.5);
+    let l2 = |keep_axis: usize| -> Vec<f64> {
+        // Reduce over `keep_axis`'s complement is not needed: one axis here.
+        let strides = [12usize, 4, 1];
+        let mut out = Vec::new();
+        let others: Vec<usize> = (0..3).filter(|&d| d != keep_axis).collect();
+        for i in 0..dims[others[0]] {
+            for j in 0..dims[others[1]] {
+                let s: f64 = (0..dims[keep_axis])
+                    .map(|k| {
+                        let idx = i * strides[others[0]]
+                            + j * strides[others[1]]
+                            + k * strides[keep_axis];
+                        f64::from(x[idx]).powi(2)
+                    })
+                    .sum();
+                out.push(s.sqrt());
+            }
+        }
+        out
+    };
+    // Opset 17: axes attribute, keepdims default 1.
+    let bytes = model(
+        17,
+        vec![node("ReduceL2", &["x"], "y", vec![a_ints("axes", &[-1])])],
+        &[("x", &dims)],
+        ("y", &[2, 3, 1]),
+    );
+    close(&run(&bytes, &[("x", &dims, x.clone())]), &[2, 3, 1], &l2(2));
+    // Opset 18: axes input, keepdims 0.
+    let bytes = model(
+        18,
+        vec![
+            constant("ax", tensor_i(&[1], &[1])),
+            node("ReduceL2", &["x", "ax"], "y", vec![a_int("keepdims", 0)]),
+        ],
+        &[("x", &dims)],
+        ("y", &[2, 4]),
+    );
+    close(&run(&bytes, &[("x", &dims, x.clone())]), &[2, 4], &l2(1));
+}
+
+#[test]
+fn scatter_nd_rows_of_a_run_time_value() {
+    // swin_v2: `qkv_bias[C:2C] = 0` on a weight; here rows 1, 2 and 4 of 5.
+    let upd: Vec<f32> = (0..9).map(|i| 10.0 + i as f32).collect();
+    let bytes = model(
+        16,
+        vec![
+            constant("i", tensor_i(&[3, 1], &[4, 1, -3])),
+            constant("u", tensor_f(&[3, 3], &upd)),
+            node("ScatterND", &["x", "i", "u"], "y", vec![]),
+        ],
+        &[("x", &[5, 3])],
+        ("y", &[5, 3]),
+    );
+    let x = ramp(15, 0.5);
+    let mut want: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+    for (u, row) in [4usize, 1, 2].iter().enumerate() {
+        for c in 0..3 {
+            want[row * 3 + c] = f64::from(upd[u * 3 + c]);
+        }
+    }
+    close(&run(&bytes, &[("x", &[5, 3], x.clone())]), &[5, 3], &want);
+    let dynamic = model(
+        16,
+        vec![
+            constant("i", tensor_i(&[1, 1], &[0])),
+            node("ScatterND", &["x", "i", "u"], "y", vec![]),
+        ],
+        &[("x", &[5, 3]), ("u", &[1, 3])],
+        ("y", &[5, 3]),
+    );
+    let msg = import_err(&dynamic);
+    assert!(msg.contains("updates known at import time"), "{msg}");
+}
