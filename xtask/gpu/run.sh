@@ -15,7 +15,9 @@
 #             weights) through dcir-run --backend cuda --check --bench
 #   zoo       every model of crates/dcir-onnx/zoo/ (batch 1, random weights) in
 #             f32 and f16 through dcir-run --backend cuda --check --bench,
-#             four at once (ZOO_ONLY="a b" for some); one line per run in zoo.log
+#             ZOO_JOBS at once (4), ZOO_ONLY="a b" for some; one line per run in zoo.log
+#   zoo-peers PyTorch eager (and torch.compile with ZOO_COMPILE=1) on the zoo
+#             models, batch 1, f32 and f16 (zoo_peers.py) into zoo_peers.log
 #   variants  hand-set kernel variants (examples/data/variants_*.dcir) checked
 #             and timed, to fit the cost model
 #   profile   per-kernel times of ResNet-50 f16, MobileNetV2 f16, the BERT
@@ -93,11 +95,11 @@ models() {
 zoo_one() {
     local m=$1 dt=$2 src=/tmp/zoo/$1.dcir log=$OUT/zoo/$1_$2.log
     [ "$dt" = f16 ] && src=/tmp/zoo/${m}_f16.dcir
-    if timeout 300 "$B/dcir-run" "$src" --backend cuda --check --bench 20 >"$log" 2>&1; then
+    if timeout "${ZOO_TIMEOUT:-300}" "$B/dcir-run" "$src" --backend cuda --check --bench 20 >"$log" 2>&1; then
         echo "$m $dt PASS $(grep '^bench:' "$log" | tail -1 | sed 's/.*median/median/')"
     else
         echo "$m $dt FAIL $(grep -m1 -iE 'error|mismatch|fail' "$log" | head -c 200)"
-    fi
+    fi | tee "$OUT/zoo/${m}_$dt.result"
 }
 
 zoo() {
@@ -107,12 +109,19 @@ zoo() {
         "$B/dcir-import" "crates/dcir-onnx/zoo/$m.onnx" -o "/tmp/zoo/$m.dcir" --no-weights >"$OUT/zoo/$m.import.log" 2>&1 &&
             sed 's/f32/f16/g' "/tmp/zoo/$m.dcir" >"/tmp/zoo/${m}_f16.dcir"
     done
-    export -f zoo_one
-    export B OUT
+    builtin export -f zoo_one
+    builtin export B OUT
     for m in $models; do echo "$m f32"; echo "$m f16"; done |
-        xargs -P 4 -L 1 bash -c 'zoo_one "$0" "$1"' | sort >"$OUT/zoo.log"
+        xargs -P "${ZOO_JOBS:-4}" -L 1 bash -c 'zoo_one "$0" "$1"' | sort >"$OUT/zoo.log"
     grep -q FAIL "$OUT/zoo.log" && status=1
     summary+=("zoo: $(grep -c ' PASS' "$OUT/zoo.log") PASS, $(grep -c ' FAIL' "$OUT/zoo.log") FAIL (zoo.log)")
+}
+
+zoo_peers() {
+    # shellcheck disable=SC2046 # the flag is one word or none
+    timeout "${ZOO_PEERS_TIMEOUT:-540}" python3 "$B/zoo_peers.py" $([ "${ZOO_COMPILE:-0}" = 1 ] && echo --compile) \
+        --deadline "${ZOO_PEERS_DEADLINE:-0}" >"$OUT/zoo_peers.log" 2>"$OUT/zoo_peers.err"
+    summary+=("zoo-peers: $(grep -vc ERROR "$OUT/zoo_peers.log") timed, $(grep -c ERROR "$OUT/zoo_peers.log") ERROR (zoo_peers.log)")
 }
 
 ncu() {
@@ -186,6 +195,7 @@ test() {
 for step in "$@"; do
     case $step in
         kernels|examples|export|models|zoo|variants|profile|ncu|perf|peers|suite|sanitize|test) $step ;;
+        zoo-peers) zoo_peers ;;
         *) echo "unknown step $step"; exit 2 ;;
     esac
 done

@@ -23,7 +23,7 @@ const BINARIES: &[(&[&str], &str)] = &[
 ];
 
 /// Scripts copied from `xtask/gpu/`.
-const SCRIPTS: &[&str] = &["run.sh", "family_peers.py", "suite.py"];
+const SCRIPTS: &[&str] = &["run.sh", "family_peers.py", "suite.py", "zoo_peers.py"];
 
 pub fn run() -> Result<()> {
     let target = crate::target_dir()?;
