@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use dcir_artifact::Artifact;
-use dcir_fusion::{CostModel, DeviceSpec, LiveDevice, apply_plan, plan_graph};
+use dcir_fusion::{CostModel, DeviceSpec, LiveDevice, apply_plan, plan_graph, plan_unfused};
 use dcir_interp::Tensor;
 use dcir_ir::{Graph, Module, OpKind, verify_module};
 use dcir_passes::{Instrumentation, PassManager, build_pipeline};
@@ -55,10 +55,15 @@ pub struct TuneArgs {
 const TUNE_REPS: usize = 20;
 
 /// Fuses `graph` (cleanup pipeline, then the planner with `device`'s cost
-/// model, or with measured times under `--tune-fusion`) unless it already
-/// has `fused` ops, tunes it under `--tune`, and builds its artifact with
-/// NVRTC.
-pub(crate) fn compile(graph: &Graph, device: &str, tune: &TuneArgs) -> Result<Artifact, String> {
+/// model, or with measured times under `--tune-fusion`; every op its own
+/// kernel with `no_fuse`) unless it already has `fused` ops, tunes it under
+/// `--tune`, and builds its artifact with NVRTC.
+pub(crate) fn compile(
+    graph: &Graph,
+    device: &str,
+    tune: &TuneArgs,
+    no_fuse: bool,
+) -> Result<Artifact, String> {
     if let Some(reason) = dcir_cuda::nvrtc::unavailable_reason() {
         return Err(format!("the cuda backend compiles with NVRTC: {reason}"));
     }
@@ -81,10 +86,11 @@ pub(crate) fn compile(graph: &Graph, device: &str, tune: &TuneArgs) -> Result<Ar
             .map_err(|e| e.to_string())?;
         let g = &mut module.graphs[0];
         let plan = match &mut session {
-            Some(s) if s.fusion => s.plan(g)?,
+            Some(s) if s.fusion && !no_fuse => s.plan(g)?,
             _ => {
                 let model = CostModel::new(device_spec(device)?);
-                plan_graph(g, &model, &dcir_cuda::CudaTarget)
+                let plan = if no_fuse { plan_unfused } else { plan_graph };
+                plan(g, &model, &dcir_cuda::CudaTarget)
                     .map_err(|e| format!("cannot fuse @{}: {e}", g.name()))?
             }
         };

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use dcir_fusion::{CostModel, DeviceSpec, apply_plan, explain, plan_graph};
+use dcir_fusion::{CostModel, DeviceSpec, apply_plan, explain, plan_graph, plan_unfused};
 use dcir_ir::{Module, OpKind, print_module, verify_module};
 use dcir_passes::{Instrumentation, PassManager, PassRegistry, PipelineFailure, build_pipeline};
 use dcir_reader::{Diagnostic, read_bytes, render};
@@ -37,6 +37,9 @@ pub struct OptArgs {
     /// Fuse ops into kernels after the pipeline (default pipeline: canonicalize,cse,dce).
     #[arg(long)]
     pub fuse: bool,
+    /// Plan every op as its own kernel (the unfused baseline); implies --fuse.
+    #[arg(long, conflicts_with = "tune_fusion")]
+    pub no_fuse: bool,
     /// What to print: the IR, the fusion plan (a table per graph), Graphviz of the plan, or CUDA.
     #[arg(long, value_enum, default_value_t = Emit::Ir)]
     pub emit: Emit,
@@ -154,7 +157,8 @@ pub fn list_passes(registry: &PassRegistry) -> String {
 fn run(name: &str, registry: &PassRegistry, args: &OptArgs) -> Result<(), Reported> {
     let started = Instant::now();
     let mut timings: Vec<(&str, Duration)> = Vec::new();
-    let fusing = args.fuse || args.emit != Emit::Ir || args.explain_fusion || args.tune.tune;
+    let fusing =
+        args.fuse || args.no_fuse || args.emit != Emit::Ir || args.explain_fusion || args.tune.tune;
     if args.tune.tune && !args.tune.tune_fusion && matches!(args.emit, Emit::Plan | Emit::Dot) {
         eprintln!(
             "{name}: error: --tune chooses kernel parameters; use it with --emit ir, cuda or artifact (or add --tune-fusion for the plan with measured times)"
@@ -279,8 +283,15 @@ fn fuse(
         }
         let plan = match &mut session {
             Some(s) if s.fusion => s.plan(graph),
-            _ => plan_graph(graph, model, &dcir_cuda::CudaTarget)
-                .map_err(|e| format!("cannot fuse @{}: {e}", graph.name())),
+            _ => {
+                let plan = if args.no_fuse {
+                    plan_unfused
+                } else {
+                    plan_graph
+                };
+                plan(graph, model, &dcir_cuda::CudaTarget)
+                    .map_err(|e| format!("cannot fuse @{}: {e}", graph.name()))
+            }
         }
         .map_err(|e| {
             eprintln!("{name}: error: {e}");

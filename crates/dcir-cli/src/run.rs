@@ -44,6 +44,9 @@ pub struct RunArgs {
     /// Where to run the graph.
     #[arg(long, value_enum, default_value_t = Backend::Cpu)]
     pub backend: Backend,
+    /// With the cuda backend, run every op as its own kernel (the unfused baseline).
+    #[arg(long)]
+    pub no_fuse: bool,
     /// The graph to run, when the module has several (default: the first).
     #[arg(long, value_name = "NAME")]
     pub graph: Option<String>,
@@ -170,7 +173,7 @@ fn run(name: &str, args: &RunArgs) -> Result<(), Reported> {
         Backend::Cuda => {
             let artifact = match &args.artifact {
                 Some(dir) => crate::gpu::load(dir, graph),
-                None => crate::gpu::compile(graph, &args.device, &args.tune),
+                None => crate::gpu::compile(graph, &args.device, &args.tune, args.no_fuse),
             }
             .map_err(fail)?;
             timings.push(("compile", t.elapsed()));

@@ -307,3 +307,29 @@ fn tuning_flags() {
         println!("SKIP: no GPU: {}", stderr.lines().last().unwrap_or(""));
     }
 }
+
+#[test]
+fn no_fuse_gives_one_kernel_per_op() {
+    // ln_gelu fuses into few kernels; op by op, each op that does work is one.
+    let fused = dcir_opt(&["--fuse", "ir-examples/ln_gelu.dcir"], None);
+    let unfused = dcir_opt(&["--no-fuse", "ir-examples/ln_gelu.dcir"], None);
+    assert!(unfused.status.success(), "{}", text(&unfused.stderr));
+    let count = |out: &Output| text(&out.stdout).matches(" = fused @").count();
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../ir-examples/ln_gelu.dcir");
+    let source = std::fs::read_to_string(example).expect("example");
+    let ops = source
+        .lines()
+        .filter(|l| l.contains(" = ") && !l.contains("constant"))
+        .count();
+    assert!(count(&fused) < count(&unfused), "{}", text(&unfused.stdout));
+    assert!(count(&unfused) <= ops, "{}", text(&unfused.stdout));
+    let cuda = dcir_opt(
+        &["--no-fuse", "--emit", "cuda", "ir-examples/ln_gelu.dcir"],
+        None,
+    );
+    assert!(cuda.status.success(), "{}", text(&cuda.stderr));
+    assert_eq!(
+        text(&cuda.stdout).matches("// ===== kernel").count(),
+        count(&unfused)
+    );
+}

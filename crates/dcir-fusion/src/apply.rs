@@ -113,7 +113,7 @@ fn small_constant(graph: &Graph, v: ValueId) -> Option<OpId> {
 /// group.
 fn portable_view(
     graph: &Graph,
-    group_of: &FxHashMap<OpId, usize>,
+    group_of: &dyn Fn(OpId) -> Option<usize>,
     v: ValueId,
 ) -> Option<Vec<OpId>> {
     let ValueDef::OpResult { op, .. } = graph.value(v).def else {
@@ -135,7 +135,7 @@ fn portable_view(
             // Never materialized, wherever it is defined: copied along.
             Some(inner) => chain.extend(inner),
             // Another group's value is one of that group's results.
-            None if group_of.get(&def) != group_of.get(&op) => {}
+            None if group_of(def) != group_of(op) => {}
             None => return None,
         }
     }
@@ -205,13 +205,14 @@ impl<'g> Rebuild<'g> {
 /// Group `index` of a plan built exactly as [`apply_plan`] builds it, alone:
 /// a graph whose parameters are the values the group reads from outside and
 /// whose body is its `fused` op, or `None` when nothing outside reads the
-/// group (it would be dropped). `group_of` is the plan's [`partition`].
+/// group (it would be dropped). `group_of` gives the plan's group of an op
+/// (as [`partition`] does; `None` for ops in no group).
 pub(crate) fn standalone_group(
     graph: &Graph,
     planned: &PlannedGroup,
     index: usize,
     users: &FxHashMap<ValueId, Vec<OpId>>,
-    group_of: &FxHashMap<OpId, usize>,
+    group_of: &dyn Fn(OpId) -> Option<usize>,
 ) -> Result<Option<(Graph, OpId)>, String> {
     let mut rb = Rebuild::new(graph, true);
     let Some(fused) = emit_group(&mut rb, planned, index, users, group_of)? else {
@@ -252,7 +253,8 @@ pub(crate) fn apply_plan_indexed(
     }
     let body = rb.new.body();
     let users = users_of(graph);
-    let group_of = partition(graph, plan.groups.iter().map(|g| g.group.ops.as_slice()));
+    let partition = partition(graph, plan.groups.iter().map(|g| g.group.ops.as_slice()));
+    let group_of = |op: OpId| partition.get(&op).copied();
     // Constants stay in the body where something outside a region reads them.
     for &op in &graph.block(graph.body()).ops {
         let d = graph.op(op);
@@ -262,7 +264,7 @@ pub(crate) fn apply_plan_indexed(
         let needed_outside = d.results.iter().any(|r| {
             users.get(r).is_some_and(|us| {
                 us.iter()
-                    .any(|u| !group_of.contains_key(u) || small_constant(graph, *r).is_none())
+                    .any(|u| !partition.contains_key(u) || small_constant(graph, *r).is_none())
             })
         });
         if needed_outside {
@@ -306,7 +308,7 @@ fn emit_group(
     planned: &PlannedGroup,
     index: usize,
     users: &FxHashMap<ValueId, Vec<OpId>>,
-    group_of: &FxHashMap<OpId, usize>,
+    group_of: &dyn Fn(OpId) -> Option<usize>,
 ) -> Result<Option<OpId>, String> {
     let graph = rb.old;
     let ops = &planned.group.ops;
@@ -385,7 +387,7 @@ fn emit_group(
         let copied_by_groups = portable_view(graph, group_of, r).is_some();
         users.get(&r).is_some_and(|us| {
             us.iter().any(|u| {
-                let copied_by_reader = copied_by_groups && group_of.contains_key(u);
+                let copied_by_reader = copied_by_groups && group_of(*u).is_some();
                 !(inside.contains(u) || copied_by_reader)
             })
         })

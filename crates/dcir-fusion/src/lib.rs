@@ -22,7 +22,7 @@ pub use legality::{EdgeRule, GroupKind, Level, check_group, edge_rule, group_kin
 pub use target::{AnyGroup, Refusal, Target};
 pub mod planner;
 
-pub use planner::{Plan, PlannedGroup, Rejection, plan_graph};
+pub use planner::{Plan, PlannedGroup, Rejection, plan_graph, plan_unfused};
 pub mod apply;
 
 pub use apply::apply_plan;

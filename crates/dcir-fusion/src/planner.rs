@@ -18,9 +18,9 @@
 //! error naming it.
 
 use dcir_ir::{Graph, OpId, OpKind};
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 
-use crate::apply::{apply_plan_indexed, partition, standalone_group};
+use crate::apply::{apply_plan_indexed, standalone_group};
 use crate::cost::{Estimate, Estimator};
 use crate::group::Group;
 use crate::legality::check_group;
@@ -113,27 +113,6 @@ impl State<'_> {
         out
     }
 
-    /// True when `to` is reachable from `from` through some third group.
-    fn reachable_through_other(&self, from: usize, to: usize) -> bool {
-        let mut stack: Vec<usize> = self
-            .consumers(from)
-            .into_iter()
-            .filter(|&c| c != to)
-            .collect();
-        let mut seen: FxHashSet<usize> = stack.iter().copied().collect();
-        while let Some(g) = stack.pop() {
-            for c in self.consumers(g) {
-                if c == to {
-                    return true;
-                }
-                if seen.insert(c) {
-                    stack.push(c);
-                }
-            }
-        }
-        false
-    }
-
     fn sorted(&self, mut ops: Vec<OpId>) -> Vec<OpId> {
         ops.sort_by_key(|o| self.position[o]);
         ops
@@ -174,13 +153,13 @@ impl State<'_> {
         }
     }
 
-    /// The target's answer for merging groups `p` and `c` into `merged`
-    /// (legal and estimated), the group built as the plan would build it.
+    /// The target's answer for merging a consumer into group `p`, making
+    /// `merged` (legal and estimated), built as the plan would build it.
     fn verdict(
         &mut self,
         model: &dyn Estimator,
         target: &dyn Target,
-        (p, c): (usize, usize),
+        p: usize,
         merged: &[OpId],
     ) -> Result<Result<(), Refusal>, String> {
         if let Some(hit) = self.verdicts.get(merged) {
@@ -191,12 +170,16 @@ impl State<'_> {
             estimate: self.estimate(model, merged)?,
             unfused_time: 0.0,
         };
-        let groups = self.members.iter().enumerate().map(|(g, ops)| match g {
-            _ if g == p => merged,
-            _ if g == c => &[],
-            _ => ops.as_slice(),
-        });
-        let group_of = partition(self.graph, groups);
+        // The partition with the merge made (a lone reshape is no group).
+        let group_of = |op: OpId| {
+            if merged.contains(&op) {
+                return Some(p);
+            }
+            let g = *self.group_of.get(&op)?;
+            let lone_reshape = matches!(self.members[g].as_slice(),
+                [o] if self.graph.op(*o).kind == OpKind::Reshape);
+            (!lone_reshape).then_some(g)
+        };
         let verdict = match standalone_group(self.graph, &planned, p, &self.users, &group_of)? {
             Some((alone, fused)) => target.accept(&alone, fused),
             None => Ok(()),
@@ -225,6 +208,25 @@ pub fn plan_graph(
     model: &dyn Estimator,
     target: &dyn Target,
 ) -> Result<Plan, String> {
+    plan_with(graph, model, target, true)
+}
+
+/// The op-by-op plan: every op that does work its own kernel (the unfused
+/// baseline, `--no-fuse`), each checked with `target` as [`plan_graph`]'s.
+pub fn plan_unfused(
+    graph: &Graph,
+    model: &dyn Estimator,
+    target: &dyn Target,
+) -> Result<Plan, String> {
+    plan_with(graph, model, target, false)
+}
+
+fn plan_with(
+    graph: &Graph,
+    model: &dyn Estimator,
+    target: &dyn Target,
+    merge: bool,
+) -> Result<Plan, String> {
     let body = &graph.block(graph.body()).ops;
     if body.iter().any(|&o| graph.op(o).kind == OpKind::Fused) {
         return Err("the graph is already fused".to_string());
@@ -247,7 +249,7 @@ pub fn plan_graph(
         }
     }
     for _ in 0..MAX_SEARCHES {
-        let plan = search(&mut state, model, target)?;
+        let plan = search(&mut state, model, target, merge)?;
         let (fused, groups) = apply_plan_indexed(graph, &plan)?;
         let mut refused = false;
         for (op, index) in groups {
@@ -269,6 +271,31 @@ pub fn plan_graph(
     ))
 }
 
+/// True when group `to` is reachable from group `from` through some third
+/// group, `consumers[g]` being the groups that read group `g`.
+fn reachable_through_other(consumers: &[Vec<usize>], from: usize, to: usize) -> bool {
+    let mut stack: Vec<usize> = consumers[from]
+        .iter()
+        .copied()
+        .filter(|&c| c != to)
+        .collect();
+    let mut seen = vec![false; consumers.len()];
+    for &g in &stack {
+        seen[g] = true;
+    }
+    while let Some(g) = stack.pop() {
+        for &c in &consumers[g] {
+            if c == to {
+                return true;
+            }
+            if !std::mem::replace(&mut seen[c], true) {
+                stack.push(c);
+            }
+        }
+    }
+    false
+}
+
 /// The error for an op the target lowers in no group, not even alone.
 fn no_kernel(graph: &Graph, op: OpId, refusal: &Refusal) -> String {
     let d = graph.op(op);
@@ -280,12 +307,13 @@ fn no_kernel(graph: &Graph, op: OpId, refusal: &Refusal) -> String {
     format!("`{}`{named} has no kernel: {refusal}", d.kind.name())
 }
 
-/// One greedy search from every op its own group; merges the target
-/// refused (in `state.verdicts`) are not made.
+/// One greedy search from every op its own group (no merge at all unless
+/// `merge`); merges the target refused (in `state.verdicts`) are not made.
 fn search(
     state: &mut State<'_>,
     model: &dyn Estimator,
     target: &dyn Target,
+    merge: bool,
 ) -> Result<Plan, String> {
     let graph = state.graph;
     state.group_of.clear();
@@ -296,6 +324,9 @@ fn search(
             state.members.push(vec![op]);
         }
     }
+    if !merge {
+        return finish(state, model, Vec::new());
+    }
     let mut rejections;
     loop {
         // The round's producer → consumer pairs, with the union of each that
@@ -303,12 +334,16 @@ fn search(
         // estimator at once.
         let mut pairs: Vec<(usize, usize, Option<Vec<OpId>>)> = Vec::new();
         let mut wanted = Vec::new();
+        // Each group's consumers, found once for the round's cycle checks.
+        let consumers: Vec<Vec<usize>> = (0..state.members.len())
+            .map(|g| match state.members[g].is_empty() {
+                true => Vec::new(),
+                false => state.consumers(g),
+            })
+            .collect();
         for p in 0..state.members.len() {
-            if state.members[p].is_empty() {
-                continue;
-            }
-            for c in state.consumers(p) {
-                if state.reachable_through_other(p, c) {
+            for &c in &consumers[p] {
+                if reachable_through_other(&consumers, p, c) {
                     pairs.push((p, c, None));
                     continue;
                 }
@@ -357,7 +392,7 @@ fn search(
         saving.sort_by(|a, b| b.0.total_cmp(&a.0));
         let mut best = None;
         for (_, p, c, merged) in saving {
-            match state.verdict(model, target, (p, c), &merged)? {
+            match state.verdict(model, target, p, &merged)? {
                 Ok(()) => {
                     best = Some((p, c, merged));
                     break;
