@@ -168,6 +168,42 @@ pub fn compile(source: &str, name: &str, arch: &str) -> Result<Compiled, String>
     })
 }
 
+/// Compiles many kernels as one NVRTC program (each source in a namespace
+/// of its own, so their helpers do not collide) and returns ptxas's report
+/// for each, in order: one program's fixed cost instead of one per kernel,
+/// for checking many kernels (the zoo test). `kernels` holds each kernel's
+/// entry-point name and header-free source; the names must differ.
+pub fn compile_batch(kernels: &[(&str, &str)], arch: &str) -> Result<Vec<Resources>, String> {
+    let mut source = String::new();
+    for (i, (_, text)) in kernels.iter().enumerate() {
+        source.push_str(&format!("namespace dcir_batch_{i} {{\n{text}\n}}\n"));
+    }
+    let first = kernels.first().map_or("batch", |k| k.0);
+    let compiled = compile(&source, &format!("{first}_batch"), arch)?;
+    // ptxas reports each entry point under `Compiling entry function 'name'`.
+    let mut sections: std::collections::HashMap<&str, &str> = std::collections::HashMap::new();
+    let marker = "Compiling entry function '";
+    let mut rest = compiled.log.as_str();
+    while let Some(at) = rest.find(marker) {
+        let after = &rest[at + marker.len()..];
+        let name_end = after.find('\'').unwrap_or(after.len());
+        let next = after.find(marker).unwrap_or(after.len());
+        sections.insert(&after[..name_end], &after[..next]);
+        rest = &after[next..];
+    }
+    kernels
+        .iter()
+        .map(|(name, _)| {
+            sections
+                .get(name)
+                .and_then(|section| parse_resources(section))
+                .ok_or_else(|| {
+                    format!("no ptxas report for {name} in its batch:\n{}", compiled.log)
+                })
+        })
+        .collect()
+}
+
 /// The program's CUBIN, if NVRTC made one (a real target architecture).
 ///
 /// # Safety
@@ -286,5 +322,13 @@ mod tests {
         assert_eq!(version().map(|(major, _)| major), Some(13));
         let err = compile("this is not C", "bad", DEFAULT_ARCH).unwrap_err();
         assert!(err.contains("NVRTC failed on bad"), "{err}");
+        // A batch: the same helper in both sources, one report per kernel.
+        let a = "__device__ __forceinline__ float h(float x) { return x * 2.0f; }\n\
+                 extern \"C\" __global__ void a(float* x) { x[threadIdx.x] = h(x[threadIdx.x]); }\n";
+        let b = "__device__ __forceinline__ float h(float x) { return x + 1.0f; }\n\
+                 extern \"C\" __global__ void b(float* x, float* y) { y[threadIdx.x] = h(x[threadIdx.x]); }\n";
+        let reports = compile_batch(&[("a", a), ("b", b)], DEFAULT_ARCH).expect("compiles");
+        assert_eq!(reports.len(), 2);
+        assert!(reports.iter().all(|r| r.registers > 0), "{reports:?}");
     }
 }
