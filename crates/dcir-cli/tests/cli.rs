@@ -315,7 +315,10 @@ fn no_fuse_gives_one_kernel_per_op() {
     let unfused = dcir_opt(&["--no-fuse", "ir-examples/ln_gelu.dcir"], None);
     assert!(unfused.status.success(), "{}", text(&unfused.stderr));
     let count = |out: &Output| text(&out.stdout).matches(" = fused @").count();
-    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../ir-examples/ln_gelu.dcir");
+    let example = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../ir-examples/ln_gelu.dcir"
+    );
     let source = std::fs::read_to_string(example).expect("example");
     let ops = source
         .lines()

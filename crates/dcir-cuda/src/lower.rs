@@ -362,6 +362,24 @@ impl<'g> Lower<'g> {
         let ints = |name: &str| attrs.get(name).and_then(Attr::as_ints).map(<[i64]>::to_vec);
         let operand_dims = |i: usize| self.g.ty(operands[i]).dims().to_vec();
         let operand_dtype = |i: usize| self.g.ty(operands[i]).dtype;
+        let own = self.g.ty(v).dims().to_vec();
+        let reindexed;
+        let idx = if idx.dims == own {
+            idx
+        } else if idx.dims.iter().product::<usize>() == own.iter().product::<usize>() {
+            // Read through a view of the same elements (a reshape epilogue):
+            // the same row-major position in this value's own shape.
+            reindexed = Index::linear(&own, idx.get_linear());
+            &reindexed
+        } else {
+            // An op of another size than the kernel's index space (a dead
+            // branch planned into the group).
+            return Err(self.unsupported(format!(
+                "`{}` of shape {own:?} read at an index of shape {:?}",
+                kind.name(),
+                idx.dims
+            )));
+        };
         let coords = idx.get_coords();
         let e = match kind {
             _ if kind.is_elementwise_binary() => {
