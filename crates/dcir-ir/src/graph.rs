@@ -289,6 +289,12 @@ impl Graph {
         &self.values[id.index()].ty
     }
 
+    /// Sets the type of a value. The ops that define and use it must stay
+    /// well-typed (the verifier checks).
+    pub fn set_ty(&mut self, id: ValueId, ty: TensorType) {
+        self.values[id.index()].ty = ty;
+    }
+
     /// Number of entries in the value arena (live or dead).
     pub fn value_count(&self) -> usize {
         self.values.len()

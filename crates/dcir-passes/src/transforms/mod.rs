@@ -10,6 +10,7 @@ mod decompose_softmax;
 mod fold_batchnorm;
 mod fold_constants;
 mod hoist_weights;
+mod to_f16;
 
 use crate::registry::PassDef;
 
@@ -24,4 +25,5 @@ pub const BUILTIN_PASSES: &[PassDef] = &[
     fold_batchnorm::DEF,
     fold_constants::DEF,
     hoist_weights::DEF,
+    to_f16::DEF,
 ];
