@@ -228,3 +228,27 @@ fn comparison_measures_and_tolerances() {
         assert!(tol.rel_l2 > Tolerance::for_dtype(DType::F32).rel_l2);
     }
 }
+
+#[test]
+fn the_absolute_bound_scales_with_the_expected_tensor() {
+    // Logits of rms ~50: an element near 0 off by 0.2 is rounding at that
+    // scale (f16: 1e-2 * 50 = 0.5), one off by 5 is a wrong element.
+    let mut values: Vec<f32> = (0..100)
+        .map(|i| if i % 2 == 0 { 50.0 } else { -50.0 })
+        .collect();
+    values[7] = 0.0;
+    let e = f32s(&[100], &values);
+    let f16 = Tolerance::for_dtype(DType::F16);
+    let mut near = values.clone();
+    near[7] = 0.2;
+    let stats = compare(&e, &f32s(&[100], &near), &f16).expect("rounding at the tensor's scale");
+    assert!((stats.rms - 50.0 * (99f64 / 100.0).sqrt()).abs() < 1e-9);
+    let mut wrong = values.clone();
+    wrong[7] = 5.0;
+    let m = compare(&e, &f32s(&[100], &wrong), &f16).unwrap_err();
+    assert!(m.to_string().contains("max(1, rms 4.975e1)"), "{m}");
+    // Below a scale of 1 the bound is the plain atol: 0.05 off 0 fails in
+    // f16 whatever the tensor's rms.
+    let small = f32s(&[2], &[0.0, 0.5]);
+    assert!(compare(&small, &f32s(&[2], &[0.05, 0.5]), &f16).is_err());
+}
