@@ -11,13 +11,14 @@
 #   export    the ONNX models at batch 32 (export_models.py --batch 32, weights
 #             stripped) into crates/dcir-onnx/models/ (and $OUT/models_b32.tgz)
 #   models    the imported ONNX models (ResNet-50, MobileNetV2, BERT-base; batch 1,
-#             and 32 where exported; f32 and f16 (the f32 text made f16); random
+#             and 32 where exported; f32 and f16 (the f32 graph made f16 by dcir-opt's to-f16 pass); random
 #             weights) through dcir-run --backend cuda --check --bench
 #   zoo       every model of crates/dcir-onnx/zoo/ (batch 1, random weights) in
 #             f32 and f16 through dcir-run --backend cuda --check --bench,
 #             ZOO_JOBS at once (4), ZOO_ONLY="a b" for some; one line per run in zoo.log
-#   zoo-peers PyTorch eager (and torch.compile with ZOO_COMPILE=1) on the zoo
-#             models, batch 1, f32 and f16 (zoo_peers.py) into zoo_peers.log
+#   zoo-peers PyTorch eager (or torch.compile with ZOO_COMPILE=1, ZOO_PEERS_JOBS
+#             compiling at once, 8) on the zoo models, batch 1, f32 and f16
+#             (ZOO_PEERS_DTYPES), ZOO_ONLY for some (zoo_peers.py) into zoo_peers.log
 #   variants  hand-set kernel variants (examples/data/variants_*.dcir) checked
 #             and timed, to fit the cost model
 #   profile   per-kernel times of ResNet-50 f16, MobileNetV2 f16, the BERT
@@ -42,6 +43,10 @@ mkdir -p "$OUT"
 status=0
 summary=()
 
+# The f16 form of an f32 graph: dcir-opt's to-f16 pass (every f32 value f16;
+# constants and clip bounds saturated into f16's range).
+to_f16() { "$B/dcir-opt" --pipeline to-f16 "$1" -o "$2"; }
+
 kernels() {
     "$B/kernel_check" --reps 50 tests/filetests/cuda/*.dcir >"$OUT/kernels.log" 2>&1 || status=1
     cp "$OUT/kernel_check.md" "$OUT/kernels.md" 2>/dev/null
@@ -54,7 +59,7 @@ examples() {
     for f in ir-examples/*.dcir; do
         for dt in f32 f16; do
             src=$f
-            if [ $dt = f16 ]; then src=/tmp/$(basename "$f" .dcir)_f16.dcir; sed 's/f32/f16/g' "$f" >"$src"; fi
+            if [ $dt = f16 ]; then src=/tmp/$(basename "$f" .dcir)_f16.dcir; to_f16 "$f" "$src"; fi
             echo "== $f $dt" >>"$OUT/examples.log"
             if "$B/dcir-run" "$src" --backend cuda --check --bench 50 >>"$OUT/examples.log" 2>&1; then
                 summary+=("example $(basename "$f" .dcir) $dt: PASS $(grep -A0 '^bench:' "$OUT/examples.log" | tail -1 | sed 's/.*median/median/')")
@@ -77,7 +82,7 @@ models() {
     for m in resnet50 mobilenet_v2 bert_base resnet50_b32 mobilenet_v2_b32 bert_base_b32; do
         [ -f "crates/dcir-onnx/models/$m.onnx" ] || continue
         "$B/dcir-import" "crates/dcir-onnx/models/$m.onnx" -o "/tmp/$m.dcir" --no-weights >>"$OUT/models.log" 2>&1
-        sed 's/f32/f16/g' "/tmp/$m.dcir" >"/tmp/${m}_f16.dcir"
+        to_f16 "/tmp/$m.dcir" "/tmp/${m}_f16.dcir"
         for dt in f32 f16; do
             src=/tmp/$m.dcir
             [ $dt = f16 ] && src=/tmp/${m}_f16.dcir
@@ -107,7 +112,7 @@ zoo() {
     local models=${ZOO_ONLY:-$(ls crates/dcir-onnx/zoo/*.onnx | xargs -n1 basename | sed 's/\.onnx$//')}
     for m in $models; do
         "$B/dcir-import" "crates/dcir-onnx/zoo/$m.onnx" -o "/tmp/zoo/$m.dcir" --no-weights >"$OUT/zoo/$m.import.log" 2>&1 &&
-            sed 's/f32/f16/g' "/tmp/zoo/$m.dcir" >"/tmp/zoo/${m}_f16.dcir"
+            to_f16 "/tmp/zoo/$m.dcir" "/tmp/zoo/${m}_f16.dcir"
     done
     builtin export -f zoo_one
     builtin export B OUT
@@ -120,6 +125,7 @@ zoo() {
 zoo_peers() {
     # shellcheck disable=SC2046 # the flag is one word or none
     timeout "${ZOO_PEERS_TIMEOUT:-540}" python3 "$B/zoo_peers.py" $([ "${ZOO_COMPILE:-0}" = 1 ] && echo --compile) \
+        --jobs "${ZOO_PEERS_JOBS:-8}" --dtypes "${ZOO_PEERS_DTYPES:-f32,f16}" ${ZOO_ONLY:+--only "${ZOO_ONLY// /,}"} \
         --deadline "${ZOO_PEERS_DEADLINE:-0}" >"$OUT/zoo_peers.log" 2>"$OUT/zoo_peers.err"
     summary+=("zoo-peers: $(grep -vc ERROR "$OUT/zoo_peers.log") timed, $(grep -c ERROR "$OUT/zoo_peers.log") ERROR (zoo_peers.log)")
 }
@@ -146,10 +152,10 @@ profile() {
     : >"$OUT/profile.log"
     "$B/dcir-import" crates/dcir-onnx/models/resnet50.onnx -o /tmp/p_rn.dcir --no-weights >/dev/null 2>&1
     "$B/dcir-import" crates/dcir-onnx/models/mobilenet_v2.onnx -o /tmp/p_mb.dcir --no-weights >/dev/null 2>&1
-    sed 's/f32/f16/g' /tmp/p_rn.dcir >/tmp/p_rn16.dcir
-    sed 's/f32/f16/g' /tmp/p_mb.dcir >/tmp/p_mb16.dcir
-    sed 's/f32/f16/g' ir-examples/bert_encoder_layer.dcir >/tmp/p_bert16.dcir
-    sed 's/\[1,64,56,56\]/[32,64,56,56]/g; s/f32/f16/g' ir-examples/convblock_c64_56.dcir >/tmp/p_cb16_b32.dcir
+    to_f16 /tmp/p_rn.dcir /tmp/p_rn16.dcir
+    to_f16 /tmp/p_mb.dcir /tmp/p_mb16.dcir
+    to_f16 ir-examples/bert_encoder_layer.dcir /tmp/p_bert16.dcir
+    sed 's/\[1,64,56,56\]/[32,64,56,56]/g' ir-examples/convblock_c64_56.dcir | to_f16 - /tmp/p_cb16_b32.dcir
     for f in /tmp/p_rn16.dcir /tmp/p_mb16.dcir ir-examples/bert_encoder_layer.dcir /tmp/p_bert16.dcir /tmp/p_cb16_b32.dcir; do
         echo "== $f" >>"$OUT/profile.log"
         timeout 120 "$B/dcir-run" "$f" --backend cuda --bench 20 --per-kernel >>"$OUT/profile.log" 2>&1 || status=1
