@@ -115,9 +115,13 @@ pub struct Buffer {
     /// Dims, row-major.
     pub shape: Vec<u64>,
     /// The buffer whose storage this one shares (a reshape: same bytes, other
-    /// dims); liveness and memory plans apply to that root buffer.
+    /// dims; a concat's operand: its slice of the concat); liveness and
+    /// memory plans apply to that root buffer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub view_of: Option<u32>,
+    /// Where a view starts in its root, in bytes (0 for a reshape).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub view_offset: u64,
     /// Index of the first launch that uses it (`None` if none does).
     pub first_use: Option<u32>,
     /// Index of the last launch that uses it.
@@ -127,6 +131,11 @@ pub struct Buffer {
     /// A constant's contents: its elements little-endian, row-major.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<Vec<u8>>,
+}
+
+/// True for 0 (a reshape view's offset, left out of the JSON).
+fn is_zero(x: &u64) -> bool {
+    *x == 0
 }
 
 /// Why an artifact could not be read or written.
@@ -223,6 +232,7 @@ mod tests {
                 dtype: "f32".into(),
                 shape: vec![4, 4],
                 view_of: None,
+                view_offset: 0,
                 first_use: Some(0),
                 last_use: Some(0),
                 kind: BufferKind::Input,

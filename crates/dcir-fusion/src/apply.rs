@@ -17,6 +17,7 @@ use dcir_ir::{Attr, Attrs, BlockId, Graph, OpId, OpKind, ValueDef, ValueId};
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::planner::{Plan, PlannedGroup};
+use crate::storage::{ConcatStorage, concat_storage};
 
 /// Constants up to this many elements are copied into the regions that use them.
 const INLINE_CONSTANT_ELEMS: usize = 64;
@@ -143,9 +144,10 @@ fn portable_view(
     Some(chain)
 }
 
-/// A group that is only a `reshape`: a view, emitted as a plain op.
-fn is_lone_reshape(graph: &Graph, planned: &PlannedGroup) -> bool {
-    matches!(planned.group.ops.as_slice(), [op] if graph.op(*op).kind == OpKind::Reshape)
+/// True for a group that is a view, not a kernel, and stays a plain op: a
+/// lone `reshape`, or a lone `concat` stored in place (`storage`).
+pub(crate) fn is_view_group(graph: &Graph, ops: &[OpId], storage: &ConcatStorage) -> bool {
+    matches!(ops, [op] if graph.op(*op).kind == OpKind::Reshape || storage.is_stored(*op))
 }
 
 /// The fused op's attributes: kind, level, then the kernel parameters.
@@ -173,14 +175,15 @@ pub(crate) fn users_of(graph: &Graph) -> FxHashMap<ValueId, Vec<OpId>> {
 }
 
 /// The group of each grouped op, given the groups' op sets in plan order;
-/// a lone `reshape` is no group (it stays a plain op).
+/// a view group ([`is_view_group`]) is no group (it stays a plain op).
 pub(crate) fn partition<'a>(
     graph: &Graph,
+    storage: &ConcatStorage,
     groups: impl IntoIterator<Item = &'a [OpId]>,
 ) -> FxHashMap<OpId, usize> {
     let mut group_of = FxHashMap::default();
     for (index, ops) in groups.into_iter().enumerate() {
-        if !matches!(ops, [op] if graph.op(*op).kind == OpKind::Reshape) {
+        if !is_view_group(graph, ops, storage) {
             group_of.extend(ops.iter().map(|&o| (o, index)));
         }
     }
@@ -253,7 +256,12 @@ pub(crate) fn apply_plan_indexed(
     }
     let body = rb.new.body();
     let users = users_of(graph);
-    let partition = partition(graph, plan.groups.iter().map(|g| g.group.ops.as_slice()));
+    let storage = concat_storage(graph);
+    let partition = partition(
+        graph,
+        &storage,
+        plan.groups.iter().map(|g| g.group.ops.as_slice()),
+    );
     let group_of = |op: OpId| partition.get(&op).copied();
     // Constants stay in the body where something outside a region reads them.
     for &op in &graph.block(graph.body()).ops {
@@ -275,7 +283,7 @@ pub(crate) fn apply_plan_indexed(
     }
     let mut fused_ops = Vec::new();
     for (index, planned) in plan.groups.iter().enumerate() {
-        if is_lone_reshape(graph, planned) {
+        if is_view_group(graph, &planned.group.ops, &storage) {
             let mut local = FxHashMap::default();
             let op = planned.group.ops[0];
             rb.copy_op(op, body, &mut local, &|rb, r| rb.old.value(r).name.clone())?;

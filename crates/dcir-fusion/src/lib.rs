@@ -13,12 +13,14 @@ pub mod cost;
 pub mod device;
 pub mod group;
 pub mod legality;
+mod storage;
 pub mod target;
 
 pub use cost::{Bound, CostModel, Estimate, Estimator, KernelParams};
 pub use device::{DeviceSpec, LiveDevice};
 pub use group::Group;
 pub use legality::{EdgeRule, GroupKind, Level, check_group, edge_rule, group_kind};
+pub use storage::{ConcatStorage, Slot, concat_storage};
 pub use target::{AnyGroup, Refusal, Target};
 pub mod planner;
 

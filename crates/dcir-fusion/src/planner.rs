@@ -20,10 +20,11 @@
 use dcir_ir::{Graph, OpId, OpKind};
 use rustc_hash::FxHashMap;
 
-use crate::apply::{apply_plan_indexed, standalone_group};
+use crate::apply::{apply_plan_indexed, is_view_group, standalone_group};
 use crate::cost::{Estimate, Estimator};
 use crate::group::Group;
 use crate::legality::check_group;
+use crate::storage::{ConcatStorage, concat_storage};
 use crate::target::{Refusal, Target};
 
 /// Searches after a final check refused a group, at most.
@@ -91,6 +92,8 @@ struct State<'g> {
     cache: FxHashMap<Vec<OpId>, Result<Estimate, String>>,
     /// The target's answer for each op set asked about.
     verdicts: FxHashMap<Vec<OpId>, Result<(), Refusal>>,
+    /// The concats stored in place: never merged, no kernel.
+    storage: ConcatStorage,
 }
 
 impl State<'_> {
@@ -176,9 +179,7 @@ impl State<'_> {
                 return Some(p);
             }
             let g = *self.group_of.get(&op)?;
-            let lone_reshape = matches!(self.members[g].as_slice(),
-                [o] if self.graph.op(*o).kind == OpKind::Reshape);
-            (!lone_reshape).then_some(g)
+            (!is_view_group(self.graph, &self.members[g], &self.storage)).then_some(g)
         };
         let verdict = match standalone_group(self.graph, &planned, p, &self.users, &group_of)? {
             Some((alone, fused)) => target.accept(&alone, fused),
@@ -239,6 +240,7 @@ fn plan_with(
         users: FxHashMap::default(),
         cache: FxHashMap::default(),
         verdicts: FxHashMap::default(),
+        storage: concat_storage(graph),
     };
     for &op in body {
         for &v in &graph.op(op).operands {
@@ -369,6 +371,15 @@ fn search(
                 ));
                 continue;
             };
+            if [producer, consumer]
+                .iter()
+                .any(|&o| state.storage.is_stored(o))
+            {
+                rejections.push(reject(
+                    "the concat is stored in place: its producers write into its buffer".into(),
+                ));
+                continue;
+            }
             let (pp, cc) = (state.members[p].clone(), state.members[c].clone());
             let separate = state
                 .estimate(model, &pp)
@@ -456,7 +467,14 @@ fn finish(
     let mut groups = Vec::with_capacity(order.len());
     for g in order {
         let ops = state.members[g].clone();
-        let estimate = state.estimate(model, &ops)?;
+        let mut estimate = state.estimate(model, &ops)?;
+        if let [op] = ops.as_slice()
+            && state.storage.is_stored(*op)
+        {
+            // A view: its producers' stores are the whole cost.
+            estimate.time = 0.0;
+            estimate.bytes = 0;
+        }
         let group = state.form(&ops)?;
         let mut unfused_time = 0.0;
         for &op in &ops {

@@ -226,14 +226,16 @@ impl Executor {
         }
         let arena_base = ptr_of(&arena, &stream);
         let pointer = |id: u32| -> u64 {
-            let root = artifact.buffers[id as usize].view_of.unwrap_or(id) as usize;
-            match plan.offsets[root] {
-                Some(offset) => arena_base + offset,
-                None => ptr_of(
-                    owned[root].as_ref().expect("unplanned roots are owned"),
-                    &stream,
-                ),
-            }
+            let b = &artifact.buffers[id as usize];
+            let root = b.view_of.unwrap_or(id) as usize;
+            b.view_offset
+                + match plan.offsets[root] {
+                    Some(offset) => arena_base + offset,
+                    None => ptr_of(
+                        owned[root].as_ref().expect("unplanned roots are owned"),
+                        &stream,
+                    ),
+                }
         };
         let launches = artifact
             .launches

@@ -125,6 +125,7 @@ mod tests {
                 dtype: "f32".into(),
                 shape: vec![bytes / 4],
                 view_of: None,
+                view_offset: 0,
                 first_use: Some(i.saturating_sub(1) as u32),
                 last_use: Some(i.min(n - 1) as u32),
                 data: None,
