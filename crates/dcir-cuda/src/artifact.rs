@@ -5,6 +5,9 @@
 //! (`intermediate`, or `output` when returned). A top-level `reshape` (the
 //! planner leaves a lone reshape as a view) gets a buffer that is a view of
 //! its operand's root buffer (`view_of`): same bytes, no launch. A top-level
+//! `concat` stored in place (`dcir_fusion::concat_storage`) launches nothing:
+//! each value it places is a view of the root's buffer at its byte offset,
+//! so the producers' kernels write the concat's elements. A top-level
 //! `constant` (one too large and too varied to inline into kernels, such as
 //! BERT's position ids) is a `constant` buffer carrying its bytes. Liveness is
 //! per root buffer: the first and last launch that reads or writes it or any
@@ -52,13 +55,14 @@ pub fn build_artifact(g: &Graph, options: &BuildOptions) -> Result<Artifact, Str
     let mut buffer_of: HashMap<ValueId, u32> = HashMap::new();
     // A kernel's source with its declared names canonical → its index in `a.kernels`.
     let mut kernel_of: HashMap<String, u32> = HashMap::new();
-    let new_buffer = |a: &mut Artifact, v: ValueId, kind: BufferKind, view_of: Option<u32>| {
+    let new_buffer = |a: &mut Artifact, v: ValueId, kind: BufferKind, view: Option<(u32, u64)>| {
         let ty = g.ty(v);
         let shape = ty.dims().iter().map(|&d| d as u64).collect();
         let bytes = ty.size_bytes().unwrap_or(0) as u64;
         let (name, dtype) = (g.value(v).name.clone(), ty.dtype.name());
-        push_buffer(a, name, bytes, dtype, shape, kind, view_of)
+        push_buffer(a, name, bytes, dtype, shape, kind, view)
     };
+    let storage = dcir_fusion::concat_storage(g);
     for &p in g.params() {
         let id = new_buffer(&mut a, p, BufferKind::Input, None);
         buffer_of.insert(p, id);
@@ -72,6 +76,31 @@ pub fn build_artifact(g: &Graph, options: &BuildOptions) -> Result<Artifact, Str
             BufferKind::Intermediate
         }
     };
+    // The buffer of an op's result: its own, or, for a value a stored concat
+    // places, a view of the root's buffer at its slot (the root's buffer is
+    // made by the first value placed in it).
+    let result_buffer =
+        |a: &mut Artifact, buffer_of: &mut HashMap<ValueId, u32>, r: ValueId| -> u32 {
+            if let Some(&id) = buffer_of.get(&r) {
+                return id;
+            }
+            let id = match storage.slots.get(&r) {
+                Some(slot) => {
+                    let root = match buffer_of.get(&slot.root) {
+                        Some(&root) => root,
+                        None => {
+                            let root = new_buffer(a, slot.root, result_kind(slot.root), None);
+                            buffer_of.insert(slot.root, root);
+                            root
+                        }
+                    };
+                    new_buffer(a, r, result_kind(r), Some((root, slot.offset)))
+                }
+                None => new_buffer(a, r, result_kind(r), None),
+            };
+            buffer_of.insert(r, id);
+            id
+        };
     for &op in &g.block(g.body()).ops {
         let data = g.op(op);
         match data.kind {
@@ -91,9 +120,7 @@ pub fn build_artifact(g: &Graph, options: &BuildOptions) -> Result<Artifact, Str
                 };
                 let mut args: Vec<u32> = data.operands.iter().map(|v| buffer_of[v]).collect();
                 for &r in &data.results {
-                    let id = new_buffer(&mut a, r, result_kind(r), None);
-                    buffer_of.insert(r, id);
-                    args.push(id);
+                    args.push(result_buffer(&mut a, &mut buffer_of, r));
                 }
                 // Scratch (split-K) binds the kernel's trailing parameters.
                 for s in &kernel.scratch {
@@ -127,11 +154,15 @@ pub fn build_artifact(g: &Graph, options: &BuildOptions) -> Result<Artifact, Str
                 buffer_of.insert(r, id);
             }
             OpKind::Reshape => {
-                let source = buffer_of[&data.operands[0]];
-                let root = a.buffers[source as usize].view_of.unwrap_or(source);
+                let source = &a.buffers[buffer_of[&data.operands[0]] as usize];
+                let view = (source.view_of.unwrap_or(source.id), source.view_offset);
                 let r = data.results[0];
-                let id = new_buffer(&mut a, r, result_kind(r), Some(root));
+                let id = new_buffer(&mut a, r, result_kind(r), Some(view));
                 buffer_of.insert(r, id);
+            }
+            OpKind::Concat if storage.is_stored(op) => {
+                // Its operands' kernels wrote its elements; nothing to launch.
+                result_buffer(&mut a, &mut buffer_of, data.results[0]);
             }
             other => {
                 return Err(format!(
@@ -147,7 +178,8 @@ pub fn build_artifact(g: &Graph, options: &BuildOptions) -> Result<Artifact, Str
     Ok(a)
 }
 
-/// Appends a buffer (no uses yet, no data) to `a`; returns its id.
+/// Appends a buffer (no uses yet, no data) to `a`, a view of `(root,
+/// byte offset)` when given; returns its id.
 fn push_buffer(
     a: &mut Artifact,
     name: String,
@@ -155,7 +187,7 @@ fn push_buffer(
     dtype: &str,
     shape: Vec<u64>,
     kind: BufferKind,
-    view_of: Option<u32>,
+    view: Option<(u32, u64)>,
 ) -> u32 {
     let id = a.buffers.len() as u32;
     a.buffers.push(Buffer {
@@ -164,7 +196,8 @@ fn push_buffer(
         bytes,
         dtype: dtype.to_string(),
         shape,
-        view_of,
+        view_of: view.map(|(root, _)| root),
+        view_offset: view.map_or(0, |(_, offset)| offset),
         first_use: None,
         last_use: None,
         kind,
@@ -259,11 +292,11 @@ fn kernel_entry(
     source: String,
     options: &BuildOptions,
 ) -> Result<KernelEntry, String> {
-    let (ptx, cubin) = if options.compile {
-        let compiled = nvrtc::compile(&source, &kernel.name, &options.arch)?;
-        (Some(compiled.ptx), compiled.cubin)
+    let (source, ptx, cubin) = if options.compile {
+        let (source, compiled) = compile_kernel(kernel, &options.arch)?;
+        (source, Some(compiled.ptx), compiled.cubin)
     } else {
-        (None, None)
+        (source, None, None)
     };
     Ok(KernelEntry {
         name: kernel.name.clone(),
@@ -283,6 +316,38 @@ fn kernel_entry(
             })
             .collect(),
     })
+}
+
+/// The occupancy promise to try after `promise` spilled: none → one block
+/// (ptxas may then take every register a block allows), `n` → `n / 2`;
+/// `None` at one block, where no promise caps registers any more.
+pub fn relaxed_promise(promise: u32) -> Option<u32> {
+    match promise {
+        0 => Some(1),
+        1 => None,
+        n => Some(n / 2),
+    }
+}
+
+/// Compiles `kernel` with NVRTC; while ptxas spills under its occupancy
+/// promise (`min_blocks_per_sm`, a register estimate), relaxes the promise
+/// ([`relaxed_promise`]) and compiles again. Returns the source compiled
+/// last and its output: the estimate picks occupancy, ptxas's report has the
+/// last word on registers.
+pub fn compile_kernel(kernel: &Kernel, arch: &str) -> Result<(String, nvrtc::Compiled), String> {
+    let mut kernel = kernel.clone();
+    loop {
+        let source = print_kernel(&kernel);
+        let compiled = nvrtc::compile(&source, &kernel.name, arch)?;
+        let spills = compiled
+            .resources
+            .as_ref()
+            .is_some_and(|r| r.spill_stores > 0 || r.spill_loads > 0);
+        match relaxed_promise(kernel.min_blocks_per_sm) {
+            Some(promise) if spills => kernel.min_blocks_per_sm = promise,
+            _ => return Ok((source, compiled)),
+        }
+    }
 }
 
 /// Fills `first_use`/`last_use` of every buffer from the launches, on root
@@ -326,6 +391,66 @@ mod tests {
             ..BuildOptions::default()
         };
         build_artifact(&module.graphs[0], &options).expect("builds")
+    }
+
+    #[test]
+    fn a_stored_concat_is_its_operands_views() {
+        // DenseNet's block at batch 1, fused for the CUDA target: the
+        // producers write into the last concat's buffer, the first concat is
+        // its prefix, and no concat launches.
+        let module = dcir_reader::parse_module(
+            "graph @dense(%x: f32[1,2,4,4]) -> (f32[1,8,4,1]) {
+  %x0 = relu %x : f32[1,2,4,4]
+  %x1 = neg %x0 : f32[1,2,4,4]
+  %c1 = concat %x0, %x1 {axis = 1} : f32[1,4,4,4]
+  %x2 = abs %c1 : f32[1,4,4,4]
+  %c2 = concat %x0, %x1, %x2 {axis = 1} : f32[1,8,4,4]
+  %s = reduce_sum %c2 {axes = [3], keepdims = true} : f32[1,8,4,1]
+  return %s
+}",
+        )
+        .expect("parses");
+        let g = &module.graphs[0];
+        let model = dcir_fusion::CostModel::new(dcir_fusion::DeviceSpec::h200());
+        let plan = dcir_fusion::plan_graph(g, &model, &crate::CudaTarget).expect("plans");
+        let fused = dcir_fusion::apply_plan(g, &plan).expect("applies");
+        let options = BuildOptions {
+            compile: false,
+            ..BuildOptions::default()
+        };
+        let a = build_artifact(&fused, &options).expect("builds");
+        let buffer = |name: &str| {
+            a.buffers
+                .iter()
+                .find(|b| b.name == name)
+                .unwrap_or_else(|| panic!("no buffer {name}"))
+        };
+        let root = buffer("c2");
+        assert_eq!((root.view_of, root.bytes), (None, 512));
+        for (name, offset) in [("x0", 0), ("x1", 128), ("c1", 0), ("x2", 256)] {
+            let b = buffer(name);
+            assert_eq!(
+                (b.view_of, b.view_offset),
+                (Some(root.id), offset),
+                "{name}"
+            );
+            assert_eq!(
+                (b.first_use, b.last_use),
+                (root.first_use, root.last_use),
+                "{name} lives as long as its root"
+            );
+        }
+        assert!(a.launches.iter().all(|l| !l.name.contains("concat")));
+        assert_eq!(a.launches.len(), plan.groups.len() - 2);
+        assert!(a.to_json().contains("\"view_offset\": 128"));
+    }
+
+    #[test]
+    fn relaxing_a_promise_ends_at_one_block() {
+        assert_eq!(relaxed_promise(0), Some(1));
+        assert_eq!(relaxed_promise(5), Some(2));
+        assert_eq!(relaxed_promise(2), Some(1));
+        assert_eq!(relaxed_promise(1), None);
     }
 
     #[test]
