@@ -55,6 +55,7 @@ def measure(task):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     dtype = {"f32": torch.float32, "f16": torch.float16}[dtype_name]
+    c = None
     try:
         torch.manual_seed(0)
         model, inputs, _ = build(name)
@@ -72,9 +73,14 @@ def measure(task):
                     compiled = median_ms(torch, lambda: c(*inputs))
             else:
                 eager = median_ms(torch, lambda: model(*inputs))
-        return f"{name} {dtype_name} {eager:.4f} {compiled:.4f}"
+        line = f"{name} {dtype_name} {eager:.4f} {compiled:.4f}"
     except Exception as e:  # one model's failure is one line
-        return f"{name} {dtype_name} ERROR {type(e).__name__}: {str(e)[:120]}"
+        line = f"{name} {dtype_name} ERROR {type(e).__name__}: {str(e)[:120]}"
+    # A worker measures many models: free this one's compiled code and graphs.
+    model = c = None
+    torch._dynamo.reset()
+    torch.cuda.empty_cache()
+    return line
 
 
 def main():
@@ -93,9 +99,11 @@ def main():
         names = sorted(torchvision.models.list_models(module=torchvision.models)) + ["bert_base"]
     start = time.time()
     tasks = [(n, d, args.compile, start, args.deadline) for n in names for d in args.dtypes.split(",")]
-    jobs = args.jobs if args.compile else 1
-    # A fresh process per model: a compiled model's CUDA graphs and caches go with it.
-    with multiprocessing.get_context("spawn").Pool(jobs, maxtasksperchild=1) as pool:
+    if not args.compile:
+        for task in tasks:  # one at a time, in this process
+            print(measure(task), flush=True)
+        return
+    with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
         for line in pool.imap_unordered(measure, tasks):
             print(line, flush=True)
 
