@@ -33,9 +33,6 @@ const ROW_REGISTER_CACHE: f64 = 16.0;
 /// Registers every thread needs besides its data (indices, addresses, loop state).
 const BASE_REGISTERS: f64 = 24.0;
 
-/// Accumulators per thread from which a split-K SIMT tile spills (see `gemm`).
-const MAX_SPLIT_SIMT_ACCUMULATORS: f64 = 64.0;
-
 /// The row of a reduction that is re-read between passes lives in...
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum RowCache {
@@ -648,13 +645,6 @@ fn gemm(dev: &DeviceSpec, info: &GroupInfo, g: &GemmShape, conv: bool, out: &mut
                         if split > 1
                             && (gk % sf != 0.0 || tiles * sf > SPLIT_BLOCKS * dev.sm_count as f64)
                         {
-                            continue;
-                        }
-                        // A split SIMT tile of 64 or more accumulators per
-                        // thread spills at ptxas's 255 registers (its slots
-                        // and sums beside them: the zoo's 8×8 and 16×8 split
-                        // tiles all did), whatever the promise.
-                        if split > 1 && !tc && acc >= MAX_SPLIT_SIMT_ACCUMULATORS {
                             continue;
                         }
                         let blocks = tiles * sf;
