@@ -14,10 +14,12 @@
 //!
 //! Concats are visited last first. A concat is stored when
 //! - its slices are contiguous (the dims before `axis` multiply to 1), and
-//! - every operand is *placeable* — the result of an op that writes its own
-//!   buffer (not a parameter, constant or `reshape` view), not returned by
-//!   the graph, not repeated in the concat — and either not placed yet or
-//!   already placed exactly where this concat needs it;
+//! - every operand is *placeable* — the result of an op that computes (not a
+//!   parameter, constant or view: broadcast, reshape, transpose and slice
+//!   are read through by their consumers, and placed they would become copy
+//!   kernels), not returned by the graph, not repeated in the concat — and
+//!   either not placed yet or already placed exactly where this concat
+//!   needs it;
 //!
 //! or, when its result is not placed, when its operands already lie side by
 //! side in order in one root: DenseNet's `concat(x0, x1)` is then the prefix
@@ -26,6 +28,8 @@
 use std::collections::BTreeSet;
 
 use dcir_ir::{Graph, OpId, OpKind, ValueDef, ValueId};
+
+use crate::class::is_view;
 use rustc_hash::FxHashMap;
 
 /// Where a placed value lives: inside the buffer of `root` (a value that is
@@ -59,11 +63,13 @@ impl ConcatStorage {
 pub fn concat_storage(graph: &Graph) -> ConcatStorage {
     let mut storage = ConcatStorage::default();
     let returned: Vec<ValueId> = graph.outputs().map(<[ValueId]>::to_vec).unwrap_or_default();
-    // A value whose buffer a kernel writes and no one else owns.
+    // A value a kernel computes anyway and no one else owns: not a
+    // parameter, constant or view (a slice or transpose placed in a slot
+    // would become a copy kernel where a consumer reads through it for free).
     let placeable = |v: ValueId| match graph.value(v).def {
         ValueDef::OpResult { op, .. } => {
-            !matches!(graph.op(op).kind, OpKind::Constant | OpKind::Reshape)
-                && !returned.contains(&v)
+            let kind = graph.op(op).kind;
+            kind != OpKind::Constant && !is_view(kind) && !returned.contains(&v)
         }
         ValueDef::BlockArg { .. } => false,
     };

@@ -135,3 +135,21 @@ fn the_planner_leaves_stored_concats_unfused() {
     let (concats, _) = describe(&fused, &concat_storage(&fused));
     assert_eq!(concats, ["c1", "c2"]);
 }
+
+#[test]
+fn a_view_operand_is_read_through_not_placed() {
+    // ShuffleNet's `concat(slice(x), branch(x))`: placing the slice would
+    // turn it into a copy kernel; the concat stays one kernel reading both.
+    let g = graph(
+        "graph @g(%x: f32[1,4,2]) -> (f32[1,4,2]) {
+  %a = relu %x : f32[1,4,2]
+  %half = slice %a {starts = [0, 0, 0], ends = [1, 2, 2]} : f32[1,2,2]
+  %b = neg %half : f32[1,2,2]
+  %c = concat %half, %b {axis = 1} : f32[1,4,2]
+  %y = abs %c : f32[1,4,2]
+  return %y
+}",
+    );
+    let storage = concat_storage(&g);
+    assert!(storage.concats.is_empty() && storage.slots.is_empty());
+}
