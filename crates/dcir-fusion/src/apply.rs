@@ -160,7 +160,7 @@ fn group_attrs(planned: &PlannedGroup) -> Attrs {
     }
     OpKind::Fused
         .normalize_attrs(attrs)
-        .expect("fused takes any attribute")
+        .expect("the cost model writes parameters of dcir_ir::fused's schema")
 }
 
 /// The ops using each value of the body.

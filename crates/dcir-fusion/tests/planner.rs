@@ -133,3 +133,24 @@ fn show() {
     let fused = fuse_and_check(&read("ir-examples/conv_bias_relu.dcir"));
     println!("{}", dcir_ir::print_module(&fused));
 }
+
+#[test]
+fn every_group_kind_is_a_fused_kind_of_the_ir_schema() {
+    use dcir_fusion::GroupKind::*;
+    for kind in [
+        Elementwise,
+        Reduction,
+        Pool,
+        Gemm,
+        Conv,
+        DepthwisePointwise,
+        ContractionChain,
+        Attention,
+    ] {
+        assert!(
+            dcir_ir::fused::fused_kind(kind.name()).is_some(),
+            "`{}` is not in dcir_ir::fused::FUSED_KINDS",
+            kind.name()
+        );
+    }
+}

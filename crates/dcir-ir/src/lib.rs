@@ -12,6 +12,7 @@
 
 pub mod attr;
 pub mod builder;
+pub mod fused;
 pub mod graph;
 pub mod op;
 pub mod print;

@@ -109,7 +109,8 @@ pub struct OpInfo {
     pub results: Arity,
     /// Attribute schema, in canonical order.
     pub attrs: &'static [AttrSpec],
-    /// True when any attribute is allowed (kept sorted by name): `fused`.
+    /// True when the attributes are `fused`'s kernel parameters, checked
+    /// against [`crate::fused`]'s schema and kept sorted by name.
     pub open_attrs: bool,
     /// True when the op carries a single-block region: `fused`.
     pub has_region: bool,
@@ -450,7 +451,8 @@ impl OpKind {
         let info = self.info();
         if info.open_attrs {
             let names: Vec<&str> = attrs.iter().map(|(n, _)| n).collect();
-            return names.windows(2).all(|w| w[0] < w[1]);
+            return names.windows(2).all(|w| w[0] < w[1])
+                && crate::fused::check_fused_attrs(attrs).is_ok();
         }
         attrs.len() == info.attrs.len()
             && attrs.iter().zip(info.attrs).all(|((name, value), spec)| {
@@ -479,6 +481,7 @@ impl OpKind {
     pub fn normalize_attrs(self, attrs: Attrs) -> Result<Attrs, AttrError> {
         let info = self.info();
         if info.open_attrs {
+            crate::fused::check_fused_attrs(&attrs)?;
             let mut entries: Vec<_> = attrs.into_iter().collect();
             entries.sort_by(|a, b| a.0.cmp(&b.0));
             return Ok(entries.into_iter().collect());

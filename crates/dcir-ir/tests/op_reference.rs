@@ -1,6 +1,7 @@
 //! Keeps the generated op reference in `docs/ir.md` in step with the op table.
 //! Run with `DCIR_BLESS=1` (or `cargo xtask bless`) to rewrite it.
 
+use dcir_ir::fused::{FUSED_KINDS, FUSED_PARAMS, ParamType};
 use dcir_ir::{AttrKind, OpKind, ResultTypes, print::format_attr};
 
 const BEGIN: &str = "<!-- BEGIN GENERATED: op reference (crates/dcir-ir/tests/op_reference.rs) -->";
@@ -35,7 +36,7 @@ fn reference() -> String {
             })
             .collect();
         let attrs = if info.open_attrs {
-            "any (kept sorted by name)".to_string()
+            "kernel parameters (below), sorted by name".to_string()
         } else if attrs.is_empty() {
             "—".to_string()
         } else {
@@ -54,6 +55,27 @@ fn reference() -> String {
             attrs,
             info.summary
         ));
+    }
+    out.push_str(
+        "\n`fused` kernel parameters (`dcir_ir::fused`): without `kind` none; with it \
+         `level` and its kind's, typed; anything else is an error.\n\n\
+         | kind | parameters |\n|---|---|\n",
+    );
+    for k in FUSED_KINDS {
+        out.push_str(&format!("| `{}` | {} |\n", k.name, k.params.join(", ")));
+    }
+    out.push_str("\n| parameter | type | sets |\n|---|---|---|\n");
+    for spec in FUSED_PARAMS {
+        let ty = match spec.ty {
+            ParamType::Int => "int".to_string(),
+            ParamType::Ints => "[int]".to_string(),
+            ParamType::Str(values) => values
+                .iter()
+                .map(|v| format!("`\"{v}\"`"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        };
+        out.push_str(&format!("| `{}` | {ty} | {} |\n", spec.name, spec.summary));
     }
     out
 }

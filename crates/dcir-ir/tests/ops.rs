@@ -1506,15 +1506,27 @@ fn fused() {
     g.insert_op(region, 0, nested);
     assert_invalid(&g, "`fused` groups cannot nest");
 
-    // Open attributes: any name that is an identifier, sorted by name.
+    // Kernel parameters: the kind's, typed, sorted by name.
     let (mut g, fused, _, _) = fused_graph();
-    let sorted = attrs([("a", Attr::Int(1)), ("b", Attr::Str("x".into()))]);
+    let kind = |k: &str| ("kind", Attr::Str(k.into()));
+    let sorted = attrs([kind("elementwise"), ("threads", Attr::Int(128))]);
     g.op_mut(fused).attrs = sorted;
     assert_valid(&g);
-    g.op_mut(fused).attrs = attrs([("b", Attr::Str("x".into())), ("a", Attr::Int(1))]);
+    g.op_mut(fused).attrs = attrs([("threads", Attr::Int(128)), kind("elementwise")]);
     assert_invalid(&g, "the attributes of `fused` are not in canonical form");
-    g.op_mut(fused).attrs = attrs([("bad name", Attr::Bool(true))]);
-    assert_invalid(&g, "attribute name `bad name` is not an identifier");
+    g.op_mut(fused).attrs = attrs([kind("elementwise"), ("thread", Attr::Int(128))]);
+    assert_invalid(
+        &g,
+        "`fused` of kind `elementwise` has no parameter `thread` (it has: level, threads, vector, items)",
+    );
+    g.op_mut(fused).attrs = attrs([kind("gemm"), ("tile", Attr::Int(64))]);
+    assert_invalid(&g, "`fused` parameter `tile` must be a list of integers");
+    g.op_mut(fused).attrs = attrs([kind("gemm"), ("math", Attr::Str("wmma".into()))]);
+    assert_invalid(&g, "`math` must be one of \"fma\", \"tensor_core\"");
+    g.op_mut(fused).attrs = attrs([kind("gem")]);
+    assert_invalid(&g, "`fused` has no kind `gem`");
+    g.op_mut(fused).attrs = attrs([("threads", Attr::Int(1))]);
+    assert_invalid(&g, "a `fused` op without `kind` takes no kernel parameters");
 }
 
 /// The printed text of one graph using every op (defaults omitted, fused region indented).

@@ -248,3 +248,26 @@ pub fn tokens(source: &str) -> impl Iterator<Item = Result<(usize, Token<'_>, us
             Err(e) => Err(e.into()),
         })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Token, tokens};
+    use dcir_ir::print::{format_float, format_string};
+
+    /// The literals the printer writes lex back to the same values (no IR
+    /// attribute takes arbitrary strings since `fused`'s parameters are typed).
+    #[test]
+    fn printed_literals_lex_back() {
+        let text = "a\"b\\c\nd\te\u{1}é";
+        let floats = [0.5, f64::NEG_INFINITY, 1e300, f64::INFINITY, -3.0e-12];
+        let source = std::iter::once(format_string(text))
+            .chain(floats.iter().map(|&x| format_float(x)))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let lexed: Vec<Token> = tokens(&source).map(|t| t.expect("lexes").1).collect();
+        assert_eq!(lexed[0], Token::Str(text.to_string()));
+        for (token, &x) in lexed[1..].iter().zip(&floats) {
+            assert_eq!(*token, Token::Float(x), "{source}");
+        }
+    }
+}

@@ -749,13 +749,14 @@ impl Generator {
             .collect();
         let yield_arg = p.flag();
         let mut attrs = Attrs::new();
+        // Kernel parameters follow dcir_ir::fused's schema: none without a kind.
         if p.flag() {
             attrs.set("kind", Attr::Str("elementwise".into()));
-        }
-        if p.flag() {
-            attrs.set("tile", Attr::Ints(vec![4, 4]));
-            attrs.set("cost", Attr::Float(p.item(FLOATS)));
-            attrs.set("inplace", Attr::Bool(p.flag()));
+            if p.flag() {
+                attrs.set("level", Attr::Str("register".into()));
+                attrs.set("threads", Attr::Int(p.item(&[64, 128, 256])));
+                attrs.set("vector", Attr::Int(p.item(&[1, 2, 4])));
+            }
         }
         let symbol = format!("g{}", self.groups);
         self.groups += 1;

@@ -1,0 +1,235 @@
+//! The kernel parameters of `fused` ops: one typed schema, written by the
+//! fusion planner and the tuner, checked by the verifier (through
+//! [`crate::OpKind::normalize_attrs`]) and read by the emitter.
+//!
+//! A `fused` op without `kind` is an unplanned group and carries no
+//! parameter. With `kind`, it may carry `level` and the parameters its kind
+//! lists in [`FUSED_KINDS`], each of the type [`FUSED_PARAMS`] gives it;
+//! anything else (a misspelt name, a parameter of another kind, a string
+//! outside its values) is an error, never a silent default.
+
+use crate::attr::{Attr, Attrs};
+use crate::op::AttrError;
+
+/// The type of a kernel parameter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamType {
+    /// An integer.
+    Int,
+    /// A list of integers.
+    Ints,
+    /// One of these strings.
+    Str(&'static [&'static str]),
+}
+
+/// One kernel parameter.
+#[derive(Clone, Copy, Debug)]
+pub struct ParamSpec {
+    /// Its attribute name.
+    pub name: &'static str,
+    /// Its type.
+    pub ty: ParamType,
+    /// What it sets, for documentation.
+    pub summary: &'static str,
+}
+
+/// A group kind and the parameters it takes.
+#[derive(Clone, Copy, Debug)]
+pub struct FusedKind {
+    /// The `kind` attribute's value.
+    pub name: &'static str,
+    /// Its parameters (names in [`FUSED_PARAMS`]), besides `kind` and `level`.
+    pub params: &'static [&'static str],
+}
+
+const fn p(name: &'static str, ty: ParamType, summary: &'static str) -> ParamSpec {
+    ParamSpec { name, ty, summary }
+}
+
+/// Every kernel parameter, `kind` and `level` first.
+pub const FUSED_PARAMS: &[ParamSpec] = &[
+    p(
+        "kind",
+        ParamType::Str(&[
+            "elementwise",
+            "reduction",
+            "pool",
+            "gemm",
+            "conv",
+            "depthwise_pointwise",
+            "contraction_chain",
+            "attention",
+        ]),
+        "the kernel family",
+    ),
+    p(
+        "level",
+        ParamType::Str(&["register", "shared"]),
+        "where intermediate values live",
+    ),
+    p("threads", ParamType::Int, "threads per block"),
+    p("vector", ParamType::Int, "elements per vector access"),
+    p("items", ParamType::Int, "elements per thread per step"),
+    p(
+        "threads_per_row",
+        ParamType::Int,
+        "threads reducing one row",
+    ),
+    p("rows_per_block", ParamType::Int, "rows a block reduces"),
+    p(
+        "row_cache",
+        ParamType::Str(&["registers", "shared", "none"]),
+        "where a reduction keeps its row between passes",
+    ),
+    p(
+        "algorithm",
+        ParamType::Str(&["implicit_gemm", "direct"]),
+        "how a convolution is computed",
+    ),
+    p("tile", ParamType::Ints, "block tile extents"),
+    p(
+        "tile_n",
+        ParamType::Int,
+        "the pointwise stage's output columns per block",
+    ),
+    p("block", ParamType::Ints, "query and key rows per block"),
+    p(
+        "stages",
+        ParamType::Int,
+        "shared-memory buffers of the k loop",
+    ),
+    p(
+        "math",
+        ParamType::Str(&["fma", "tensor_core"]),
+        "the arithmetic units",
+    ),
+    p(
+        "split_k",
+        ParamType::Int,
+        "blocks sharing one tile's k loop",
+    ),
+    p(
+        "split_n",
+        ParamType::Int,
+        "blocks sharing one row tile's output columns",
+    ),
+];
+
+/// Every group kind with its parameters.
+pub const FUSED_KINDS: &[FusedKind] = &[
+    FusedKind {
+        name: "elementwise",
+        params: &["threads", "vector", "items"],
+    },
+    FusedKind {
+        name: "reduction",
+        params: &[
+            "threads",
+            "threads_per_row",
+            "rows_per_block",
+            "vector",
+            "row_cache",
+        ],
+    },
+    FusedKind {
+        name: "pool",
+        params: &["threads", "items"],
+    },
+    FusedKind {
+        name: "gemm",
+        params: &["tile", "threads", "stages", "math", "split_k"],
+    },
+    FusedKind {
+        name: "conv",
+        params: &["algorithm", "tile", "threads", "stages", "math", "split_k"],
+    },
+    FusedKind {
+        name: "depthwise_pointwise",
+        params: &["tile", "tile_n", "threads", "math"],
+    },
+    FusedKind {
+        name: "contraction_chain",
+        params: &["tile", "threads", "split_n", "stages", "math"],
+    },
+    FusedKind {
+        name: "attention",
+        params: &["block", "threads", "stages", "math"],
+    },
+];
+
+/// The kind named `name`.
+pub fn fused_kind(name: &str) -> Option<&'static FusedKind> {
+    FUSED_KINDS.iter().find(|k| k.name == name)
+}
+
+/// The parameter named `name`.
+pub fn fused_param(name: &str) -> Option<&'static ParamSpec> {
+    FUSED_PARAMS.iter().find(|p| p.name == name)
+}
+
+fn error(attr: &str, message: String) -> AttrError {
+    AttrError {
+        attr: Some(attr.to_string()),
+        message,
+    }
+}
+
+/// Checks the attributes of a `fused` op against the schema (module doc).
+pub fn check_fused_attrs(attrs: &Attrs) -> Result<(), AttrError> {
+    let kind = match attrs.get("kind") {
+        None => None,
+        Some(Attr::Str(name)) => Some(fused_kind(name).ok_or_else(|| {
+            let known: Vec<&str> = FUSED_KINDS.iter().map(|k| k.name).collect();
+            error(
+                "kind",
+                format!("`fused` has no kind `{name}` (kinds: {})", known.join(", ")),
+            )
+        })?),
+        Some(_) => return Err(error("kind", "`fused`'s `kind` must be a string".into())),
+    };
+    for (name, value) in attrs.iter() {
+        if name == "kind" {
+            continue;
+        }
+        let allowed = match kind {
+            None => {
+                return Err(error(
+                    name,
+                    format!(
+                        "a `fused` op without `kind` takes no kernel parameters, found `{name}`"
+                    ),
+                ));
+            }
+            Some(k) => name == "level" || k.params.contains(&name),
+        };
+        let kind = kind.expect("checked above");
+        if !allowed {
+            return Err(error(
+                name,
+                format!(
+                    "`fused` of kind `{}` has no parameter `{name}` (it has: level, {})",
+                    kind.name,
+                    kind.params.join(", ")
+                ),
+            ));
+        }
+        let spec = fused_param(name).expect("every listed parameter is in FUSED_PARAMS");
+        let fits = match (spec.ty, value) {
+            (ParamType::Int, Attr::Int(_)) | (ParamType::Ints, Attr::Ints(_)) => true,
+            (ParamType::Str(values), Attr::Str(s)) => values.contains(&s.as_str()),
+            _ => false,
+        };
+        if !fits {
+            let wanted = match spec.ty {
+                ParamType::Int => "an integer".to_string(),
+                ParamType::Ints => "a list of integers".to_string(),
+                ParamType::Str(values) => format!("one of \"{}\"", values.join("\", \"")),
+            };
+            return Err(error(
+                name,
+                format!("`fused` parameter `{name}` must be {wanted}"),
+            ));
+        }
+    }
+    Ok(())
+}
