@@ -73,7 +73,7 @@ fn read_and_render(bytes: &[u8]) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(512))]
+    #![proptest_config(ProptestConfig { cases: 512, ..dcir_testgen::proptest_config() })]
 
     #[test]
     fn random_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {

@@ -17,6 +17,7 @@ use dcir_ir::{
 };
 use proptest::collection::vec;
 use proptest::prelude::*;
+use proptest::test_runner::RngSeed;
 
 /// Largest extent of a dim of a generated parameter or constant.
 pub const MAX_DIM: usize = 6;
@@ -44,15 +45,26 @@ pub struct GraphSpec {
     pub two_outputs: bool,
 }
 
+/// The seed of the property tests under `CI=true`.
+pub const CI_SEED: u64 = 0xdc1e_2026;
+
 /// The proptest configuration of the workspace's property tests: the number
-/// of cases comes from the environment variable `DCIR_PROPTEST_CASES`
-/// (default 64).
+/// of cases comes from `DCIR_PROPTEST_CASES` (default 64); the seed from
+/// `DCIR_PROPTEST_SEED`, else [`CI_SEED`] under `CI=true` (CI is
+/// deterministic), else a random one (local runs explore).
 pub fn proptest_config() -> ProptestConfig {
-    let cases = std::env::var("DCIR_PROPTEST_CASES")
-        .ok()
+    let env = |name: &str| std::env::var(name).ok();
+    let cases = env("DCIR_PROPTEST_CASES")
         .and_then(|s| s.parse().ok())
         .unwrap_or(64);
-    ProptestConfig::with_cases(cases)
+    let seed = env("DCIR_PROPTEST_SEED")
+        .and_then(|s| s.parse().ok())
+        .or_else(|| (env("CI").as_deref() == Some("true")).then_some(CI_SEED));
+    ProptestConfig {
+        cases,
+        rng_seed: seed.map_or(RngSeed::Random, RngSeed::Fixed),
+        ..ProptestConfig::default()
+    }
 }
 
 /// Specs of graphs with 1 to 3 parameters and 1 to 30 steps.
