@@ -237,9 +237,105 @@ impl Stmt {
             Stmt::Call(_, args) => args.iter().any(|a| a.reads(name)),
         }
     }
+
+    /// Whether the statement (or one nested in it) stores into array `name`.
+    pub fn writes(&self, name: &str) -> bool {
+        match self {
+            Stmt::Store(array, ..) => array.name == name,
+            Stmt::For { body, .. } | Stmt::If(_, body) => body.iter().any(|s| s.writes(name)),
+            _ => false,
+        }
+    }
+
+    /// The statement with every expression in it replaced by `f` of it
+    /// (see [`Expr::map`]).
+    pub fn map_exprs(self, f: &mut impl FnMut(Expr) -> Expr) -> Stmt {
+        match self {
+            Stmt::Let {
+                name,
+                ty,
+                value,
+                constant,
+            } => Stmt::Let {
+                name,
+                ty,
+                value: value.map(f),
+                constant,
+            },
+            Stmt::Assign(name, value) => Stmt::Assign(name, value.map(f)),
+            Stmt::Store(array, index, value) => Stmt::Store(array, index.map(f), value.map(f)),
+            Stmt::Call(name, args) => {
+                Stmt::Call(name, args.into_iter().map(|a| a.map(f)).collect())
+            }
+            Stmt::For {
+                var,
+                start,
+                end,
+                step,
+                unroll,
+                body,
+            } => Stmt::For {
+                var,
+                start: start.map(f),
+                end: end.map(f),
+                step: step.map(f),
+                unroll,
+                body: body.into_iter().map(|s| s.map_exprs(f)).collect(),
+            },
+            Stmt::If(cond, body) => Stmt::If(
+                cond.map(f),
+                body.into_iter().map(|s| s.map_exprs(f)).collect(),
+            ),
+            s @ (Stmt::Comment(_)
+            | Stmt::Pragma(_)
+            | Stmt::Barrier
+            | Stmt::LocalArray { .. }
+            | Stmt::SharedView { .. }) => s,
+        }
+    }
 }
 
 impl Expr {
+    /// The expression with every subexpression (innermost first) and then
+    /// itself replaced by `f` of it.
+    pub fn map(self, f: &mut impl FnMut(Expr) -> Expr) -> Expr {
+        let mapped = match self {
+            Expr::Bin(op, a, b) => Expr::Bin(op, Box::new(a.map(f)), Box::new(b.map(f))),
+            Expr::Neg(a) => Expr::Neg(Box::new(a.map(f))),
+            Expr::Not(a) => Expr::Not(Box::new(a.map(f))),
+            Expr::Cast(ty, a) => Expr::Cast(ty, Box::new(a.map(f))),
+            Expr::Field(a, c) => Expr::Field(Box::new(a.map(f)), c),
+            Expr::Shfl(s, a, o) => Expr::Shfl(s, Box::new(a.map(f)), o),
+            Expr::Select(c, a, b) => {
+                Expr::Select(Box::new(c.map(f)), Box::new(a.map(f)), Box::new(b.map(f)))
+            }
+            Expr::Call(name, args) => {
+                Expr::Call(name, args.into_iter().map(|a| a.map(f)).collect())
+            }
+            Expr::Load(array, i) => Expr::Load(array, Box::new(i.map(f))),
+            e @ (Expr::Var(_) | Expr::Int(_) | Expr::F32(_) | Expr::Bool(_) | Expr::Builtin(_)) => {
+                e
+            }
+        };
+        f(mapped)
+    }
+
+    /// Whether `f` holds for the expression or any of its subexpressions.
+    pub fn any(&self, f: &mut impl FnMut(&Expr) -> bool) -> bool {
+        if f(self) {
+            return true;
+        }
+        match self {
+            Expr::Var(_) | Expr::Int(_) | Expr::F32(_) | Expr::Bool(_) | Expr::Builtin(_) => false,
+            Expr::Bin(_, a, b) => a.any(f) || b.any(f),
+            Expr::Neg(a) | Expr::Not(a) | Expr::Cast(_, a) | Expr::Field(a, _) => a.any(f),
+            Expr::Shfl(_, a, _) => a.any(f),
+            Expr::Select(c, a, b) => c.any(f) || a.any(f) || b.any(f),
+            Expr::Call(_, args) => args.iter().any(|a| a.any(f)),
+            Expr::Load(_, index) => index.any(f),
+        }
+    }
+
     /// Whether the expression reads variable (or array) `name`.
     pub fn reads(&self, name: &str) -> bool {
         match self {
@@ -284,8 +380,9 @@ pub enum Helper {
     /// `dcir_mma_bf16`: the same with bf16 operands.
     MmaBf16,
     /// Split-K: `dcir_split_arrive` (count a block in at its tile; true in
-    /// the last to arrive, which resets the count) and `dcir_ldcg` (a load
-    /// past L1 of another block's partial sum).
+    /// the last to arrive, which resets the count) and `dcir_split_sum`
+    /// (one slot's partial sums over the splits, in split order, loaded
+    /// past L1).
     SplitK,
 }
 
@@ -364,6 +461,114 @@ impl Kernel {
     pub fn shared_bytes(&self) -> usize {
         self.shared.iter().map(|s| s.len * ty_bytes(s.ty)).sum()
     }
+
+    /// The kernel with each fully unrolled loop whose variable indexes no
+    /// per-thread array (directly or through a variable derived from it)
+    /// unrolled at most `times` instead: ptxas hoists the shared loads of a
+    /// whole unrolled k-tile ahead of their use and can spill doing it,
+    /// and such a loop's body needs no constant indices to stay in
+    /// registers. Loops over a register array (accumulators, fragments,
+    /// staged loads) stay fully unrolled.
+    pub fn with_unroll_limit(&self, times: u32) -> Kernel {
+        let mut locals = BTreeSet::new();
+        collect_local_arrays(&self.body, &mut locals);
+        Kernel {
+            body: limit_unroll(self.body.clone(), times, &locals),
+            ..self.clone()
+        }
+    }
+}
+
+fn collect_local_arrays(body: &[Stmt], out: &mut BTreeSet<String>) {
+    for s in body {
+        match s {
+            Stmt::LocalArray { name, .. } => {
+                out.insert(name.clone());
+            }
+            Stmt::For { body, .. } | Stmt::If(_, body) => collect_local_arrays(body, out),
+            _ => {}
+        }
+    }
+}
+
+fn limit_unroll(body: Vec<Stmt>, times: u32, locals: &BTreeSet<String>) -> Vec<Stmt> {
+    let mut out = Vec::with_capacity(body.len());
+    for s in body {
+        match s {
+            Stmt::For {
+                var,
+                start,
+                end,
+                step,
+                unroll,
+                body,
+            } => {
+                let partial = unroll && {
+                    let mut derived = BTreeSet::from([var.clone()]);
+                    !indexes_local(&body, &mut derived, locals)
+                };
+                if partial {
+                    out.push(Stmt::Pragma(format!("unroll {times}")));
+                }
+                out.push(Stmt::For {
+                    var,
+                    start,
+                    end,
+                    step,
+                    unroll: unroll && !partial,
+                    body: limit_unroll(body, times, locals),
+                });
+            }
+            Stmt::If(cond, body) => out.push(Stmt::If(cond, limit_unroll(body, times, locals))),
+            s => out.push(s),
+        }
+    }
+    out
+}
+
+/// Whether `body` indexes an array of `locals` with an expression reading
+/// a variable of `derived`, which grows by the variables `body` computes
+/// from them.
+fn indexes_local(body: &[Stmt], derived: &mut BTreeSet<String>, locals: &BTreeSet<String>) -> bool {
+    let tainted = |e: &Expr, derived: &BTreeSet<String>| derived.iter().any(|v| e.reads(v));
+    let indexed = |e: &Expr, derived: &BTreeSet<String>| {
+        e.any(&mut |sub| {
+            matches!(sub, Expr::Load(a, i) if locals.contains(&a.name) && tainted(i, derived))
+        })
+    };
+    for s in body {
+        let hit = match s {
+            Stmt::Let { name, value, .. } | Stmt::Assign(name, value) => {
+                if tainted(value, derived) {
+                    derived.insert(name.clone());
+                }
+                indexed(value, derived)
+            }
+            Stmt::Store(array, index, value) => {
+                (locals.contains(&array.name) && tainted(index, derived))
+                    || indexed(index, derived)
+                    || indexed(value, derived)
+            }
+            Stmt::Call(_, args) => args.iter().any(|a| indexed(a, derived)),
+            Stmt::For {
+                start, end, body, ..
+            } => {
+                indexed(start, derived)
+                    || indexed(end, derived)
+                    || indexes_local(body, derived, locals)
+            }
+            Stmt::If(cond, body) => indexed(cond, derived) || indexes_local(body, derived, locals),
+            Stmt::Comment(_)
+            | Stmt::Pragma(_)
+            | Stmt::Barrier
+            | Stmt::LocalArray { .. }
+            | Stmt::SharedView { .. } => false,
+        };
+        if hit {
+            return true;
+        }
+    }
+    false
 }
 
 /// Size of a value of `ty` in bytes.

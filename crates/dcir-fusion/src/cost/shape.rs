@@ -33,6 +33,10 @@ pub(crate) struct GemmShape {
     /// Instructions a tensor-core conv spends staging one element of A / B
     /// through registers (0 for a matmul, whose operands `cp.async` copies).
     pub gather: [f64; 2],
+    /// Whether the FMA kernels load A element by element (a conv's im2col
+    /// other than a 1x1 stride-1 unpadded conv over a multiple of 4 pixels,
+    /// as dcir-cuda's `gemm` decides).
+    pub a_gathered: bool,
 }
 
 /// Instructions to stage one im2col element on the tensor-core pixel path:
@@ -207,6 +211,7 @@ fn gemm_of_matmul(graph: &Graph, op: OpId, inside: &FxHashSet<OpId>) -> GemmShap
             prologue_flops(graph, inside, b),
         ],
         gather: [0.0, 0.0],
+        a_gathered: false,
     }
 }
 
@@ -242,7 +247,9 @@ fn gemm_of_conv(graph: &Graph, op: OpId, inside: &FxHashSet<OpId>) -> GemmShape 
             0.0
         },
     ];
+    let pointwise = taps == 1.0 && s.iter().all(|&x| x == 1.0) && unpadded;
     GemmShape {
+        a_gathered: !(pointwise && (rd[2] * rd[3]) % 4.0 == 0.0),
         batch: g,
         m: rd[0] * rd[2] * rd[3],
         n: rd[1] / g,

@@ -32,6 +32,12 @@ const STAGES: [u32; 4] = [1, 2, 3, 4];
 const ROW_REGISTER_CACHE: f64 = 16.0;
 /// Registers every thread needs besides its data (indices, addresses, loop state).
 const BASE_REGISTERS: f64 = 24.0;
+/// Registers a SIMT conv thread holds per im2col element it stages: the
+/// value, its 64-bit address and its bounds.
+const GATHERED_REGISTERS: f64 = 4.0;
+/// Operand elements an FMA contraction thread stages per k-tile at most
+/// (the emitter halves `tk` past it).
+const MAX_STAGED: f64 = 32.0;
 
 /// The row of a reduction that is re-read between passes lives in...
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -616,6 +622,19 @@ fn gemm(dev: &DeviceSpec, info: &GroupInfo, g: &GemmShape, conv: bool, out: &mut
                         0.0
                     };
                     if acc < 1.0 || (tc && tmf * tnf / (threads as f64 / 32.0) < 256.0) {
+                        continue;
+                    }
+                    // A SIMT conv stages its gathered im2col elements in
+                    // registers, each beside its own address and bounds:
+                    // past the register file such a tile spills whatever
+                    // its promise (RegNet-X-32GF's 16x8 accumulators over
+                    // 16 staged elements did at 255 registers).
+                    let staged_a = (tmf * tkf / threads as f64).min(MAX_STAGED);
+                    if !tc
+                        && g.a_gathered
+                        && tile_registers(acc) + GATHERED_REGISTERS * staged_a
+                            > dev.max_registers_per_thread as f64
+                    {
                         continue;
                     }
                     let (gm, gn, gk) = (ceil_div(g.m, tmf), ceil_div(g.n, tnf), ceil_div(g.k, tkf));
