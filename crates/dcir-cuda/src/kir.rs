@@ -660,3 +660,99 @@ pub fn clamp(e: Expr, lo: i64, hi: i64) -> Expr {
         e => call("min", vec![call("max", vec![e, int(lo)]), int(hi)]),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unrolled(var: &str, body: Vec<Stmt>) -> Stmt {
+        Stmt::For {
+            var: var.into(),
+            start: int(0),
+            end: int(8),
+            step: int(1),
+            unroll: true,
+            body,
+        }
+    }
+
+    fn array(name: &str) -> ArrayRef {
+        ArrayRef {
+            name: name.into(),
+            ty: Ty::F32,
+            reinterpret: false,
+        }
+    }
+
+    #[test]
+    fn the_unroll_limit_keeps_loops_over_register_arrays_whole() {
+        // for kk { x = smem[kk]; for i { acc[i] += x } } then for i { out[i] = acc[i] }:
+        // kk indexes shared memory only; i indexes the register array acc.
+        let acc = |i: Expr| Expr::Load(array("acc"), Box::new(i));
+        let kk_body = vec![
+            Stmt::Let {
+                name: "x".into(),
+                ty: Ty::F32,
+                value: Expr::Load(array("smem"), Box::new(var("kk"))),
+                constant: true,
+            },
+            unrolled(
+                "i",
+                vec![Stmt::Store(
+                    array("acc"),
+                    var("i"),
+                    add(acc(var("i")), var("x")),
+                )],
+            ),
+        ];
+        // kt indexes acc through a variable derived from it.
+        let kt_body = vec![
+            Stmt::Let {
+                name: "j".into(),
+                ty: Ty::I32,
+                value: mul(var("kt"), int(2)),
+                constant: true,
+            },
+            Stmt::Store(array("acc"), var("j"), Expr::F32(0.0)),
+        ];
+        let kernel = Kernel {
+            name: "k".into(),
+            summary: String::new(),
+            params: Vec::new(),
+            shared: Vec::new(),
+            body: vec![
+                Stmt::LocalArray {
+                    name: "acc".into(),
+                    ty: Ty::F32,
+                    len: 16,
+                },
+                unrolled("kk", kk_body),
+                unrolled("kt", kt_body),
+            ],
+            helpers: BTreeSet::new(),
+            block: 32,
+            grid: 1,
+            dynamic_shared: 0,
+            min_blocks_per_sm: 0,
+            scratch: Vec::new(),
+        };
+        let limited = kernel.with_unroll_limit(4);
+        let loops: Vec<(&str, bool)> = limited
+            .body
+            .iter()
+            .filter_map(|s| match s {
+                Stmt::For { var, unroll, .. } => Some((var.as_str(), *unroll)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(loops, [("kk", false), ("kt", true)]);
+        assert_eq!(limited.body[1], Stmt::Pragma("unroll 4".into()));
+        let Stmt::For { body, .. } = &limited.body[2] else {
+            panic!("the kk loop follows its pragma")
+        };
+        assert!(
+            matches!(body[1], Stmt::For { unroll: true, .. }),
+            "{body:?}"
+        );
+    }
+}

@@ -473,3 +473,46 @@ fn snapshot_of_one_group_per_kind() {
 
     insta::assert_snapshot!(out);
 }
+
+/// `(accumulators, A elements staged per k-tile)` per thread of each FMA
+/// candidate of group `name` of `g`.
+fn fma_tiles(model: &CostModel, g: &Graph, name: &str, kind: GroupKind) -> Vec<(i64, i64)> {
+    model
+        .candidates(g, &group(g, &[name], kind, Level::Register))
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let ints = |k: &str| c.params.get(k).and_then(|a| a.as_ints()).unwrap().to_vec();
+            let tile = ints("tile");
+            let threads = c.params.get("threads").and_then(|a| a.as_int()).unwrap();
+            (tile[0] * tile[1] / threads, tile[0] * tile[2] / threads)
+        })
+        .collect()
+}
+
+#[test]
+fn gathered_conv_tiles_past_the_register_file_are_never_candidates() {
+    // RegNet-X-32GF's grouped 3x3 conv: a 16x8 tile over 16 staged im2col
+    // elements per thread spilled at 255 registers.
+    let model = h200();
+    let g = graph(
+        "graph @g(%x: f32[1,1344,28,28], %w: f32[1344,168,3,3]) -> (f32[1,1344,14,14]) {\n  %c = conv2d %x, %w {stride = [2, 2], pad = [1, 1, 1, 1], groups = 8} : f32[1,1344,14,14]\n  return %c\n}",
+    );
+    let conv = fma_tiles(&model, &g, "c", GroupKind::Conv);
+    assert!(!conv.is_empty());
+    assert!(
+        conv.iter().all(|&(acc, staged)| acc < 128 || staged < 14),
+        "{conv:?}"
+    );
+    // A matmul's operands are not gathered: its 128-accumulator tiles stay.
+    let mm = fma_tiles(
+        &model,
+        &gemm_graph(1024, 768, 256, "f32"),
+        "c",
+        GroupKind::Gemm,
+    );
+    assert!(
+        mm.iter().any(|&(acc, staged)| acc == 128 && staged >= 14),
+        "{mm:?}"
+    );
+}
