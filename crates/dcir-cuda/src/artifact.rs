@@ -331,14 +331,19 @@ pub fn relaxed_promise(promise: u32) -> Option<u32> {
 
 /// Compiles `kernel` with NVRTC; while ptxas spills under its occupancy
 /// promise (`min_blocks_per_sm`, a register estimate), relaxes the promise
-/// ([`relaxed_promise`]) and compiles again, and when it still spills with
-/// no promise left, unrolls the loops that index no register array at most
-/// [`RELIEF_UNROLL`] times ([`Kernel::with_unroll_limit`]). Returns the
-/// source compiled last and its output: the estimate picks occupancy,
-/// ptxas's report has the last word on registers.
+/// ([`relaxed_promise`]) and compiles again; when it still spills with no
+/// promise left, tries the reliefs in turn: a split-K epilogue on the
+/// partial sums ([`crate::lower::stream_partials`]), then the loops that
+/// index no register array unrolled at most [`RELIEF_UNROLL`] times
+/// ([`Kernel::with_unroll_limit`]). Returns the source compiled last and
+/// its output: the estimate picks occupancy, ptxas's report has the last
+/// word on registers.
 pub fn compile_kernel(kernel: &Kernel, arch: &str) -> Result<(String, nvrtc::Compiled), String> {
+    let reliefs: [fn(&Kernel) -> Option<Kernel>; 2] = [crate::lower::stream_partials, |k| {
+        Some(k.with_unroll_limit(RELIEF_UNROLL))
+    }];
+    let mut reliefs = reliefs.iter();
     let mut kernel = kernel.clone();
-    let mut limited = false;
     loop {
         let source = print_kernel(&kernel);
         let compiled = nvrtc::compile(&source, &kernel.name, arch)?;
@@ -349,19 +354,20 @@ pub fn compile_kernel(kernel: &Kernel, arch: &str) -> Result<(String, nvrtc::Com
         if !spills {
             return Ok((source, compiled));
         }
-        match relaxed_promise(kernel.min_blocks_per_sm) {
-            Some(promise) => kernel.min_blocks_per_sm = promise,
-            None if !limited => {
-                kernel = kernel.with_unroll_limit(RELIEF_UNROLL);
-                limited = true;
-            }
+        if let Some(promise) = relaxed_promise(kernel.min_blocks_per_sm) {
+            kernel.min_blocks_per_sm = promise;
+            continue;
+        }
+        match reliefs.find_map(|relief| relief(&kernel)) {
+            Some(relieved) => kernel = relieved,
             None => return Ok((source, compiled)),
         }
     }
 }
 
-/// The unroll factor [`compile_kernel`] falls back to (a 32-step k-tile of
-/// a 4×4 SIMT tile took 255 registers and spilled fully unrolled, 71 at 8).
+/// The unroll factor [`compile_kernel`]'s last relief takes (a 32-step
+/// k-tile of a 4×4 SIMT tile took 255 registers and spilled fully
+/// unrolled, 71 at 8).
 pub const RELIEF_UNROLL: u32 = 8;
 
 /// Fills `first_use`/`last_use` of every buffer from the launches, on root

@@ -380,10 +380,12 @@ pub enum Helper {
     /// `dcir_mma_bf16`: the same with bf16 operands.
     MmaBf16,
     /// Split-K: `dcir_split_arrive` (count a block in at its tile; true in
-    /// the last to arrive, which resets the count) and `dcir_split_sum`
-    /// (one slot's partial sums over the splits, in split order, loaded
-    /// past L1).
+    /// the last to arrive, which resets the count) and `dcir_ldcg` (a load
+    /// past L1 of another block's partial sum).
     SplitK,
+    /// `dcir_split_sum`: one accumulator slot's partial sums over the
+    /// splits, in split order, loaded past L1.
+    SplitSum,
 }
 
 /// A pointer parameter of a kernel.

@@ -43,6 +43,8 @@ mod pool;
 #[path = "split_k.rs"]
 mod split_k;
 
+pub(crate) use split_k::stream_partials;
+
 /// Why a group could not be lowered.
 #[derive(Clone, Debug, PartialEq)]
 pub enum EmitError {

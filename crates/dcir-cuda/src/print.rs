@@ -107,7 +107,11 @@ __device__ __forceinline__ void dcir_mma_f16(float& d0, float& d1, float& d2, fl
             "// Split-K: counts this block in at `tile`; true in the last of `splits` blocks to\n\
 // arrive, which resets the count (so it reads zero at the next launch).\n\
 __device__ __forceinline__ bool dcir_split_arrive(unsigned int* arrivals, int tile, int splits) {\n  __shared__ bool last;\n  __threadfence();\n  __syncthreads();\n  if (threadIdx.x == 0) {\n    last = atomicAdd(arrivals + tile, 1u) == (unsigned int)(splits - 1);\n    if (last) arrivals[tile] = 0u;\n  }\n  __syncthreads();\n  if (last) __threadfence();\n  return last;\n}\n\
-// The sum of one slot's partial sums over `splits` splits `stride` apart, in split\n\
+// Another block's partial sum, read past L1.\n\
+__device__ __forceinline__ float dcir_ldcg(const float* p, int i) { return __ldcg(p + i); }\n"
+        }
+        Helper::SplitSum => {
+            "// The sum of one slot's partial sums over `splits` splits `stride` apart, in split\n\
 // order, read past L1 (other blocks wrote them).\n\
 __device__ __forceinline__ float dcir_split_sum(const float* p, int first, int stride, int splits) {\n  float sum = 0.0f;\n  for (int s = 0; s < splits; ++s) sum += __ldcg(p + first + s * stride);\n  return sum;\n}\n"
         }

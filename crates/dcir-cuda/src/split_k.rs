@@ -10,11 +10,9 @@
 //! addresses; then it counts itself in at the tile's entry of the `arrivals`
 //! buffer (`atomicAdd` after a `__threadfence`). The block that arrives last
 //! resets the entry to zero (the buffer stays zeroed between launches, so
-//! CUDA-graph replays need no reset) and runs the group's epilogue alone,
-//! reading each accumulator as the sum of its splits' partials in split
-//! order — all read back past L1 (`__ldcg`), its own too — where the
-//! epilogue uses it (the accumulators themselves are dead by then, which
-//! keeps an 8×8 tile's epilogue within its registers). The sum's order does not depend on which block
+//! CUDA-graph replays need no reset), adds the splits' partial sums in split
+//! order — all read back past L1 (`__ldcg`), its own too — and runs the
+//! group's epilogue alone. The sum's order does not depend on which block
 //! arrives last, so results are deterministic.
 //!
 //! `S` is the largest divisor of the k-tile count not above the attribute
@@ -22,7 +20,8 @@
 
 use super::gemm::{array, let_int};
 use crate::kir::{
-    Builtin, Expr, Helper, Param, Scratch, Stmt, Ty, add, call, div, int, mul, rem, var,
+    BinOp, Builtin, Expr, Helper, Kernel, Param, Scratch, Stmt, Ty, add, call, div, int, mul, rem,
+    var,
 };
 
 /// Name of the per-block partial sums parameter.
@@ -139,9 +138,9 @@ impl SplitK {
     }
 
     /// Statements after the k loop: store this split's `acc_len`
-    /// accumulators (`acc[i]`), arrive, and in the last block to arrive run
-    /// `epilogue` with each of its reads of `acc[i]` replaced by the sum of
-    /// that slot's partials in split order.
+    /// accumulators (`acc[i]`), arrive, and in the last block to arrive add
+    /// every split's partial sums into `acc` in split order; then `epilogue`
+    /// (in that block only).
     pub(crate) fn finish(
         &self,
         helpers: &mut std::collections::BTreeSet<Helper>,
@@ -171,46 +170,49 @@ impl SplitK {
             )
         };
         let acc = |i: Expr| Expr::Load(array("acc", Ty::F32), Box::new(i));
-        let store = Stmt::For {
+        // `for i < acc_len` (unrolled) over one store.
+        let each_acc = |store: Stmt| Stmt::For {
             var: "i".into(),
             start: int(0),
             end: int(acc_len as i64),
             step: int(1),
             unroll: true,
-            body: vec![Stmt::Store(
-                array(PARTIALS, Ty::F32),
-                slot(var("ks"), var("i")),
-                acc(var("i")),
-            )],
+            body: vec![store],
         };
-        // In the last block the epilogue reads each accumulator as the sum
-        // of its partials, in split order (this block's own read back too,
-        // so the order never depends on which block arrives last), where it
-        // is used: the accumulators are dead by then, so the epilogue's
-        // loads and temporaries do not sit beside them in registers.
-        let stride = int((acc_len * threads) as i64);
-        let splits = int(self.splits as i64);
-        let last: Vec<Stmt> = epilogue
-            .into_iter()
-            .map(|s| {
-                debug_assert!(!s.writes("acc"), "a split-K epilogue only reads acc");
-                s.map_exprs(&mut |e| match e {
-                    Expr::Load(array, i) if array.name == "acc" => call(
-                        "dcir_split_sum",
-                        vec![
-                            var(PARTIALS),
-                            slot(int(0), *i),
-                            stride.clone(),
-                            splits.clone(),
-                        ],
-                    ),
-                    e => e,
-                })
-            })
-            .collect();
+        let store = each_acc(Stmt::Store(
+            array(PARTIALS, Ty::F32),
+            slot(var("ks"), var("i")),
+            acc(var("i")),
+        ));
+        // acc[i] = Σ_s partial[s][i], in split order (this block's own
+        // partial read back too, so the order never depends on which block
+        // arrives last); the split loop stays rolled, 32 loads in flight a step.
+        let zero = each_acc(Stmt::Store(array("acc", Ty::F32), var("i"), Expr::F32(0.0)));
+        let add_split = each_acc(Stmt::Store(
+            array("acc", Ty::F32),
+            var("i"),
+            add(
+                acc(var("i")),
+                call("dcir_ldcg", vec![var(PARTIALS), slot(var("s"), var("i"))]),
+            ),
+        ));
+        let sum = vec![
+            zero,
+            Stmt::Pragma("unroll 1".into()),
+            Stmt::For {
+                var: "s".into(),
+                start: int(0),
+                end: int(self.splits as i64),
+                step: int(1),
+                unroll: false,
+                body: vec![add_split],
+            },
+        ];
+        let mut last = sum;
+        last.extend(epilogue);
         vec![
             Stmt::Comment(format!(
-                "split-K: this split's partial sums out; the last of the {} splits to arrive runs the epilogue on their sums in split order",
+                "split-K: this split's partial sums out; the last of the {} splits to arrive adds them in split order and runs the epilogue",
                 self.splits
             )),
             store,
@@ -225,8 +227,87 @@ impl SplitK {
     }
 }
 
+/// The split-K kernel `kernel` with its last block's epilogue reading each
+/// accumulator as the sum of its partials where it uses it
+/// (`dcir_split_sum`, same split order), instead of first adding every
+/// split into the accumulators; `None` for a kernel without split-K.
+///
+/// The accumulators are then dead during the epilogue, so its loads and
+/// temporaries do not sit beside them in registers (an 8×8 tile with a
+/// residual epilogue took 255 registers and spilled, 161 this way); but
+/// each element's loads then wait on the stores before them, which cost
+/// 8–16 % on the H200 where nothing spilled. It is a relief for a kernel
+/// ptxas spills ([`crate::compile_kernel`]), not the default form.
+pub(crate) fn stream_partials(kernel: &Kernel) -> Option<Kernel> {
+    let mut out = kernel.clone();
+    let mut done = false;
+    for stmt in &mut out.body {
+        let Stmt::If(Expr::Call(f, _), last) = stmt else {
+            continue;
+        };
+        if f != "dcir_split_arrive" {
+            continue;
+        }
+        // [zero the accumulators, `unroll 1`, for s { for i { acc[i] += ldcg(partials, slot) } }, epilogue..]
+        let (acc_len, splits, slot) = match last.as_slice() {
+            [
+                Stmt::For {
+                    end: Expr::Int(acc_len),
+                    ..
+                },
+                Stmt::Pragma(_),
+                Stmt::For {
+                    end: Expr::Int(splits),
+                    body: s_body,
+                    ..
+                },
+                ..,
+            ] => match s_body.as_slice() {
+                [Stmt::For { body: i_body, .. }] => match i_body.as_slice() {
+                    [Stmt::Store(_, _, Expr::Bin(BinOp::Add, _, sum))] => match sum.as_ref() {
+                        Expr::Call(ldcg, args) if ldcg == "dcir_ldcg" && args.len() == 2 => {
+                            (*acc_len, *splits, args[1].clone())
+                        }
+                        _ => return None,
+                    },
+                    _ => return None,
+                },
+                _ => return None,
+            },
+            _ => return None,
+        };
+        let stride = int(acc_len * kernel.block as i64);
+        let first = |index: &Expr| {
+            slot.clone().map(&mut |e| match e {
+                Expr::Var(v) if v == "s" => int(0),
+                Expr::Var(v) if v == "i" => index.clone(),
+                e => e,
+            })
+        };
+        let epilogue: Vec<Stmt> = last.drain(3..).collect();
+        *last = epilogue
+            .into_iter()
+            .map(|s| {
+                s.map_exprs(&mut |e| match e {
+                    Expr::Load(array, i) if array.name == "acc" => call(
+                        "dcir_split_sum",
+                        vec![var(PARTIALS), first(&i), stride.clone(), int(splits)],
+                    ),
+                    e => e,
+                })
+            })
+            .collect();
+        done = true;
+    }
+    if !done {
+        return None;
+    }
+    out.helpers.insert(Helper::SplitSum);
+    Some(out)
+}
+
 /// Names the split-K code declares.
-pub(crate) const LOCALS: &[&str] = &["blk", "ks", "k_tile0", "i", PARTIALS, ARRIVALS];
+pub(crate) const LOCALS: &[&str] = &["blk", "ks", "k_tile0", "i", "s", PARTIALS, ARRIVALS];
 
 #[cfg(test)]
 mod tests {
