@@ -323,4 +323,36 @@ mod tests {
         let s = SplitK::new(64, 128, 3);
         assert_eq!((s.splits, s.tiles_per_split, s.blocks()), (32, 4, 96));
     }
+
+    /// The kernels of the first graph of `text`, a fused module.
+    fn kernels(text: &str) -> Vec<Kernel> {
+        let module = dcir_reader::parse_module(text).expect("reads");
+        crate::lower_graph(&module.graphs[0]).expect("lowers")
+    }
+
+    #[test]
+    fn a_streamed_epilogue_reads_the_partial_sums_and_never_the_accumulators() {
+        let text = |split: u32, math: &str, dtype: &str| {
+            format!(
+                "graph @g(%a: {dtype}[64,4096], %b: {dtype}[4096,64], %r: {dtype}[64,64]) -> ({dtype}[64,64]) {{\n  \
+                 %y = fused @g0(%a.in = %a, %b.in = %b, %r.in = %r) {{kind = \"gemm\", level = \"register\", math = \"{math}\", split_k = {split}, stages = 2, threads = 128, tile = [64, 64, 32]}} : {dtype}[64,64] {{\n    \
+                 %mm = matmul %a.in, %b.in : {dtype}[64,64]\n    %s = add %mm, %r.in : {dtype}[64,64]\n    yield %s\n  }}\n  return %y\n}}"
+            )
+        };
+        for (math, dtype) in [("fma", "f32"), ("tensor_core", "f16")] {
+            let split = &kernels(&text(4, math, dtype))[0];
+            let streamed = stream_partials(split).expect("a split-K kernel streams");
+            let source = crate::print_kernel(&streamed);
+            assert!(source.contains("dcir_split_sum(dcir_partials"), "{source}");
+            // The accumulators are stored once to the partials, never read after.
+            let after = source
+                .split("dcir_split_arrive(dcir_arrivals")
+                .nth(1)
+                .unwrap();
+            assert!(!after.contains("acc["), "{after}");
+            assert_eq!(streamed.params, split.params);
+            let plain = &kernels(&text(1, math, dtype))[0];
+            assert!(stream_partials(plain).is_none());
+        }
+    }
 }
