@@ -17,6 +17,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use dcir_ir::shape::Rows;
 use dcir_ir::{Attr, DType, Graph, OpId, OpKind, ValueDef, ValueId};
 
 use crate::kir::{
@@ -393,16 +394,10 @@ impl<'g> Lower<'g> {
                 let a = self.value_at(operands[0], idx)?;
                 self.unary(kind, dtype, a, &attrs)?
             }
-            OpKind::Constant => match attrs.get("value") {
-                Some(Attr::Float(x)) => self.constant(dtype, *x),
-                Some(Attr::Int(x)) => self.constant(dtype, *x as f64),
-                Some(Attr::Floats(xs)) if !xs.is_empty() && xs.iter().all(|x| *x == xs[0]) => {
-                    self.constant(dtype, xs[0])
-                }
-                Some(Attr::Ints(xs)) if !xs.is_empty() && xs.iter().all(|x| *x == xs[0]) => {
-                    self.constant(dtype, xs[0] as f64)
-                }
-                _ => return Err(self.unsupported("a constant with several distinct values")),
+            OpKind::Constant => match attrs.get("value").and_then(Attr::splat) {
+                Some(x) => self.constant(dtype, x),
+                // `apply_plan` copies only splats into regions.
+                None => return Err(self.unsupported("a constant with several distinct values")),
             },
             OpKind::Broadcast => {
                 let dims = ints("dims").unwrap_or_default();
@@ -544,9 +539,75 @@ impl<'g> Lower<'g> {
                     p[1].clone(),
                 )
             }
+            OpKind::Matmul if dtype.is_int() => {
+                let ta = attrs.get("transpose_a").and_then(Attr::as_bool) == Some(true);
+                let tb = attrs.get("transpose_b").and_then(Attr::as_bool) == Some(true);
+                self.dot(&hint, dtype, [operands[0], operands[1]], [ta, tb], &coords)?
+            }
             other => return Err(self.unsupported(format!("op `{}` in this group", other.name()))),
         };
         Ok(self.bind(&hint, local_ty(dtype), e))
+    }
+
+    /// The element at `coords` of the integer matmul of `a` and `b` (their
+    /// last two dims transposed where `transposed` says): a loop over the
+    /// contraction dim accumulating in `long long`, wrapping as the
+    /// interpreter does, then narrowed to `dtype`.
+    fn dot(
+        &mut self,
+        hint: &str,
+        dtype: DType,
+        [a, b]: [ValueId; 2],
+        transposed: [bool; 2],
+        coords: &[Expr],
+    ) -> Result<Expr> {
+        let (ad, bd) = (self.g.ty(a).dims().to_vec(), self.g.ty(b).dims().to_vec());
+        let r = ad.len();
+        let k = if transposed[0] { ad[r - 2] } else { ad[r - 1] };
+        let acc = self.fresh(&format!("{hint}_acc"));
+        let kv = self.fresh(&format!("{hint}_k"));
+        let (row, col) = (coords[r - 2].clone(), coords[r - 1].clone());
+        let at = |batch: &[Expr], i: Expr, j: Expr, t: bool| {
+            let mut c = batch.to_vec();
+            c.extend(if t { [j, i] } else { [i, j] });
+            c
+        };
+        let batch = &coords[..r - 2];
+        let body = self.scoped(|l| {
+            let x = l.value_at(
+                a,
+                &Index::coords(&ad, at(batch, row, var(&kv), transposed[0])),
+            )?;
+            let y = l.value_at(
+                b,
+                &Index::coords(&bd, at(batch, var(&kv), col, transposed[1])),
+            )?;
+            let product = bin(
+                BinOp::Mul,
+                Expr::Cast(Ty::I64, Box::new(x)),
+                Expr::Cast(Ty::I64, Box::new(y)),
+            );
+            l.body.push(Stmt::Assign(
+                acc.clone(),
+                bin(BinOp::Add, var(&acc), product),
+            ));
+            Ok(())
+        })?;
+        self.body.push(Stmt::Let {
+            name: acc.clone(),
+            ty: Ty::I64,
+            value: int(0),
+            constant: false,
+        });
+        self.body.push(Stmt::For {
+            var: kv,
+            start: int(0),
+            end: int(k as i64),
+            step: int(1),
+            unroll: false,
+            body,
+        });
+        Ok(Expr::Cast(local_ty(dtype), Box::new(var(acc))))
     }
 
     fn load_input(&mut self, v: ValueId, idx: &Index) -> Result<Expr> {
@@ -897,6 +958,8 @@ pub fn lower_fused(g: &Graph, op: OpId) -> Result<Kernel> {
     }
     match kind.as_str() {
         "elementwise" => elementwise(&mut l, op),
+        // An integer matmul: a loop over k per output element.
+        "gemm" if integer_matmul(g, op) => elementwise(&mut l, op),
         "reduction" => reduction(&mut l, op),
         "gemm" if gemm_tc::applies(g, op) => gemm_tc::gemm(&mut l, op),
         "gemm" => gemm::gemm(&mut l, op),
@@ -911,6 +974,15 @@ pub fn lower_fused(g: &Graph, op: OpId) -> Result<Kernel> {
         "attention" => attention::attention(&mut l, op),
         other => Err(l.unsupported(format!("group kind `{other}`"))),
     }
+}
+
+/// Whether group `op` holds a matmul of integers.
+fn integer_matmul(g: &Graph, op: OpId) -> bool {
+    let region = g.op(op).region.expect("a fused op has a region");
+    g.block(region)
+        .ops
+        .iter()
+        .any(|&o| g.op(o).kind == OpKind::Matmul && g.ty(g.op(o).results[0]).dtype.is_int())
 }
 
 /// The yielded values of a group, in result order.
@@ -953,24 +1025,30 @@ fn grid_stride() -> Expr {
     )
 }
 
-/// A vectorized grid-stride loop over the output elements.
+/// A vectorized grid-stride loop over the output elements; results of
+/// different shapes get a scalar loop each.
 fn elementwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
     let g = l.g;
     let params = params(l, op);
     let results = g.op(op).results.clone();
     let out_dims = g.ty(results[0]).dims().to_vec();
     let n = g.ty(results[0]).num_elements().unwrap_or(0);
-    if results
+    let largest = results
         .iter()
-        .any(|&r| g.ty(r).dims() != out_dims.as_slice())
-    {
-        return Err(l.unsupported("an elementwise group with results of different shapes"));
-    }
-    if n >= i32::MAX as usize {
+        .map(|&r| g.ty(r).num_elements().unwrap_or(usize::MAX))
+        .max()
+        .unwrap_or(0);
+    if largest >= i32::MAX as usize {
         return Err(l.unsupported("more than 2^31 elements"));
     }
     let threads = attr_int(g, op, "threads", 256).clamp(32, 1024) as usize;
     let items = attr_int(g, op, "items", 1).clamp(1, 64) as usize;
+    if results
+        .iter()
+        .any(|&r| g.ty(r).dims() != out_dims.as_slice())
+    {
+        return elementwise_shapes(l, op, params, threads, items);
+    }
     let vector = attr_int(g, op, "vector", 1) as usize;
     let all_float = params
         .iter()
@@ -1060,6 +1138,75 @@ fn elementwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
     })
 }
 
+/// An elementwise group whose results differ in shape: one scalar
+/// grid-stride loop per distinct result shape (in result order), each
+/// computing its results from the group's inputs.
+fn elementwise_shapes(
+    l: &mut Lower,
+    op: OpId,
+    params: Vec<Param>,
+    threads: usize,
+    items: usize,
+) -> Result<Kernel> {
+    let g = l.g;
+    let outputs: Vec<(Param, ValueId, Vec<usize>)> = params
+        .iter()
+        .filter(|p| p.output)
+        .cloned()
+        .zip(yields(g, op))
+        .map(|(p, y)| (p, y, g.ty(y).dims().to_vec()))
+        .collect();
+    let mut shapes: Vec<&[usize]> = Vec::new();
+    for (_, _, dims) in &outputs {
+        if !shapes.contains(&dims.as_slice()) {
+            shapes.push(dims);
+        }
+    }
+    let mut body = Vec::new();
+    let mut largest = 1;
+    let summary = format!(
+        "elementwise: a loop for each result shape ({})",
+        shapes
+            .iter()
+            .map(|d| format!("{d:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    for dims in shapes {
+        let n: usize = dims.iter().product();
+        largest = largest.max(n);
+        let stores = l.scoped(|l| {
+            let idx = Index::linear(dims, var("i"));
+            for (param, y, _) in outputs.iter().filter(|(_, _, d)| d == dims) {
+                let v = l.value_at(*y, &idx)?;
+                store(l, param, g.ty(*y).dtype, var("i"), v);
+            }
+            Ok(())
+        })?;
+        body.push(Stmt::For {
+            var: "i".into(),
+            start: global_thread(),
+            end: int(n as i64),
+            step: grid_stride(),
+            unroll: false,
+            body: stores,
+        });
+    }
+    Ok(Kernel {
+        name: kernel_name(g, op),
+        summary,
+        params,
+        shared: Vec::new(),
+        body,
+        helpers: std::mem::take(&mut l.helpers),
+        block: threads as u32,
+        grid: largest.div_ceil(threads * items).max(1) as u32,
+        dynamic_shared: 0,
+        min_blocks_per_sm: 0,
+        scratch: Vec::new(),
+    })
+}
+
 /// `make_float4(...)` or packed 16-bit words.
 fn pack(dtype: DType, lanes: Vec<Expr>) -> Expr {
     if dtype == DType::F32 {
@@ -1089,8 +1236,8 @@ fn pack(dtype: DType, lanes: Vec<Expr>) -> Expr {
     }
 }
 
-/// The reduction op of a group, with its input, the number of rows and the row length.
-fn find_reduction(l: &Lower, op: OpId) -> Result<(OpId, usize, usize)> {
+/// The reduction op of a group and the rows it reduces its input into.
+fn find_reduction(l: &Lower, op: OpId) -> Result<(OpId, Rows)> {
     let g = l.g;
     let region = g.op(op).region.expect("a fused op has a region");
     let reductions: Vec<OpId> = g
@@ -1117,54 +1264,55 @@ fn find_reduction(l: &Lower, op: OpId) -> Result<(OpId, usize, usize)> {
         )));
     };
     let data = g.op(r);
-    let dims = g.ty(data.operands[0]).dims().to_vec();
-    let rank = dims.len() as i64;
-    let first = match data.kind {
-        OpKind::Softmax | OpKind::Layernorm => {
-            let axis = attr_int(g, r, "axis", rank - 1);
-            if data.kind == OpKind::Softmax && axis != rank - 1 {
-                return Err(l.unsupported("softmax over a dim that is not the innermost"));
-            }
-            axis
-        }
-        OpKind::GlobalAvgpool => rank - 2,
-        _ => {
-            let axes = data
-                .attrs
-                .get("axes")
-                .and_then(Attr::as_ints)
-                .unwrap_or(&[]);
-            let contiguous = axes
-                .iter()
-                .enumerate()
-                .all(|(i, &a)| a == rank - axes.len() as i64 + i as i64);
-            if axes.is_empty() || !contiguous {
-                return Err(l.unsupported("a reduction over dims that are not the innermost"));
-            }
-            axes[0]
-        }
-    };
-    let first = first.clamp(0, rank) as usize;
-    let row: usize = dims[first..].iter().product();
-    let rows: usize = dims[..first].iter().product();
-    if row == 0 || rows == 0 {
+    let dims = g.ty(data.operands[0]).dims();
+    let rows = Rows::of(data.kind, &data.attrs, dims)
+        .ok_or_else(|| l.unsupported(format!("`{}` as a reduction", data.kind.name())))?;
+    if rows.len == 0 || rows.rows == 0 {
         return Err(l.unsupported("an empty reduction"));
     }
-    Ok((r, rows, row))
+    Ok((r, rows))
+}
+
+/// What a reduction pass accumulates: a sum or a maximum, in `f32` (float
+/// inputs) or `long long` (integer inputs, wrapping as the interpreter does).
+#[derive(Clone, Copy, Debug)]
+struct Accumulator {
+    max: bool,
+    ty: Ty,
+}
+
+impl Accumulator {
+    fn float(max: bool) -> Accumulator {
+        Accumulator { max, ty: Ty::F32 }
+    }
+
+    /// The identity of the combination.
+    fn init(self) -> Expr {
+        match (self.max, self.ty) {
+            (true, Ty::F32) => Expr::F32(f32::NEG_INFINITY),
+            (false, Ty::F32) => Expr::F32(0.0),
+            (true, _) => int(i64::MIN),
+            (false, _) => int(0),
+        }
+    }
+
+    /// `a` combined with `b` (NaN-propagating for a float maximum).
+    fn combine(self, l: &mut Lower, a: Expr, b: Expr) -> Expr {
+        match (self.max, self.ty) {
+            (true, Ty::F32) => {
+                l.helpers.insert(Helper::NanMinMax);
+                call("dcir_max", vec![a, b])
+            }
+            (false, Ty::F32) => bin(BinOp::Add, a, b),
+            (true, ty) => call("max", vec![a, Expr::Cast(ty, Box::new(b))]),
+            (false, ty) => bin(BinOp::Add, a, Expr::Cast(ty, Box::new(b))),
+        }
+    }
 }
 
 /// The warp-shuffle and shared-memory reduction of `acc` over the threads of a row.
-fn block_reduce(l: &mut Lower, acc: &str, max: bool, tpr: usize) -> Vec<Stmt> {
-    let combine = |a: Expr, b: Expr| {
-        if max {
-            call("dcir_max", vec![a, b])
-        } else {
-            bin(BinOp::Add, a, b)
-        }
-    };
-    if max {
-        l.helpers.insert(Helper::NanMinMax);
-    }
+fn block_reduce(l: &mut Lower, acc: &str, how: Accumulator, tpr: usize) -> Vec<Stmt> {
+    let mut combine = |a: Expr, b: Expr| how.combine(l, a, b);
     let mut out = Vec::new();
     let mut offset = tpr.min(32) / 2;
     while offset > 0 {
@@ -1182,7 +1330,7 @@ fn block_reduce(l: &mut Lower, acc: &str, max: bool, tpr: usize) -> Vec<Stmt> {
         let name = format!("{acc}_partial");
         let shared = ArrayRef {
             name: name.clone(),
-            ty: Ty::F32,
+            ty: how.ty,
             reinterpret: false,
         };
         out.push(Stmt::If(
@@ -1219,7 +1367,8 @@ fn block_reduce(l: &mut Lower, acc: &str, max: bool, tpr: usize) -> Vec<Stmt> {
 fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
     let g = l.g;
     let params = params(l, op);
-    let (r, rows, row) = find_reduction(l, op)?;
+    let (r, shape) = find_reduction(l, op)?;
+    let (rows, row) = (shape.rows, shape.len);
     let tpr = attr_int(g, op, "threads_per_row", 256).clamp(1, 1024) as usize;
     let rpb = attr_int(g, op, "rows_per_block", 1).clamp(1, 1024) as usize;
     if !tpr.is_power_of_two() || tpr * rpb > 1024 || (tpr < 32 && 32 % tpr != 0) {
@@ -1244,12 +1393,9 @@ fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
         .zip(&yields)
         .map(|((p, &res), &y)| {
             let n = g.ty(res).num_elements().unwrap_or(0);
-            (
-                p,
-                g.ty(res).dtype,
-                y,
-                n == rows && per_row_out && n != rows * row,
-            )
+            // With one element per row, every result is stored per row
+            // (after the reduction), so it may read the reduced value.
+            (p, g.ty(res).dtype, y, n == rows && per_row_out)
         })
         .collect();
     for (_, _, y, per_row) in &outputs {
@@ -1258,12 +1404,22 @@ fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
             return Err(l.unsupported("a result that is neither per row nor per element"));
         }
     }
+    let x_dims = g.ty(x).dims().to_vec();
+    // Rows that are not contiguous are read through their coordinates,
+    // one element at a time.
+    let order = (!shape.contiguous(&x_dims)).then(|| shape.order());
+    let width = if order.is_none() && attr_int(g, op, "vector", 1) > 1 {
+        wide_vector(&params, row)
+    } else {
+        1
+    };
     let plan = RowPlan {
         row,
         tpr,
         x,
-        x_dims: g.ty(x).dims().to_vec(),
-        cache: row_cache(l, op, rkind, &params, row, tpr, rpb),
+        cache: row_cache(l, op, rkind, width, row, tpr, rpb),
+        x_dims,
+        order,
     };
 
     let mut body = vec![
@@ -1330,31 +1486,21 @@ fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
     let mut pass = |l: &mut Lower,
                     body: &mut Vec<Stmt>,
                     acc: &str,
-                    max: bool,
+                    how: Accumulator,
                     term: &dyn Fn(&mut Lower, Expr) -> Expr,
                     store_elements: bool|
      -> Result<()> {
-        let init = if max {
-            Expr::F32(f32::NEG_INFINITY)
-        } else {
-            Expr::F32(0.0)
-        };
         body.push(Stmt::Let {
             name: acc.into(),
-            ty: Ty::F32,
-            value: init,
+            ty: how.ty,
+            value: how.init(),
             constant: false,
         });
         l.used_names.insert(acc.into());
         let mut each = |l: &mut Lower, xs: &[Expr], idxs: &[Index]| -> Result<()> {
             for xv in xs {
                 let t = term(l, xv.clone());
-                let combined = if max {
-                    l.helpers.insert(Helper::NanMinMax);
-                    call("dcir_max", vec![var(acc), t])
-                } else {
-                    bin(BinOp::Add, var(acc), t)
-                };
+                let combined = how.combine(l, var(acc), t);
                 l.body.push(Stmt::Assign(acc.into(), combined));
             }
             if store_elements {
@@ -1364,15 +1510,15 @@ fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
         };
         body.push(plan.pass(l, first, &mut each)?);
         first = false;
-        body.extend(block_reduce(l, acc, max, tpr));
+        body.extend(block_reduce(l, acc, how, tpr));
         Ok(())
     };
     let warps_total = (tpr * rpb) / 32;
-    let mut add_shared = |name: &str| {
+    let mut add_shared = |name: &str, ty: Ty| {
         if tpr > 32 {
             shared.push(SharedArray {
                 name: format!("{name}_partial"),
-                ty: Ty::F32,
+                ty,
                 len: warps_total,
             });
         }
@@ -1380,12 +1526,26 @@ fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
     let identity = |_: &mut Lower, x: Expr| x;
     let how = match rkind {
         OpKind::Softmax => {
-            pass(l, &mut body, "row_max", true, &identity, false)?;
-            add_shared("row_max");
+            pass(
+                l,
+                &mut body,
+                "row_max",
+                Accumulator::float(true),
+                &identity,
+                false,
+            )?;
+            add_shared("row_max", Ty::F32);
             let sub_exp =
                 |_: &mut Lower, x: Expr| call("expf", vec![bin(BinOp::Sub, x, var("row_max"))]);
-            pass(l, &mut body, "row_sum", false, &sub_exp, false)?;
-            add_shared("row_sum");
+            pass(
+                l,
+                &mut body,
+                "row_sum",
+                Accumulator::float(false),
+                &sub_exp,
+                false,
+            )?;
+            add_shared("row_sum", Ty::F32);
             Reduced::Softmax {
                 max: var("row_max"),
                 sum: var("row_sum"),
@@ -1398,8 +1558,15 @@ fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
                 .get("epsilon")
                 .and_then(Attr::as_float)
                 .unwrap_or(1e-5);
-            pass(l, &mut body, "row_sum", false, &identity, false)?;
-            add_shared("row_sum");
+            pass(
+                l,
+                &mut body,
+                "row_sum",
+                Accumulator::float(false),
+                &identity,
+                false,
+            )?;
+            add_shared("row_sum", Ty::F32);
             body.push(Stmt::Let {
                 name: "mean".into(),
                 ty: Ty::F32,
@@ -1411,8 +1578,15 @@ fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
                 let d = bin(BinOp::Sub, x, var("mean"));
                 bin(BinOp::Mul, d.clone(), d)
             };
-            pass(l, &mut body, "row_sq", false, &centered, false)?;
-            add_shared("row_sq");
+            pass(
+                l,
+                &mut body,
+                "row_sq",
+                Accumulator::float(false),
+                &centered,
+                false,
+            )?;
+            add_shared("row_sq", Ty::F32);
             body.push(Stmt::Let {
                 name: "rstd".into(),
                 ty: Ty::F32,
@@ -1433,9 +1607,16 @@ fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
             }
         }
         _ => {
-            let max = rkind == OpKind::ReduceMax;
-            pass(l, &mut body, "row_acc", max, &identity, true)?;
-            add_shared("row_acc");
+            let how = Accumulator {
+                max: rkind == OpKind::ReduceMax,
+                ty: if g.ty(x).dtype.is_float() {
+                    Ty::F32
+                } else {
+                    Ty::I64
+                },
+            };
+            pass(l, &mut body, "row_acc", how, &identity, true)?;
+            add_shared("row_acc", how.ty);
             let value = match rkind {
                 OpKind::ReduceMean | OpKind::GlobalAvgpool => {
                     bin(BinOp::Div, var("row_acc"), Expr::F32(row as f32))
@@ -1444,7 +1625,7 @@ fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
             };
             body.push(Stmt::Let {
                 name: "result".into(),
-                ty: Ty::F32,
+                ty: how.ty,
                 value,
                 constant: true,
             });
@@ -1536,12 +1717,13 @@ enum RowCache {
 }
 
 /// The honoured `row_cache` of a reduction group: the planned one when the
-/// reduction makes several passes and the row fits, else `Reread`.
+/// reduction makes several passes and the row fits, else `Reread`. A
+/// register-cached row is read `width` elements at a time.
 fn row_cache(
     l: &Lower,
     op: OpId,
     rkind: OpKind,
-    params: &[Param],
+    width: usize,
     row: usize,
     tpr: usize,
     rpb: usize,
@@ -1553,11 +1735,6 @@ fn row_cache(
     let planned = g.op(op).attrs.get("row_cache").and_then(Attr::as_str);
     match planned {
         Some("registers") => {
-            let width = if attr_int(g, op, "vector", 1) > 1 {
-                wide_vector(params, row)
-            } else {
-                1
-            };
             let steps = (row / width).div_ceil(tpr);
             if width * steps <= MAX_REGISTER_ROW {
                 RowCache::Registers { width, steps }
@@ -1579,13 +1756,26 @@ struct RowPlan {
     tpr: usize,
     x: ValueId,
     x_dims: Vec<usize>,
+    /// The input's dims in row order ([`Rows::order`]) when rows are not
+    /// contiguous; `None` when row `r`'s column `c` is element `r * row + c`.
+    order: Option<Vec<usize>>,
     cache: RowCache,
 }
 
 impl RowPlan {
     /// The index of column `c` of this thread's row of the reduced input.
     fn elem(&self, c: Expr) -> Index {
-        Index::linear(&self.x_dims, add(mul(var("row"), int(self.row as i64)), c))
+        let linear = add(mul(var("row"), int(self.row as i64)), c);
+        let Some(order) = &self.order else {
+            return Index::linear(&self.x_dims, linear);
+        };
+        let row_dims: Vec<usize> = order.iter().map(|&d| self.x_dims[d]).collect();
+        let row_coords = Index::linear(&row_dims, linear).get_coords();
+        let mut coords = vec![int(0); self.x_dims.len()];
+        for (&d, c) in order.iter().zip(row_coords) {
+            coords[d] = c;
+        }
+        Index::coords(&self.x_dims, coords)
     }
 
     /// The vector access of a register pass: `x`-shaped arrays at

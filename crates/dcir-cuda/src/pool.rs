@@ -12,7 +12,8 @@
 //! propagates NaN (`dcir_max`), as the interpreter's. The average divides by
 //! the taps inside the image (the window clipped to it) or, with
 //! `count_include_pad`, by the whole window; the sum is in f32 (the
-//! interpreter's in f64, within tolerance). The epilogue is applied to the
+//! interpreter's in f64, within tolerance). An integer max is taken in
+//! `long long`. The epilogue is applied to the
 //! pooled value as in the elementwise family.
 //!
 //! The window geometry ([`Window`]) and the checks and helpers of per-output
@@ -23,12 +24,12 @@ use std::collections::BTreeSet;
 use dcir_ir::{Attr, Attrs, OpId, OpKind, ValueId};
 
 use super::{
-    EmitError, Index, Lower, Reduced, attr_int, global_thread, grid_stride, kernel_name, params,
-    store, yields,
+    Accumulator, EmitError, Index, Lower, Reduced, attr_int, global_thread, grid_stride,
+    kernel_name, params, store, yields,
 };
 use crate::kir::{
-    BinOp, Expr, Helper, Kernel, Param, Stmt, Ty, add, bin, call, clamp, div, int, mul, rem,
-    select, sub, var,
+    BinOp, Expr, Kernel, Param, Stmt, Ty, add, bin, call, clamp, div, int, mul, rem, select, sub,
+    var,
 };
 
 type Result<T> = std::result::Result<T, EmitError>;
@@ -265,9 +266,11 @@ pub(super) fn pool(l: &mut Lower, op: OpId) -> Result<Kernel> {
     let (x, pooled) = (data.operands[0], data.results[0]);
     let dtype = g.ty(pooled).dtype;
     let (x_dims, out_dims) = (g.ty(x).dims().to_vec(), g.ty(pooled).dims().to_vec());
-    if !dtype.is_float() {
-        return Err(l.unsupported("an integer pool"));
-    }
+    // Maximum over integers in `long long` (the verifier allows no integer average).
+    let how = Accumulator {
+        max: maxpool,
+        ty: if dtype.is_float() { Ty::F32 } else { Ty::I64 },
+    };
     let (&[_, c, h, w], &[n, _, oh, ow]) = (&x_dims[..], &out_dims[..]) else {
         return Err(l.unsupported("a pool whose input is not NCHW"));
     };
@@ -349,10 +352,10 @@ pub(super) fn pool(l: &mut Lower, op: OpId) -> Result<Kernel> {
             },
         );
         l.body.extend(b);
-        let identity = Expr::F32(if maxpool { f32::NEG_INFINITY } else { 0.0 });
+        let identity = how.init();
         l.body.push(Stmt::Let {
             name: "acc".into(),
-            ty: Ty::F32,
+            ty: how.ty,
             value: identity.clone(),
             constant: false,
         });
@@ -380,12 +383,7 @@ pub(super) fn pool(l: &mut Lower, op: OpId) -> Result<Kernel> {
                 }
                 None => v,
             };
-            let acc = if maxpool {
-                l.helpers.insert(Helper::NanMinMax);
-                call("dcir_max", vec![var("acc"), v])
-            } else {
-                bin(BinOp::Add, var("acc"), v)
-            };
+            let acc = how.combine(l, var("acc"), v);
             l.body.push(Stmt::Assign("acc".into(), acc));
             Ok(())
         })?;

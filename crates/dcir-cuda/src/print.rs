@@ -346,6 +346,8 @@ fn write_expr(out: &mut String, e: &Expr, min_prec: u8) {
     }
     match e {
         Expr::Var(name) => out.push_str(name),
+        // `-9223372036854775808` would negate a literal no type holds.
+        Expr::Int(i64::MIN) => out.push_str("(-9223372036854775807LL - 1)"),
         Expr::Int(v) => {
             let _ = write!(out, "{v}");
         }

@@ -4,8 +4,9 @@
 //! `fused @gN(...) {kind, level, <kernel parameters>}` whose region holds
 //! copies of the group's ops; values the group defines and others use become
 //! the fused op's results, under their original names (inside the region the
-//! copy is renamed `name.r`). Small and splat constants a group uses are
-//! copied into its region; a group that is only a `reshape` stays a plain op (a view, no
+//! copy is renamed `name.r`). Splat constants a group uses are copied into
+//! its region (the emitter makes them literals); any other constant stays a
+//! value of the graph, which the group reads; a group that is only a `reshape` stays a plain op (a view, no
 //! kernel); a group whose results nobody uses is dropped. A view of values
 //! from outside its group (a bias broadcast that CSE shared between two
 //! convolutions, a reshape of the previous layer's output that three
@@ -18,9 +19,6 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::planner::{Plan, PlannedGroup};
 use crate::storage::{ConcatStorage, concat_storage};
-
-/// Constants up to this many elements are copied into the regions that use them.
-const INLINE_CONSTANT_ELEMS: usize = 64;
 
 struct Rebuild<'g> {
     old: &'g Graph,
@@ -82,38 +80,46 @@ impl Rebuild<'_> {
     }
 }
 
-/// The constant op defining `v` when regions should hold a copy of it: up
-/// to [`INLINE_CONSTANT_ELEMS`] elements, or any size when every element is
-/// the same value (a splat: the emitter turns it into a literal).
-fn small_constant(graph: &Graph, v: ValueId) -> Option<OpId> {
+/// The constant op defining `v` when regions should hold a copy of it: a
+/// splat (every element the same value), which the emitter turns into a
+/// literal, that feeds no contraction (whose kernels stage their operands
+/// from memory; such a constant stays a buffer).
+fn splat_constant(
+    graph: &Graph,
+    users: &FxHashMap<ValueId, Vec<OpId>>,
+    v: ValueId,
+) -> Option<OpId> {
     let ValueDef::OpResult { op, .. } = graph.value(v).def else {
         return None;
     };
     let d = graph.op(op);
-    if d.kind != OpKind::Constant {
+    if d.kind != OpKind::Constant || d.attrs.get("value").and_then(Attr::splat).is_none() {
         return None;
     }
-    let splat = match d.attrs.get("value") {
-        Some(Attr::Float(_) | Attr::Int(_)) => true,
-        Some(Attr::Floats(xs)) => xs.windows(2).all(|w| w[0] == w[1]),
-        Some(Attr::Ints(xs)) => xs.windows(2).all(|w| w[0] == w[1]),
-        _ => false,
-    };
-    let small = graph
-        .ty(v)
-        .num_elements()
-        .is_some_and(|n| n <= INLINE_CONSTANT_ELEMS);
-    (splat || small).then_some(op)
+    (!feeds_contraction(graph, users, v)).then_some(op)
+}
+
+/// Whether `v` is an operand of a matmul or conv2d, directly or through views.
+fn feeds_contraction(graph: &Graph, users: &FxHashMap<ValueId, Vec<OpId>>, v: ValueId) -> bool {
+    users.get(&v).into_iter().flatten().any(|&u| {
+        let d = graph.op(u);
+        matches!(d.kind, OpKind::Matmul | OpKind::Conv2d)
+            || (crate::class::is_view(d.kind)
+                && d.results
+                    .iter()
+                    .any(|&r| feeds_contraction(graph, users, r)))
+    })
 }
 
 /// The ops that compute `v` through views alone (innermost first) from
-/// values any group can read — graph parameters, small constants, and
+/// values any group can read — graph parameters, splat constants, and
 /// values another group materializes — or `None` when `v` is not such a
 /// view. A portable view is never materialized, so the chain follows one
 /// into whichever group defines it. `group_of` maps each grouped op to its
 /// group.
 fn portable_view(
     graph: &Graph,
+    users: &FxHashMap<ValueId, Vec<OpId>>,
     group_of: &dyn Fn(OpId) -> Option<usize>,
     v: ValueId,
 ) -> Option<Vec<OpId>> {
@@ -129,10 +135,10 @@ fn portable_view(
         let ValueDef::OpResult { op: def, .. } = graph.value(operand).def else {
             continue; // a parameter
         };
-        if small_constant(graph, operand).is_some() {
+        if splat_constant(graph, users, operand).is_some() {
             continue;
         }
-        match portable_view(graph, group_of, operand) {
+        match portable_view(graph, users, group_of, operand) {
             // Never materialized, wherever it is defined: copied along.
             Some(inner) => chain.extend(inner),
             // Another group's value is one of that group's results.
@@ -271,8 +277,9 @@ pub(crate) fn apply_plan_indexed(
         }
         let needed_outside = d.results.iter().any(|r| {
             users.get(r).is_some_and(|us| {
-                us.iter()
-                    .any(|u| !partition.contains_key(u) || small_constant(graph, *r).is_none())
+                us.iter().any(|u| {
+                    !partition.contains_key(u) || splat_constant(graph, &users, *r).is_none()
+                })
             })
         });
         if needed_outside {
@@ -324,17 +331,17 @@ fn emit_group(
     let region = rb.new.create_block();
     let mut local: FxHashMap<ValueId, ValueId> = FxHashMap::default();
     let mut operands = Vec::new();
-    // Region arguments first, then small constants and views of parameters
+    // Region arguments first, then splat constants and views of parameters
     // copied in (their own inputs become arguments too).
     let mut copied: Vec<OpId> = Vec::new();
     let mut arguments: Vec<ValueId> = Vec::new();
     for v in planned.group.inputs(graph) {
-        if let Some(c) = small_constant(graph, v) {
+        if let Some(c) = splat_constant(graph, users, v) {
             copied.push(c);
-        } else if let Some(chain) = portable_view(graph, group_of, v) {
+        } else if let Some(chain) = portable_view(graph, users, group_of, v) {
             for &op in &chain {
                 for &operand in &graph.op(op).operands {
-                    match small_constant(graph, operand) {
+                    match splat_constant(graph, users, operand) {
                         Some(c) => copied.push(c),
                         None if !chain
                             .iter()
@@ -392,7 +399,7 @@ fn emit_group(
     // A portable view escapes only to readers that are not groups (the
     // return, a plain reshape): groups copy it instead.
     let escapes = |r: ValueId| {
-        let copied_by_groups = portable_view(graph, group_of, r).is_some();
+        let copied_by_groups = portable_view(graph, users, group_of, r).is_some();
         users.get(&r).is_some_and(|us| {
             us.iter().any(|u| {
                 let copied_by_reader = copied_by_groups && group_of(*u).is_some();

@@ -114,6 +114,26 @@ impl Attr {
         }
     }
 
+    /// The one value of a constant's `value` when every element holds it
+    /// (a scalar, or a list of bit-identical elements, NaNs included).
+    pub fn splat(&self) -> Option<f64> {
+        match self {
+            Attr::Float(f) => Some(*f),
+            Attr::Int(i) => Some(*i as f64),
+            Attr::Floats(xs) => {
+                let first = *xs.first()?;
+                xs.iter()
+                    .all(|x| x.to_bits() == first.to_bits())
+                    .then_some(first)
+            }
+            Attr::Ints(xs) => {
+                let first = *xs.first()?;
+                xs.iter().all(|&x| x == first).then_some(first as f64)
+            }
+            _ => None,
+        }
+    }
+
     /// The boolean, if this is [`Attr::Bool`].
     pub fn as_bool(&self) -> Option<bool> {
         match self {

@@ -651,3 +651,67 @@ fn check_constant(attrs: &Attrs, out: &TensorType) -> Result<(), TypeError> {
     }
     Ok(())
 }
+
+/// How a reducing op (`reduce_*`, `softmax`, `layernorm`, `global_avgpool`)
+/// walks its first operand: one row per index of the kept dims, each row the
+/// elements of the reduced dims. The one description the cost model and the
+/// emitter both read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rows {
+    /// The dims that are not reduced, in order.
+    pub kept: Vec<usize>,
+    /// The reduced dims, in order.
+    pub reduced: Vec<usize>,
+    /// Number of rows: the product of the kept extents.
+    pub rows: usize,
+    /// Elements per row: the product of the reduced extents.
+    pub len: usize,
+}
+
+impl Rows {
+    /// The rows `kind` (with `attrs`) reduces an operand of `dims` into;
+    /// `None` for an op that reduces nothing.
+    pub fn of(kind: OpKind, attrs: &Attrs, dims: &[usize]) -> Option<Rows> {
+        let rank = dims.len();
+        let index = |v: i64| usize::try_from(v).ok().filter(|&a| a < rank);
+        let reduced: Vec<usize> = match kind {
+            OpKind::ReduceSum | OpKind::ReduceMean | OpKind::ReduceMax => attrs
+                .ints("axes")
+                .unwrap_or(&[])
+                .iter()
+                .filter_map(|&a| index(a))
+                .collect(),
+            OpKind::Softmax => index(attrs.int("axis").unwrap_or(0)).into_iter().collect(),
+            OpKind::Layernorm => {
+                let axis = usize::try_from(attrs.int("axis").unwrap_or(0)).unwrap_or(0);
+                (axis.min(rank)..rank).collect()
+            }
+            OpKind::GlobalAvgpool if rank == 4 => vec![2, 3],
+            _ => return None,
+        };
+        let kept: Vec<usize> = (0..rank).filter(|d| !reduced.contains(d)).collect();
+        let extent = |ds: &[usize]| ds.iter().map(|&d| dims[d]).product();
+        Some(Rows {
+            rows: extent(&kept),
+            len: extent(&reduced),
+            kept,
+            reduced,
+        })
+    }
+
+    /// Whether each row is contiguous in row-major order: the reduced dims
+    /// are the innermost ones (or every dim between them has extent 1).
+    pub fn contiguous(&self, dims: &[usize]) -> bool {
+        let last_kept = self.kept.iter().rev().find(|&&d| dims[d] != 1);
+        let first_reduced = self.reduced.iter().find(|&&d| dims[d] != 1);
+        match (last_kept, first_reduced) {
+            (Some(k), Some(r)) => k < r,
+            _ => true,
+        }
+    }
+
+    /// The operand's dims in row order: the kept dims, then the reduced ones.
+    pub fn order(&self) -> Vec<usize> {
+        self.kept.iter().chain(&self.reduced).copied().collect()
+    }
+}

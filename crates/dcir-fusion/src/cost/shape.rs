@@ -1,6 +1,7 @@
 //! What a group reads, writes and computes: compulsory traffic, flops, and
 //! the problem shape of its anchor ops, computed once per estimate.
 
+use dcir_ir::shape::Rows;
 use dcir_ir::{DType, Graph, OpId, OpKind, TensorType, ValueDef, ValueId};
 use dcir_passes::analysis::op_cost;
 use rustc_hash::FxHashSet;
@@ -62,18 +63,32 @@ pub(crate) struct Depthwise {
     pub dilation: [f64; 2],
 }
 
+/// Where a reduction's rows lie in memory ([`Rows::contiguous`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RowLayout {
+    /// Each row is contiguous (the reduced dims are innermost).
+    Contiguous,
+    /// The innermost dim is kept: consecutive rows are adjacent, so one
+    /// thread per row reads coalesced.
+    Interleaved,
+    /// Neither: rows and their elements are both strided.
+    Strided,
+}
+
 /// The problem of a group, by kind.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Body {
     /// `n` elements in the iteration space; `inner` its innermost extent.
     Elementwise { n: f64, inner: usize },
-    /// `rows` rows of `len` elements; the row is read `passes` times unless
-    /// cached on chip; `input_bytes` is the reduced tensor's size.
+    /// `rows` rows of `len` elements laid out as `layout`; the row is read
+    /// `passes` times unless cached on chip; `input_bytes` is the reduced
+    /// tensor's size.
     Reduction {
         rows: f64,
         len: f64,
         passes: f64,
         input_bytes: f64,
+        layout: RowLayout,
     },
     /// `outputs` output elements, each reading a `window` of inputs.
     Pool { outputs: f64 },
@@ -380,33 +395,21 @@ pub(crate) fn analyze(graph: &Graph, group: &Group) -> Result<GroupInfo, String>
         }
         (GroupKind::Reduction, &[a]) if role(kinds[0]) == Role::Reduction => {
             let d = graph.op(a);
-            let x = graph.ty(d.operands[0]);
-            let xd = x.dims();
-            let total = x.num_elements().unwrap_or(0) as f64;
-            let prod = |range: &[usize]| range.iter().map(|&i| xd[i] as f64).product::<f64>();
-            let (len, passes): (f64, f64) = match d.kind {
-                OpKind::Softmax => {
-                    let ax = d.attrs.int("axis").unwrap_or(0) as usize;
-                    (prod(&[ax.min(xd.len().saturating_sub(1))]), 2.0)
-                }
-                OpKind::Layernorm => {
-                    let ax = (d.attrs.int("axis").unwrap_or(0) as usize).min(xd.len());
-                    (xd[ax..].iter().map(|&e| e as f64).product(), 2.0)
-                }
-                OpKind::GlobalAvgpool => (prod(&[2, 3]), 1.0),
-                _ => {
-                    let axes: Vec<usize> = d
-                        .attrs
-                        .ints("axes")
-                        .unwrap_or(&[])
-                        .iter()
-                        .map(|&a| a as usize)
-                        .filter(|&a| a < xd.len())
-                        .collect();
-                    (prod(&axes), 1.0)
-                }
+            let xd = graph.ty(d.operands[0]).dims();
+            let rows = Rows::of(d.kind, &d.attrs, xd)
+                .ok_or_else(|| format!("`{}` is not a reduction", d.kind.name()))?;
+            let passes: f64 = match d.kind {
+                OpKind::Softmax | OpKind::Layernorm => 2.0,
+                _ => 1.0,
             };
-            let len = len.max(1.0);
+            let layout = if rows.contiguous(xd) {
+                RowLayout::Contiguous
+            } else if rows.kept.last() == xd.len().checked_sub(1).as_ref() {
+                RowLayout::Interleaved
+            } else {
+                RowLayout::Strided
+            };
+            let len = (rows.len as f64).max(1.0);
             // A row reduction feeding an elementwise op that rereads the
             // reduced tensor (decomposed softmax) needs a second pass too.
             let rereads = group.ops.iter().any(|&o| {
@@ -415,10 +418,11 @@ pub(crate) fn analyze(graph: &Graph, group: &Group) -> Result<GroupInfo, String>
                     && graph.op(o).operands.contains(&d.operands[0])
             });
             Body::Reduction {
-                rows: (total / len).max(1.0),
+                rows: (rows.rows as f64).max(1.0),
                 len,
                 passes: if rereads { passes.max(2.0) } else { passes },
                 input_bytes: size(graph, d.operands[0]),
+                layout,
             }
         }
         (GroupKind::Pool, &[a]) if role(kinds[0]) == Role::Pool => Body::Pool {

@@ -7,7 +7,7 @@
 use dcir_ir::{Attr, DType};
 
 use super::KernelParams;
-use super::shape::{Body, Depthwise, GemmShape, GroupInfo};
+use super::shape::{Body, Depthwise, GemmShape, GroupInfo, RowLayout};
 use crate::device::DeviceSpec;
 
 /// Elementwise and pool block sizes.
@@ -394,14 +394,23 @@ pub(crate) fn for_each(dev: &DeviceSpec, info: &GroupInfo, out: &mut dyn FnMut(C
             len,
             passes,
             input_bytes,
+            layout,
         } => {
             let flops_per_elem = info.scalar_flops / (rows * len);
-            for tpr in [32u32, 64, 128, 256, 512, 1024] {
-                for rpb in [1u32, 2, 4, 8] {
+            // Contiguous rows: a row over one or more warps, in vectors.
+            // Interleaved rows (the innermost dim kept): a thread per row,
+            // the block's threads on consecutive rows. Strided rows: scalar.
+            let (tprs, rpbs, vectors): (&[u32], &[u32], &[u32]) = match layout {
+                RowLayout::Contiguous => (&[32, 64, 128, 256, 512, 1024], &[1, 2, 4, 8], &VECTORS),
+                RowLayout::Interleaved => (&[1], &[32, 64, 128, 256], &[1]),
+                RowLayout::Strided => (&[32, 64, 128, 256, 512, 1024], &[1, 2, 4, 8], &[1]),
+            };
+            for &tpr in tprs {
+                for &rpb in rpbs {
                     if tpr * rpb > dev.max_threads_per_block {
                         continue;
                     }
-                    for vector in VECTORS {
+                    for &vector in vectors {
                         if len % vector as f64 != 0.0 {
                             continue;
                         }
