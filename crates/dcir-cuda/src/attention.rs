@@ -37,6 +37,7 @@
 
 use std::collections::BTreeSet;
 
+use dcir_fusion::Reason;
 use dcir_ir::{OpId, OpKind, ValueId};
 
 use super::chain::{
@@ -216,7 +217,7 @@ pub(super) fn attention(l: &mut Lower, op: OpId) -> Result<Kernel> {
 
     let block = g.op(op).attrs.ints("block").unwrap_or(&[64, 64]).to_vec();
     let [bm, bn] = block[..] else {
-        return Err(l.unsupported(format!("block = {block:?}")));
+        return Err(l.unsupported(Reason::Parameters(format!("block = {block:?}"))));
     };
     let (bm, bn) = (bm.max(1) as usize, bn.max(1) as usize);
     let threads = attr_int(g, op, "threads", 256).clamp(32, 1024) as usize;
@@ -226,9 +227,9 @@ pub(super) fn attention(l: &mut Lower, op: OpId) -> Result<Kernel> {
         None
     };
     let Some((tm_t, tn_t)) = grid_split else {
-        return Err(l.unsupported(format!(
+        return Err(l.unsupported(Reason::Parameters(format!(
             "block [{bm}, {bn}] with {threads} threads (no split of whole warps with at most {MAX_ACCUMULATORS} accumulators per thread)"
-        )));
+        ))));
     };
     let (mt, nt) = (bm / tm_t, bn / tn_t);
     let nv = dv.div_ceil(tn_t);
@@ -244,13 +245,14 @@ pub(super) fn attention(l: &mut Lower, op: OpId) -> Result<Kernel> {
     }
     let (views, shared_bytes) = smem.finish();
     if shared_bytes > super::chain::MAX_SHARED {
-        return Err(l.unsupported(format!(
-            "{shared_bytes} bytes of shared memory (block [{bm}, {bn}], head dims {d} and {dv})"
-        )));
+        return Err(l.unsupported(Reason::SharedMemory {
+            bytes: shared_bytes,
+            detail: format!("block [{bm}, {bn}], head dims {d} and {dv}"),
+        }));
     }
     let largest = (m * n).max(m * d).max(n * d).max(n * dv).max(m * dv);
     if batch * largest >= i32::MAX as usize {
-        return Err(l.unsupported("more than 2^31 elements"));
+        return Err(l.unsupported(Reason::TooLarge));
     }
     let grid_m = m.div_ceil(bm);
 

@@ -31,6 +31,7 @@
 
 use std::collections::BTreeSet;
 
+use dcir_fusion::Reason;
 use dcir_ir::{DType, Graph, OpId, OpKind, ValueDef, ValueId};
 
 use super::{
@@ -164,25 +165,25 @@ impl Plan {
             .unwrap_or(&[64, 32, 16])
             .to_vec();
         let [tm, tn, tk] = tile[..] else {
-            return Err(l.unsupported(format!("tile = {tile:?}")));
+            return Err(l.unsupported(Reason::Parameters(format!("tile = {tile:?}"))));
         };
         let (tm, tn, tk) = (tm.max(1) as usize, tn.max(1) as usize, tk.max(1) as usize);
         let threads = attr_int(g, op, "threads", 256).clamp(1, 1024) as usize;
         let split = attr_int(g, op, "split_n", 1).max(1) as usize;
         let Some((threads_m, threads_n)) = thread_grid(tm, tn, threads) else {
-            return Err(l.unsupported(format!(
+            return Err(l.unsupported(Reason::Parameters(format!(
                 "tile [{tm}, {tn}] with {threads} threads (no even split)"
-            )));
+            ))));
         };
         let (mt, nt) = (tm / threads_m, tn / threads_n);
         if mt * nt > 128 {
-            return Err(l.unsupported(format!("a {mt}x{nt} micro-tile")));
+            return Err(l.unsupported(Reason::Parameters(format!("a {mt}x{nt} micro-tile"))));
         }
         let (first, second) = (&chain.first, &chain.second);
         let (rows, k1, n1, n2) = (first.rows, first.k, first.cols, second.cols);
         let largest = (rows * n1.max(n2).max(k1)).max(k1 * n1).max(n1 * n2);
         if first.batch() * largest >= i32::MAX as usize {
-            return Err(l.unsupported("more than 2^31 elements"));
+            return Err(l.unsupported(Reason::TooLarge));
         }
         Ok(Plan {
             tm,
@@ -276,11 +277,14 @@ pub(super) fn chain(l: &mut Lower, op: OpId) -> Result<Kernel> {
     let plan = Plan::new(l, op, &chain)?;
     let (views, shared_bytes) = plan.shared();
     if shared_bytes > MAX_SHARED {
-        return Err(l.unsupported(format!(
-            "{shared_bytes} bytes of shared memory (tile {:?}, {} intermediate columns)",
-            [plan.tm, plan.tn, plan.tk],
-            chain.first.cols
-        )));
+        return Err(l.unsupported(Reason::SharedMemory {
+            bytes: shared_bytes,
+            detail: format!(
+                "tile {:?}, {} intermediate columns",
+                [plan.tm, plan.tn, plan.tk],
+                chain.first.cols
+            ),
+        }));
     }
     let (first, second) = (&chain.first, &chain.second);
     let (rows, n1, n2) = (first.rows, first.cols, second.cols);
@@ -572,7 +576,10 @@ impl Contraction {
         let d = g.op(op);
         let (a, b, result) = (d.operands[0], d.operands[1], d.results[0]);
         if !g.ty(result).dtype.is_float() {
-            return Err(l.unsupported("an integer contraction"));
+            return Err(l.unsupported(Reason::DType {
+                op: d.kind,
+                dtype: g.ty(result).dtype,
+            }));
         }
         let out = g.ty(result).dims().to_vec();
         match d.kind {
@@ -918,10 +925,10 @@ pub(super) fn check_elementwise_path(
     };
     let d = l.g.op(op);
     if !is_elementwise(d.kind) {
-        return Err(l.unsupported(format!(
-            "`{}` in {what} (only elementwise ops and casts)",
-            d.kind.name()
-        )));
+        return Err(l.unsupported(Reason::Op {
+            op: d.kind,
+            place: format!("in {what} (only elementwise ops and casts)"),
+        }));
     }
     for &v in &d.operands {
         if set.contains(&v) {
@@ -952,10 +959,10 @@ pub(super) fn check_epilogue(
             continue;
         }
         if !is_elementwise(d.kind) && !matches!(d.kind, OpKind::Reshape | OpKind::Transpose) {
-            return Err(l.unsupported(format!(
-                "`{}` after {what} (only elementwise, reshape and transpose epilogues)",
-                d.kind.name()
-            )));
+            return Err(l.unsupported(Reason::Op {
+                op: d.kind,
+                place: format!("after {what} (only elementwise, reshape and transpose epilogues)"),
+            }));
         }
     }
     Ok(())

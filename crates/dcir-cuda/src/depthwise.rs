@@ -40,6 +40,7 @@
 //! are zeros in both `mid` and the weights. `math = "tensor_core"` is served
 //! by the same f32 SIMT kernel (f16/bf16 widen to f32).
 
+use dcir_fusion::Reason;
 use dcir_ir::{DType, OpId, OpKind, ValueId};
 
 use super::pool::{
@@ -101,11 +102,14 @@ impl Depthwise {
         }
         let dtype = g.ty(out).dtype;
         if !dtype.is_float() {
-            return Err(l.unsupported("an integer conv"));
+            return Err(l.unsupported(Reason::DType {
+                op: OpKind::Conv2d,
+                dtype,
+            }));
         }
         let elements = [xd, od].iter().map(|d| d.iter().product::<usize>()).max();
         if elements.unwrap_or(0) >= i32::MAX as usize {
-            return Err(l.unsupported("more than 2^31 elements"));
+            return Err(l.unsupported(Reason::TooLarge));
         }
         Ok(Depthwise {
             x,
@@ -153,7 +157,7 @@ fn tile_attr(l: &Lower, op: OpId, default: [usize; 2]) -> Result<[usize; 2]> {
     match l.g.op(op).attrs.ints("tile") {
         None => Ok(default),
         Some(&[th, tw]) if th > 0 && tw > 0 => Ok([th as usize, tw as usize]),
-        Some(t) => Err(l.unsupported(format!("tile = {t:?}"))),
+        Some(t) => Err(l.unsupported(Reason::Parameters(format!("tile = {t:?}")))),
     }
 }
 
@@ -402,9 +406,9 @@ pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
     let [rows, cols] = tile_attr(l, op, [4, 4])?;
     let (rows, cols) = (rows.min(oh), cols.min(ow));
     if rows * cols > MAX_STRIP {
-        return Err(l.unsupported(format!(
+        return Err(l.unsupported(Reason::Parameters(format!(
             "a strip of {rows}x{cols} outputs per thread (at most {MAX_STRIP})"
-        )));
+        ))));
     }
     let threads = (attr_int(g, op, "threads", 128).clamp(32, 1024) as usize).next_multiple_of(32);
     let (kh, kw) = (dw.win.kernel[0], dw.win.kernel[1]);
@@ -413,7 +417,7 @@ pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
     let (strips, col_groups) = (oh.div_ceil(rows), ow.div_ceil(cols));
     let total = dw.n * dw.channels * strips * col_groups;
     if total >= i32::MAX as usize {
-        return Err(l.unsupported("more than 2^31 threads"));
+        return Err(l.unsupported(Reason::TooLarge));
     }
     // The input is read straight from its parameter, in vectors of `cols`
     // elements where each span's aligned middle allows (see the module doc).
@@ -861,7 +865,7 @@ pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
     let total = out_dims.iter().product::<usize>();
     let ys = per_output_results(l, op, total)?;
     if total >= i32::MAX as usize {
-        return Err(l.unsupported("more than 2^31 elements"));
+        return Err(l.unsupported(Reason::TooLarge));
     }
 
     let tile = tile_attr(l, op, [8, 8])?;
@@ -873,10 +877,10 @@ pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
         .into_iter()
         .find_map(|tn| thread_grid(pixels, tn, threads).map(|grid| (tn, grid)))
     else {
-        return Err(l.unsupported(format!(
+        return Err(l.unsupported(Reason::Parameters(format!(
             "tile [{}, {}] x {planned_n} channels with {threads} threads (no even split)",
             tile[0], tile[1]
-        )));
+        ))));
     };
     let (mt, nt) = (pixels / threads_p, tile_n / threads_n);
     let [ph, pw] = dw.patch(tile);
@@ -888,9 +892,9 @@ pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
     // At most half of a thread's share of the 64K registers hold accumulators.
     let max_acc = (32 * 1024 / threads).min(128);
     if fit == 0 || mt * nt > max_acc {
-        return Err(l.unsupported(format!(
+        return Err(l.unsupported(Reason::Parameters(format!(
             "{per_channel} bytes of shared memory per channel or a {mt}x{nt} micro-tile"
-        )));
+        ))));
     }
     // Chunks of equal size: the last one wastes least.
     let kc = dw.channels.div_ceil(dw.channels.div_ceil(fit));

@@ -52,6 +52,7 @@
 
 use std::collections::BTreeSet;
 
+use dcir_fusion::Reason;
 use dcir_ir::{Attr, DType, OpId, OpKind, ValueDef, ValueId};
 
 use super::split_k::SplitK;
@@ -483,18 +484,23 @@ impl Contraction {
     /// values derived from the result.
     pub(super) fn check(&self, l: &Lower, group: OpId) -> Result<BTreeSet<ValueId>> {
         let g = l.g;
-        if !g.ty(self.result).dtype.is_float() {
-            return Err(l.unsupported("an integer contraction"));
+        let dtype = g.ty(self.result).dtype;
+        if !dtype.is_float() {
+            let op = match self.geometry {
+                Geometry::Matmul { .. } => OpKind::Matmul,
+                Geometry::Conv(_) => OpKind::Conv2d,
+            };
+            return Err(l.unsupported(Reason::DType { op, dtype }));
         }
         check_prologue(l, self.a.value, "A")?;
         check_prologue(l, self.b.value, "B")?;
         let sizes = [self.a.value, self.b.value, self.result]
             .map(|v| g.ty(v).num_elements().unwrap_or(usize::MAX));
         if sizes.iter().any(|&s| s >= i32::MAX as usize) {
-            return Err(l.unsupported("more than 2^31 elements"));
+            return Err(l.unsupported(Reason::TooLarge));
         }
         if self.batch * self.m * self.n * self.k == 0 {
-            return Err(l.unsupported("an empty contraction"));
+            return Err(l.unsupported(Reason::Empty));
         }
         check_epilogue(l, group, self.result)
     }
@@ -513,7 +519,14 @@ fn only_op(l: &Lower, op: OpId, kind: OpKind) -> Result<OpId> {
         .collect();
     match found[..] {
         [o] => Ok(o),
-        _ => Err(l.unsupported(format!("a group with {} {}s", found.len(), kind.name()))),
+        _ => Err(l.unsupported(Reason::Count {
+            what: if kind == OpKind::Matmul {
+                "matmuls"
+            } else {
+                "convs"
+            },
+            found: found.len(),
+        })),
     }
 }
 
@@ -539,10 +552,12 @@ pub(super) fn check_prologue(l: &Lower, v: ValueId, which: &str) -> Result<()> {
             data.kind,
             OpKind::Reshape | OpKind::Transpose | OpKind::Broadcast | OpKind::Slice
         ) {
-            return Err(l.unsupported(format!(
-                "`{}` feeding operand {which} of the contraction (only reshape, transpose, broadcast and slice prologues)",
-                data.kind.name()
-            )));
+            return Err(l.unsupported(Reason::Op {
+                op: data.kind,
+                place: format!(
+                    "feeding operand {which} of the contraction (only reshape, transpose, broadcast and slice prologues)"
+                ),
+            }));
         }
         v = data.operands[0];
     }
@@ -570,10 +585,10 @@ pub(super) fn check_epilogue(l: &Lower, op: OpId, result: ValueId) -> Result<BTr
             || (data.kind == OpKind::Batchnorm
                 && !data.operands[1..].iter().any(|v| tainted.contains(v)));
         if !ok {
-            return Err(l.unsupported(format!(
-                "`{}` after the contraction (only elementwise, batchnorm, reshape and transpose epilogues)",
-                data.kind.name()
-            )));
+            return Err(l.unsupported(Reason::Op {
+                op: data.kind,
+                place: "after the contraction (only elementwise, batchnorm, reshape and transpose epilogues)".into(),
+            }));
         }
         tainted.extend(data.results.iter().copied());
     }

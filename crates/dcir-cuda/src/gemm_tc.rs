@@ -46,6 +46,7 @@
 
 use std::collections::BTreeSet;
 
+use dcir_fusion::Reason;
 use dcir_ir::{Attr, DType, Graph, OpId, OpKind, ValueDef, ValueId};
 
 use super::gemm::{
@@ -1628,7 +1629,10 @@ pub(super) fn gemm(l: &mut Lower, op: OpId) -> Result<Kernel> {
         .filter(|&o| g.op(o).kind == OpKind::Matmul)
         .collect();
     let [mm_op] = matmuls[..] else {
-        return Err(l.unsupported(format!("a gemm group with {} matmuls", matmuls.len())));
+        return Err(l.unsupported(Reason::Count {
+            what: "matmuls",
+            found: matmuls.len(),
+        }));
     };
     let mm_data = g.op(mm_op);
     let (a, b) = (mm_data.operands[0], mm_data.operands[1]);
@@ -1653,10 +1657,10 @@ pub(super) fn gemm(l: &mut Lower, op: OpId) -> Result<Kernel> {
     let batch: usize = batch_dims.iter().product();
     let largest = [m * n, m * k, k * n].into_iter().max().unwrap_or(0);
     if batch * largest >= i32::MAX as usize {
-        return Err(l.unsupported("more than 2^31 elements"));
+        return Err(l.unsupported(Reason::TooLarge));
     }
     if batch * m * n == 0 {
-        return Err(l.unsupported("an empty matmul"));
+        return Err(l.unsupported(Reason::Empty));
     }
     let batch_coords = Index::linear(&batch_dims, var("bz")).get_coords();
     // A is [.., M, K] ([.., K, M] with transpose_a); B is [.., K, N] ([.., N, K] with transpose_b).

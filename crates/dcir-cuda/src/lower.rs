@@ -17,6 +17,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use dcir_fusion::Reason;
 use dcir_ir::shape::Rows;
 use dcir_ir::{Attr, DType, Graph, OpId, OpKind, ValueDef, ValueId};
 
@@ -54,15 +55,18 @@ pub enum EmitError {
         /// The group's symbol.
         group: String,
         /// What is not supported.
-        what: String,
+        reason: Reason,
     },
 }
 
 impl std::fmt::Display for EmitError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            EmitError::Unsupported { group, what } => {
-                write!(f, "cannot emit group @{group}: {what} is not supported yet")
+            EmitError::Unsupported { group, reason } => {
+                write!(
+                    f,
+                    "cannot emit group @{group}: {reason} is not supported yet"
+                )
             }
         }
     }
@@ -222,10 +226,10 @@ impl Vectors {
 }
 
 impl<'g> Lower<'g> {
-    fn unsupported(&self, what: impl Into<String>) -> EmitError {
+    fn unsupported(&self, reason: impl Into<Reason>) -> EmitError {
         EmitError::Unsupported {
             group: self.group.clone(),
-            what: what.into(),
+            reason: reason.into(),
         }
     }
 
@@ -544,7 +548,12 @@ impl<'g> Lower<'g> {
                 let tb = attrs.get("transpose_b").and_then(Attr::as_bool) == Some(true);
                 self.dot(&hint, dtype, [operands[0], operands[1]], [ta, tb], &coords)?
             }
-            other => return Err(self.unsupported(format!("op `{}` in this group", other.name()))),
+            other => {
+                return Err(self.unsupported(Reason::Op {
+                    op: other,
+                    place: "in this group".into(),
+                }));
+            }
         };
         Ok(self.bind(&hint, local_ty(dtype), e))
     }
@@ -659,7 +668,7 @@ impl<'g> Lower<'g> {
     fn binary(&mut self, kind: OpKind, dtype: DType, a: Expr, b: Expr) -> Result<Expr> {
         let float = dtype.is_float();
         if !float && !dtype.is_int() {
-            return Err(self.unsupported(format!("`{}` on {}", kind.name(), dtype.name())));
+            return Err(self.unsupported(Reason::DType { op: kind, dtype }));
         }
         let op = |o| Ok(bin(o, a.clone(), b.clone()));
         match kind {
@@ -679,7 +688,7 @@ impl<'g> Lower<'g> {
             OpKind::Max => Ok(call("max", vec![a, b])),
             OpKind::Min => Ok(call("min", vec![a, b])),
             OpKind::Pow if float => Ok(call("powf", vec![a, b])),
-            other => Err(self.unsupported(format!("`{}` on {}", other.name(), dtype.name()))),
+            other => Err(self.unsupported(Reason::DType { op: other, dtype })),
         }
     }
 
@@ -712,7 +721,7 @@ impl<'g> Lower<'g> {
                         vec![call("max", vec![a, int(lo as i64)]), int(hi as i64)],
                     ))
                 }
-                other => Err(self.unsupported(format!("`{}` on {}", other.name(), dtype.name()))),
+                other => Err(self.unsupported(Reason::DType { op: other, dtype })),
             };
         }
         let f = |name: &str| Ok(call(name, vec![a.clone()]));
@@ -752,7 +761,7 @@ impl<'g> Lower<'g> {
             OpKind::Rsqrt => f("rsqrtf"),
             OpKind::Abs => f("fabsf"),
             OpKind::Neg => Ok(Expr::Neg(Box::new(a))),
-            other => Err(self.unsupported(format!("`{}`", other.name()))),
+            other => Err(self.unsupported(Reason::DType { op: other, dtype })),
         }
     }
 
@@ -1039,7 +1048,7 @@ fn elementwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
         .max()
         .unwrap_or(0);
     if largest >= i32::MAX as usize {
-        return Err(l.unsupported("more than 2^31 elements"));
+        return Err(l.unsupported(Reason::TooLarge));
     }
     let threads = attr_int(g, op, "threads", 256).clamp(32, 1024) as usize;
     let items = attr_int(g, op, "items", 1).clamp(1, 64) as usize;
@@ -1258,17 +1267,17 @@ fn find_reduction(l: &Lower, op: OpId) -> Result<(OpId, Rows)> {
         })
         .collect();
     let [r] = reductions[..] else {
-        return Err(l.unsupported(format!(
-            "a reduction group with {} reductions",
-            reductions.len()
-        )));
+        return Err(l.unsupported(Reason::Count {
+            what: "reductions",
+            found: reductions.len(),
+        }));
     };
     let data = g.op(r);
     let dims = g.ty(data.operands[0]).dims();
     let rows = Rows::of(data.kind, &data.attrs, dims)
         .ok_or_else(|| l.unsupported(format!("`{}` as a reduction", data.kind.name())))?;
     if rows.len == 0 || rows.rows == 0 {
-        return Err(l.unsupported("an empty reduction"));
+        return Err(l.unsupported(Reason::Empty));
     }
     Ok((r, rows))
 }
@@ -1372,12 +1381,12 @@ fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
     let tpr = attr_int(g, op, "threads_per_row", 256).clamp(1, 1024) as usize;
     let rpb = attr_int(g, op, "rows_per_block", 1).clamp(1, 1024) as usize;
     if !tpr.is_power_of_two() || tpr * rpb > 1024 || (tpr < 32 && 32 % tpr != 0) {
-        return Err(l.unsupported(format!(
+        return Err(l.unsupported(Reason::Parameters(format!(
             "threads_per_row = {tpr} with rows_per_block = {rpb}"
-        )));
+        ))));
     }
     if rows * row >= i32::MAX as usize {
-        return Err(l.unsupported("more than 2^31 elements"));
+        return Err(l.unsupported(Reason::TooLarge));
     }
     let rkind = g.op(r).kind;
     let x = g.op(r).operands[0];
@@ -1953,10 +1962,10 @@ fn check_epilogue(l: &Lower, op: OpId, rv: ValueId) -> Result<()> {
             || data.kind.is_elementwise_unary()
             || matches!(data.kind, OpKind::Cast | OpKind::Reshape);
         if !ok {
-            return Err(l.unsupported(format!(
-                "`{}` after the reduction (only elementwise epilogues)",
-                data.kind.name()
-            )));
+            return Err(l.unsupported(Reason::Op {
+                op: data.kind,
+                place: "after the reduction (only elementwise epilogues)".into(),
+            }));
         }
         tainted.extend(data.results.iter().copied());
     }

@@ -21,6 +21,7 @@
 
 use std::collections::BTreeSet;
 
+use dcir_fusion::Reason;
 use dcir_ir::{Attr, Attrs, OpId, OpKind, ValueId};
 
 use super::{
@@ -160,10 +161,12 @@ pub(super) fn per_element_after(
             || (data.kind == OpKind::Batchnorm
                 && !data.operands[1..].iter().any(|v| tainted.contains(v)));
         if !ok {
-            return Err(l.unsupported(format!(
-                "`{}` after the {what} (only elementwise, batchnorm, cast and reshape epilogues)",
-                data.kind.name()
-            )));
+            return Err(l.unsupported(Reason::Op {
+                op: data.kind,
+                place: format!(
+                    "after the {what} (only elementwise, batchnorm, cast and reshape epilogues)"
+                ),
+            }));
         }
         tainted.extend(data.results.iter().copied());
     }
@@ -259,7 +262,10 @@ pub(super) fn pool(l: &mut Lower, op: OpId) -> Result<Kernel> {
         .filter(|&o| matches!(g.op(o).kind, OpKind::Maxpool2d | OpKind::Avgpool2d))
         .collect();
     let [p] = pools[..] else {
-        return Err(l.unsupported(format!("a pool group with {} pooling ops", pools.len())));
+        return Err(l.unsupported(Reason::Count {
+            what: "pooling ops",
+            found: pools.len(),
+        }));
     };
     let data = g.op(p);
     let maxpool = data.kind == OpKind::Maxpool2d;
@@ -303,10 +309,10 @@ pub(super) fn pool(l: &mut Lower, op: OpId) -> Result<Kernel> {
         .chain([total, x_dims.iter().product()])
         .max();
     if largest.unwrap_or(0) >= i32::MAX as usize {
-        return Err(l.unsupported("more than 2^31 elements"));
+        return Err(l.unsupported(Reason::TooLarge));
     }
     if total == 0 {
-        return Err(l.unsupported("an empty pool"));
+        return Err(l.unsupported(Reason::Empty));
     }
     let threads = attr_int(g, op, "threads", 256).clamp(32, 1024) as usize;
     let items = attr_int(g, op, "items", 1).clamp(1, 64) as usize;

@@ -22,7 +22,7 @@ impl Target for CudaTarget {
                 .unwrap_or("CUDA")
                 .to_string();
             match e {
-                EmitError::Unsupported { what, .. } => Refusal { family, what },
+                EmitError::Unsupported { reason, .. } => Refusal { family, reason },
             }
         })
     }

@@ -4,7 +4,10 @@
 //! reduction followed by a transpose; a pool followed by a concat).
 
 use dcir_cuda::{CudaTarget, lower_graph};
-use dcir_fusion::{AnyGroup, CostModel, DeviceSpec, apply_plan, plan_graph};
+use dcir_fusion::{
+    AnyGroup, CostModel, DeviceSpec, Reason, Refusal, Rejected, apply_plan, plan_graph,
+};
+use dcir_ir::OpKind;
 
 fn graph(src: &str) -> dcir_ir::Graph {
     let module = dcir_reader::parse_module(src).unwrap_or_else(|e| panic!("{e:?}\n{src}"));
@@ -82,11 +85,18 @@ fn a_refused_merge_is_a_target_rejection() {
     assert!(lower_graph(&apply_plan(&g, &legal).expect("applies")).is_err());
     let plan = plan_graph(&g, &model(), &CudaTarget).expect("plans");
     assert_eq!(plan.groups.len(), 2);
-    let reasons: Vec<&str> = plan.rejections.iter().map(|r| r.reason.as_str()).collect();
+    let refused_concat = plan.rejections.iter().any(|r| {
+        matches!(
+            &r.reason,
+            Rejected::Target(Refusal { family, reason: Reason::Op { op: OpKind::Concat, .. } })
+                if family == "gemm"
+        )
+    });
+    assert!(refused_concat, "{:?}", plan.rejections);
+    // `--explain-fusion` prints the refusal in words.
+    let explained = dcir_fusion::explain::explain(&g, &plan);
     assert!(
-        reasons
-            .iter()
-            .any(|r| r.starts_with("target: the gemm kernels do not lower") && r.contains("concat")),
-        "{reasons:?}"
+        explained.contains("target: the gemm kernels do not lower `concat` after the contraction"),
+        "{explained}"
     );
 }

@@ -21,10 +21,10 @@ pub use device::{DeviceSpec, LiveDevice};
 pub use group::Group;
 pub use legality::{EdgeRule, GroupKind, Level, check_group, edge_rule, group_kind};
 pub use storage::{ConcatStorage, Slot, concat_storage};
-pub use target::{AnyGroup, Refusal, Target};
+pub use target::{AnyGroup, Reason, Refusal, Target};
 pub mod planner;
 
-pub use planner::{Plan, PlannedGroup, Rejection, plan_graph, plan_unfused};
+pub use planner::{Plan, PlannedGroup, Rejected, Rejection, plan_graph, plan_unfused};
 pub mod apply;
 
 pub use apply::apply_plan;

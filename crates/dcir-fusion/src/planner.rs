@@ -48,9 +48,49 @@ pub struct Rejection {
     pub producer: OpId,
     /// The consumer group's first op.
     pub consumer: OpId,
-    /// The rule, estimate or target that decided (`E4: ...`, `cycle: ...`,
-    /// `slower: ...`, `target: ...`).
-    pub reason: String,
+    /// The rule, estimate or target that decided.
+    pub reason: Rejected,
+}
+
+/// Why the planner did not merge two groups.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Rejected {
+    /// A legality rule (`E4: ...`) or the cost model refused the merged group.
+    Illegal(String),
+    /// The consumer also depends on the producer through another group.
+    Cycle,
+    /// One side is a concat stored in place (its producers write into its buffer).
+    StoredConcat,
+    /// The merged kernel is estimated slower than the two apart (seconds).
+    Slower {
+        /// The merged group's time.
+        merged: f64,
+        /// The two groups' times together.
+        apart: f64,
+    },
+    /// The target does not lower the merged group.
+    Target(Refusal),
+}
+
+impl std::fmt::Display for Rejected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Rejected::Illegal(why) => f.write_str(why),
+            Rejected::Cycle => f.write_str(
+                "cycle: the consumer also depends on the producer through another group",
+            ),
+            Rejected::StoredConcat => {
+                f.write_str("the concat is stored in place: its producers write into its buffer")
+            }
+            Rejected::Slower { merged, apart } => write!(
+                f,
+                "slower: {:.2} us merged vs {:.2} us apart",
+                merged * 1e6,
+                apart * 1e6
+            ),
+            Rejected::Target(refusal) => write!(f, "target: {refusal}"),
+        }
+    }
 }
 
 /// The partition of one graph body into kernels.
@@ -360,24 +400,20 @@ fn search(
         let mut saving: Vec<(f64, usize, usize, Vec<OpId>)> = Vec::new();
         for (p, c, merged) in pairs {
             let (producer, consumer) = (state.members[p][0], state.members[c][0]);
-            let reject = |reason: String| Rejection {
+            let reject = |reason: Rejected| Rejection {
                 producer,
                 consumer,
                 reason,
             };
             let Some(merged) = merged else {
-                rejections.push(reject(
-                    "cycle: the consumer also depends on the producer through another group".into(),
-                ));
+                rejections.push(reject(Rejected::Cycle));
                 continue;
             };
             if [producer, consumer]
                 .iter()
                 .any(|&o| state.storage.is_stored(o))
             {
-                rejections.push(reject(
-                    "the concat is stored in place: its producers write into its buffer".into(),
-                ));
+                rejections.push(reject(Rejected::StoredConcat));
                 continue;
             }
             let (pp, cc) = (state.members[p].clone(), state.members[c].clone());
@@ -390,12 +426,11 @@ fn search(
                     .map(|e| e.time)
                     .unwrap_or(f64::INFINITY);
             match state.estimate(model, &merged) {
-                Err(reason) => rejections.push(reject(reason)),
-                Ok(e) if e.time >= separate => rejections.push(reject(format!(
-                    "slower: {:.2} us merged vs {:.2} us apart",
-                    e.time * 1e6,
-                    separate * 1e6
-                ))),
+                Err(reason) => rejections.push(reject(Rejected::Illegal(reason))),
+                Ok(e) if e.time >= separate => rejections.push(reject(Rejected::Slower {
+                    merged: e.time,
+                    apart: separate,
+                })),
                 Ok(e) => saving.push((separate - e.time, p, c, merged)),
             }
         }
@@ -411,7 +446,7 @@ fn search(
                 Err(refusal) => rejections.push(Rejection {
                     producer: state.members[p][0],
                     consumer: state.members[c][0],
-                    reason: format!("target: {refusal}"),
+                    reason: Rejected::Target(refusal),
                 }),
             }
         }

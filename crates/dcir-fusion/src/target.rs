@@ -7,16 +7,16 @@
 //! family accepts is therefore never formed, and the emitter never meets a
 //! group it refuses.
 
-use dcir_ir::{Graph, OpId};
+use dcir_ir::{DType, Graph, OpId, OpKind};
 
-/// Why a backend does not lower a group: the form it meets and does not
-/// support, in words a user reads (`` `concat` after the contraction ``).
+/// Why a backend does not lower a group: the kernel family asked and what
+/// it met.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Refusal {
     /// The kernel family that was asked (`gemm`, `elementwise`, ...).
     pub family: String,
-    /// The op or form it does not lower.
-    pub what: String,
+    /// What the family does not lower.
+    pub reason: Reason,
 }
 
 impl std::fmt::Display for Refusal {
@@ -24,8 +24,79 @@ impl std::fmt::Display for Refusal {
         write!(
             f,
             "the {} kernels do not lower {} yet",
-            self.family, self.what
+            self.family, self.reason
         )
+    }
+}
+
+/// What a kernel family does not lower, in words a user reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// An op where it stands in the group.
+    Op {
+        /// The op.
+        op: OpKind,
+        /// Where it stands (`after the contraction (only elementwise
+        /// epilogues)`, `in this group`).
+        place: String,
+    },
+    /// An op on elements of a dtype the family has no code for.
+    DType {
+        /// The op.
+        op: OpKind,
+        /// Its elements' dtype.
+        dtype: DType,
+    },
+    /// Several ops where the family lowers one.
+    Count {
+        /// The ops, plural (`reductions`, `matmuls`).
+        what: &'static str,
+        /// How many the group holds.
+        found: usize,
+    },
+    /// A tensor of 2^31 elements or more (kernels index with `int`).
+    TooLarge,
+    /// Nothing to compute: a tensor with no elements.
+    Empty,
+    /// Kernel parameters the family cannot honour, as written.
+    Parameters(String),
+    /// More shared memory than a block may have.
+    SharedMemory {
+        /// The bytes the kernel would need.
+        bytes: usize,
+        /// What needs them (the tile, the head dims).
+        detail: String,
+    },
+    /// A shape, layout or structure of the group the family does not lower.
+    Form(String),
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Reason::Op { op, place } => write!(f, "`{}` {place}", op.name()),
+            Reason::DType { op, dtype } => write!(f, "`{}` on {}", op.name(), dtype.name()),
+            Reason::Count { what, found } => write!(f, "a group with {found} {what}"),
+            Reason::TooLarge => f.write_str("more than 2^31 elements"),
+            Reason::Empty => f.write_str("a group with no elements"),
+            Reason::Parameters(p) => write!(f, "the parameters {p}"),
+            Reason::SharedMemory { bytes, detail } => {
+                write!(f, "{bytes} bytes of shared memory ({detail})")
+            }
+            Reason::Form(what) => f.write_str(what),
+        }
+    }
+}
+
+impl From<&str> for Reason {
+    fn from(what: &str) -> Reason {
+        Reason::Form(what.to_string())
+    }
+}
+
+impl From<String> for Reason {
+    fn from(what: String) -> Reason {
+        Reason::Form(what)
     }
 }
 

@@ -2,7 +2,8 @@
 //! operands live, and that the planner and `apply_plan` leave them alone.
 
 use dcir_fusion::{
-    AnyGroup, ConcatStorage, CostModel, DeviceSpec, Slot, apply_plan, concat_storage, plan_graph,
+    AnyGroup, ConcatStorage, CostModel, DeviceSpec, Rejected, Slot, apply_plan, concat_storage,
+    plan_graph,
 };
 use dcir_ir::{Graph, OpKind, verify_module};
 
@@ -128,7 +129,7 @@ fn the_planner_leaves_stored_concats_unfused() {
     assert!(
         plan.rejections
             .iter()
-            .any(|r| r.reason.contains("stored in place")),
+            .any(|r| r.reason == Rejected::StoredConcat),
         "merges into a stored concat are rejected with the reason"
     );
     // The same decision on the fused graph.
