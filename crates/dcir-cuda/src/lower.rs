@@ -329,7 +329,9 @@ impl<'g> Lower<'g> {
     fn constant(&self, dtype: DType, v: f64) -> Expr {
         match dtype {
             DType::F32 | DType::F16 | DType::BF16 => Self::float_const(dtype, v),
-            DType::I32 | DType::I64 => int(v as i64),
+            DType::I32 => int(v as i64),
+            // Typed, so `max`/`min` of it and a `long long` pick one overload.
+            DType::I64 => Expr::Cast(Ty::I64, Box::new(int(v as i64))),
             DType::Bool => Expr::Bool(v != 0.0),
         }
     }
@@ -360,6 +362,11 @@ impl<'g> Lower<'g> {
             && rv == v
         {
             let e = self.reduced_value(op, how, row, idx)?;
+            if !dtype.is_float() {
+                // Accumulated in `long long`: the value as its dtype.
+                let e = Expr::Cast(local_ty(dtype), Box::new(e));
+                return Ok(self.bind(&hint, local_ty(dtype), e));
+            }
             return Ok(self.bind(&hint, Ty::F32, e));
         }
         let op_data = self.g.op(op);
@@ -700,11 +707,13 @@ impl<'g> Lower<'g> {
         attrs: &dcir_ir::Attrs,
     ) -> Result<Expr> {
         if !dtype.is_float() {
+            // A literal of the operand's type, so `max`/`min` pick one overload.
+            let literal = |v: i64| Expr::Cast(local_ty(dtype), Box::new(int(v)));
             return match kind {
                 OpKind::Neg => Ok(Expr::Neg(Box::new(a))),
                 OpKind::Abs if dtype == DType::I64 => Ok(call("llabs", vec![a])),
                 OpKind::Abs => Ok(call("abs", vec![a])),
-                OpKind::Relu => Ok(call("max", vec![a, int(0)])),
+                OpKind::Relu => Ok(call("max", vec![a, literal(0)])),
                 OpKind::Clip => {
                     let lo = attrs
                         .get("min")
@@ -718,7 +727,7 @@ impl<'g> Lower<'g> {
                         .floor();
                     Ok(call(
                         "min",
-                        vec![call("max", vec![a, int(lo as i64)]), int(hi as i64)],
+                        vec![call("max", vec![a, literal(lo as i64)]), literal(hi as i64)],
                     ))
                 }
                 other => Err(self.unsupported(Reason::DType { op: other, dtype })),

@@ -1,11 +1,12 @@
 //! The planner → emitter property: for random well-typed graphs
-//! (dcir-testgen), every group of a plan made for [`CudaTarget`] lowers, and
-//! the fused graph computes what the original does on the interpreter.
+//! (dcir-testgen), every op lowers alone (the `--no-fuse` plan), every group
+//! of a plan made for [`CudaTarget`] lowers, and the fused graph computes
+//! what the original does on the interpreter.
 //! (NVRTC compiles the kernels of the zoo and the examples elsewhere; the
 //! H200 runs check the lowered programs against the interpreter.)
 
 use dcir_cuda::{CudaTarget, lower_graph};
-use dcir_fusion::{CostModel, DeviceSpec, apply_plan, plan_graph};
+use dcir_fusion::{CostModel, DeviceSpec, apply_plan, plan_graph, plan_unfused};
 use dcir_interp::{random_inputs, run_graph};
 use dcir_ir::OpKind;
 use dcir_testgen::{arb_module_spec, build_module, proptest_config};
@@ -23,6 +24,15 @@ proptest! {
             if body.iter().any(|&o| graph.op(o).kind == OpKind::Fused) {
                 continue; // already fused: the planner refuses it
             }
+            // Every op has a kernel of its own (`--no-fuse`)...
+            let unfused = plan_unfused(graph, &model, &CudaTarget).map_err(|e| {
+                TestCaseError::fail(format!("{e}\n{}", dcir_ir::print_graph(graph)))
+            })?;
+            let alone = apply_plan(graph, &unfused).map_err(TestCaseError::fail)?;
+            lower_graph(&alone).map_err(|e| {
+                TestCaseError::fail(format!("{e}\n{}", dcir_ir::print_graph(&alone)))
+            })?;
+            // ... and every group the planner forms lowers.
             let plan = plan_graph(graph, &model, &CudaTarget).map_err(|e| {
                 TestCaseError::fail(format!("{e}\n{}", dcir_ir::print_graph(graph)))
             })?;
@@ -44,4 +54,53 @@ proptest! {
             }
         }
     }
+}
+
+/// The kernels of random plans compile with NVRTC for sm_90 with no spill or
+/// stack frame (one NVRTC program per case; a quarter of the cases of the
+/// property above). Without
+/// NVRTC: `SKIP`, or a failure under `DCIR_REQUIRE_NVRTC=1`.
+#[test]
+fn the_kernels_of_random_plans_compile() {
+    use dcir_cuda::nvrtc;
+    if let Some(reason) = nvrtc::unavailable_reason() {
+        let required = std::env::var("DCIR_REQUIRE_NVRTC").is_ok_and(|v| v == "1");
+        assert!(!required, "DCIR_REQUIRE_NVRTC=1 but {reason}");
+        println!("SKIP: NVRTC compile of random plans' kernels: {reason}");
+        return;
+    }
+    let mut config = proptest_config();
+    config.cases = (config.cases / 4).max(16);
+    let model = CostModel::new(DeviceSpec::h200());
+    proptest!(config, |(specs in arb_module_spec())| {
+        let module = build_module(&specs).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let mut kernels = Vec::new();
+        for graph in &module.graphs {
+            if graph.block(graph.body()).ops.iter().any(|&o| graph.op(o).kind == OpKind::Fused) {
+                continue;
+            }
+            let plan = plan_graph(graph, &model, &CudaTarget).map_err(TestCaseError::fail)?;
+            let fused = apply_plan(graph, &plan).map_err(TestCaseError::fail)?;
+            for kernel in lower_graph(&fused).map_err(|e| TestCaseError::fail(e.to_string()))? {
+                let source = dcir_cuda::print_kernel(&kernel);
+                kernels.push((kernel.name, source, kernel.block));
+            }
+        }
+        if kernels.is_empty() {
+            return Ok(());
+        }
+        let named: Vec<(&str, &str)> =
+            kernels.iter().map(|(n, s, _)| (n.as_str(), s.as_str())).collect();
+        let reports = nvrtc::compile_batch(&named, nvrtc::DEFAULT_ARCH).map_err(|e| {
+            TestCaseError::fail(format!("{e}\n{}", dcir_ir::print_module(&module)))
+        })?;
+        for ((name, _, threads), report) in kernels.iter().zip(reports) {
+            if let Some(why) = report.violation(*threads) {
+                return Err(TestCaseError::fail(format!(
+                    "kernel {name}: {why}\n{}",
+                    dcir_ir::print_module(&module)
+                )));
+            }
+        }
+    });
 }
