@@ -903,7 +903,7 @@ pub(super) fn is_anchor(kind: OpKind) -> bool {
 }
 
 fn is_elementwise(kind: OpKind) -> bool {
-    kind.is_elementwise_binary() || kind.is_elementwise_unary() || kind == OpKind::Cast
+    kind.is_elementwise() || kind == OpKind::Cast
 }
 
 /// Checks that `to` is computed from `from` by elementwise ops and casts only

@@ -576,8 +576,7 @@ pub(super) fn check_epilogue(l: &Lower, op: OpId, result: ValueId) -> Result<BTr
         if data.kind == OpKind::Yield || !data.operands.iter().any(|v| tainted.contains(v)) {
             continue;
         }
-        let ok = data.kind.is_elementwise_binary()
-            || data.kind.is_elementwise_unary()
+        let ok = data.kind.is_elementwise()
             || matches!(
                 data.kind,
                 OpKind::Cast | OpKind::Reshape | OpKind::Transpose

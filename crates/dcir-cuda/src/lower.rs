@@ -362,7 +362,7 @@ impl<'g> Lower<'g> {
             && rv == v
         {
             let e = self.reduced_value(op, how, row, idx)?;
-            if !dtype.is_float() {
+            if !dtype.is_float() && dtype != DType::I64 {
                 // Accumulated in `long long`: the value as its dtype.
                 let e = Expr::Cast(local_ty(dtype), Box::new(e));
                 return Ok(self.bind(&hint, local_ty(dtype), e));
@@ -396,14 +396,26 @@ impl<'g> Lower<'g> {
         };
         let coords = idx.get_coords();
         let e = match kind {
+            OpKind::Mod => {
+                let a = self.value_at(operands[0], idx)?;
+                let b = self.value_at(operands[1], idx)?;
+                let fmod = attrs.get("fmod").and_then(Attr::as_bool) == Some(true);
+                self.modulo(dtype, fmod, a, b)
+            }
+            OpKind::Select => {
+                let c = self.value_at(operands[0], idx)?;
+                let a = self.value_at(operands[1], idx)?;
+                let b = self.value_at(operands[2], idx)?;
+                select(c, a, b)
+            }
             _ if kind.is_elementwise_binary() => {
                 let a = self.value_at(operands[0], idx)?;
                 let b = self.value_at(operands[1], idx)?;
-                self.binary(kind, dtype, a, b)?
+                self.binary(kind, operand_dtype(0), a, b)?
             }
             _ if kind.is_elementwise_unary() => {
                 let a = self.value_at(operands[0], idx)?;
-                self.unary(kind, dtype, a, &attrs)?
+                self.unary(kind, operand_dtype(0), a, &attrs)?
             }
             OpKind::Constant => match attrs.get("value").and_then(Attr::splat) {
                 Some(x) => self.constant(dtype, x),
@@ -672,7 +684,19 @@ impl<'g> Lower<'g> {
         name
     }
 
+    /// `a kind b` for operands of `dtype`.
     fn binary(&mut self, kind: OpKind, dtype: DType, a: Expr, b: Expr) -> Result<Expr> {
+        match kind {
+            OpKind::Equal => return Ok(bin(BinOp::Eq, a, b)),
+            OpKind::Less => return Ok(bin(BinOp::Lt, a, b)),
+            OpKind::LessEqual => return Ok(bin(BinOp::Ge, b, a)),
+            OpKind::Greater => return Ok(bin(BinOp::Lt, b, a)),
+            OpKind::GreaterEqual => return Ok(bin(BinOp::Ge, a, b)),
+            OpKind::And => return Ok(bin(BinOp::And, a, b)),
+            OpKind::Or => return Ok(bin(BinOp::Ne, bin(BinOp::BitOr, a, b), Expr::Bool(false))),
+            OpKind::Xor => return Ok(bin(BinOp::Ne, a, b)),
+            _ => {}
+        }
         let float = dtype.is_float();
         if !float && !dtype.is_int() {
             return Err(self.unsupported(Reason::DType { op: kind, dtype }));
@@ -706,6 +730,18 @@ impl<'g> Lower<'g> {
         a: Expr,
         attrs: &dcir_ir::Attrs,
     ) -> Result<Expr> {
+        match kind {
+            OpKind::Not => return Ok(Expr::Not(Box::new(a))),
+            OpKind::IsNan => return Ok(bin(BinOp::Ne, a.clone(), a)),
+            OpKind::IsInf => {
+                return Ok(bin(
+                    BinOp::Eq,
+                    call("fabsf", vec![a]),
+                    Expr::F32(f32::INFINITY),
+                ));
+            }
+            _ => {}
+        }
         if !dtype.is_float() {
             // A literal of the operand's type, so `max`/`min` pick one overload.
             let literal = |v: i64| Expr::Cast(local_ty(dtype), Box::new(int(v)));
@@ -714,6 +750,14 @@ impl<'g> Lower<'g> {
                 OpKind::Abs if dtype == DType::I64 => Ok(call("llabs", vec![a])),
                 OpKind::Abs => Ok(call("abs", vec![a])),
                 OpKind::Relu => Ok(call("max", vec![a, literal(0)])),
+                OpKind::Sign => Ok(Expr::Cast(
+                    local_ty(dtype),
+                    Box::new(bin(
+                        BinOp::Sub,
+                        bin(BinOp::Lt, literal(0), a.clone()),
+                        bin(BinOp::Lt, a, literal(0)),
+                    )),
+                )),
                 OpKind::Clip => {
                     let lo = attrs
                         .get("min")
@@ -763,6 +807,22 @@ impl<'g> Lower<'g> {
                 f("dcir_sigmoid")
             }
             OpKind::Erf => f("erff"),
+            OpKind::Floor => f("floorf"),
+            OpKind::Ceil => f("ceilf"),
+            // Round to nearest even, the default rounding mode.
+            OpKind::Round => f("rintf"),
+            OpKind::Sin => f("sinf"),
+            OpKind::Cos => f("cosf"),
+            // NaN and ±0 stay as they are.
+            OpKind::Sign => Ok(select(
+                bin(BinOp::Lt, Expr::F32(0.0), a.clone()),
+                Expr::F32(1.0),
+                select(
+                    bin(BinOp::Lt, a.clone(), Expr::F32(0.0)),
+                    Expr::F32(-1.0),
+                    a,
+                ),
+            )),
             OpKind::Tanh => f("tanhf"),
             OpKind::Exp => f("expf"),
             OpKind::Log => f("logf"),
@@ -772,6 +832,30 @@ impl<'g> Lower<'g> {
             OpKind::Neg => Ok(Expr::Neg(Box::new(a))),
             other => Err(self.unsupported(Reason::DType { op: other, dtype })),
         }
+    }
+
+    /// `a mod b` of `dtype`: the remainder with the sign of `b` (Python's
+    /// `%`), or with `fmod` of `a` (C's `%` and `fmodf`, truncated).
+    fn modulo(&mut self, dtype: DType, fmod: bool, a: Expr, b: Expr) -> Expr {
+        let (rem_ab, zero) = if dtype.is_float() {
+            (call("fmodf", vec![a, b.clone()]), Expr::F32(0.0))
+        } else {
+            (bin(BinOp::Rem, a, b.clone()), int(0))
+        };
+        if fmod {
+            return rem_ab;
+        }
+        let r = self.bind("rem", local_ty(dtype), rem_ab);
+        let signs_differ = bin(
+            BinOp::Ne,
+            bin(BinOp::Lt, r.clone(), zero.clone()),
+            bin(BinOp::Lt, b.clone(), zero.clone()),
+        );
+        select(
+            bin(BinOp::And, bin(BinOp::Ne, r.clone(), zero), signs_differ),
+            bin(BinOp::Add, r.clone(), b),
+            r,
+        )
     }
 
     /// `x` (of dtype `from`) as `to`. Its dtype is observable here, so a
@@ -1967,9 +2051,7 @@ fn check_epilogue(l: &Lower, op: OpId, rv: ValueId) -> Result<()> {
         if data.kind == OpKind::Yield || !data.operands.iter().any(|v| tainted.contains(v)) {
             continue;
         }
-        let ok = data.kind.is_elementwise_binary()
-            || data.kind.is_elementwise_unary()
-            || matches!(data.kind, OpKind::Cast | OpKind::Reshape);
+        let ok = data.kind.is_elementwise() || matches!(data.kind, OpKind::Cast | OpKind::Reshape);
         if !ok {
             return Err(l.unsupported(Reason::Op {
                 op: data.kind,

@@ -155,8 +155,7 @@ pub(super) fn per_element_after(
         {
             continue;
         }
-        let ok = data.kind.is_elementwise_binary()
-            || data.kind.is_elementwise_unary()
+        let ok = data.kind.is_elementwise()
             || matches!(data.kind, OpKind::Cast | OpKind::Reshape)
             || (data.kind == OpKind::Batchnorm
                 && !data.operands[1..].iter().any(|v| tainted.contains(v)));

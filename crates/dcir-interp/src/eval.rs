@@ -89,6 +89,11 @@ pub fn eval_op(
 fn kernel(kind: OpKind, attrs: &Attrs, ops: &[&Tensor], ty: &TensorType) -> KResult<Tensor> {
     use OpKind::*;
     match kind {
+        k if k.is_comparison() => Ok(elementwise::compare(k, ops[0], ops[1], ty)),
+        k if k.is_logic() => Ok(elementwise::logic(k, ops, ty)),
+        IsNan | IsInf => Ok(elementwise::classify(kind, ops[0], ty)),
+        Select => Ok(elementwise::select(ops[0], ops[1], ops[2], ty)),
+        Mod => elementwise::modulo(attrs, ops[0], ops[1], ty),
         k if k.is_elementwise_binary() => elementwise::binary(k, ops[0], ops[1], ty),
         k if k.is_elementwise_unary() => elementwise::unary(k, attrs, ops[0], ty),
         Conv2d => linalg::conv2d(attrs, ops[0], ops[1], ty),

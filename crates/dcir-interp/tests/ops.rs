@@ -910,3 +910,119 @@ fn bad_operands_are_errors_not_panics() {
     assert!(Tensor::new(ty(DType::F32, &[2]), TensorData::F32(vec![1.0])).is_err());
     assert!(Tensor::new(ty(DType::F32, &[1]), TensorData::I32(vec![1])).is_err());
 }
+
+#[test]
+fn comparisons_logic_and_select() {
+    use DType::{Bool, F32, I64};
+    let nan = f64::NAN;
+    let x = tensor(F32, &[6], &[1.0, -2.0, nan, 0.0, -0.0, f64::INFINITY]);
+    let y = tensor(F32, &[6], &[1.0, 3.0, 1.0, -0.0, 0.0, 1.0]);
+    let bools = |t: &Tensor| -> Vec<bool> { values(t).iter().map(|&v| v != 0.0).collect() };
+    // NaN compares unequal and unordered; -0 equals 0.
+    let cases = [
+        (OpKind::Equal, [true, false, false, true, true, false]),
+        (OpKind::Less, [false, true, false, false, false, false]),
+        (OpKind::LessEqual, [true, true, false, true, true, false]),
+        (OpKind::Greater, [false, false, false, false, false, true]),
+        (OpKind::GreaterEqual, [true, false, false, true, true, true]),
+    ];
+    for (kind, want) in cases {
+        let r = run(kind, &[], &[&x, &y]);
+        assert_eq!(r.dtype(), Bool, "{kind:?}");
+        assert_eq!(bools(&r), want, "{kind:?}");
+    }
+    let i = tensor(I64, &[3], &[-5.0, 7.0, 7.0]);
+    let j = tensor(I64, &[3], &[-5.0, 6.0, 8.0]);
+    assert_eq!(
+        bools(&run(OpKind::Less, &[], &[&i, &j])),
+        [false, false, true]
+    );
+    let a = tensor(Bool, &[4], &[0.0, 0.0, 1.0, 1.0]);
+    let b = tensor(Bool, &[4], &[0.0, 1.0, 0.0, 1.0]);
+    assert_eq!(
+        bools(&run(OpKind::And, &[], &[&a, &b])),
+        [false, false, false, true]
+    );
+    assert_eq!(
+        bools(&run(OpKind::Or, &[], &[&a, &b])),
+        [false, true, true, true]
+    );
+    assert_eq!(
+        bools(&run(OpKind::Xor, &[], &[&a, &b])),
+        [false, true, true, false]
+    );
+    assert_eq!(
+        bools(&run(OpKind::Not, &[], &[&a])),
+        [true, true, false, false]
+    );
+    let cond = tensor(Bool, &[6], &[1.0, 0.0, 1.0, 0.0, 1.0, 0.0]);
+    let s = values(&run(OpKind::Select, &[], &[&cond, &x, &y]));
+    assert_eq!(s[..2], [1.0, 3.0]);
+    assert!(s[2].is_nan());
+    assert_eq!(
+        bools(&run(OpKind::IsNan, &[], &[&x])),
+        [false, false, true, false, false, false]
+    );
+    assert_eq!(
+        bools(&run(OpKind::IsInf, &[], &[&x])),
+        [false, false, false, false, false, true]
+    );
+}
+
+#[test]
+fn mod_signs_and_rounding_functions() {
+    use DType::{F32, I32};
+    // The ONNX operator document's example: fmod = 0 takes the divisor's
+    // sign, fmod = 1 the dividend's.
+    let x = tensor(I32, &[6], &[-4.0, 7.0, 5.0, 4.0, -7.0, 8.0]);
+    let y = tensor(I32, &[6], &[2.0, -3.0, 8.0, -2.0, 3.0, 5.0]);
+    let fmod = |on: bool| ("fmod", Attr::Bool(on));
+    assert_eq!(
+        values(&run(OpKind::Mod, &[fmod(false)], &[&x, &y])),
+        [0.0, -2.0, 5.0, 0.0, 2.0, 3.0]
+    );
+    assert_eq!(
+        values(&run(OpKind::Mod, &[fmod(true)], &[&x, &y])),
+        [0.0, 1.0, 5.0, 0.0, -1.0, 3.0]
+    );
+    let zero = tensor(I32, &[6], &[1.0, 1.0, 0.0, 1.0, 1.0, 1.0]);
+    let a = attrs(OpKind::Mod, &[]);
+    let err = eval_op(OpKind::Mod, &a, &[&x, &zero], &[ty(I32, &[6])]).unwrap_err();
+    assert!(err.to_string().contains("by zero"), "{err}");
+    let fx = tensor(F32, &[4], &[-4.5, 7.5, 5.25, -1.0]);
+    let fy = tensor(F32, &[4], &[2.0, -3.0, 2.5, 4.0]);
+    assert_eq!(
+        values(&run(OpKind::Mod, &[fmod(false)], &[&fx, &fy])),
+        [1.5, -1.5, 0.25, 3.0]
+    );
+    assert_eq!(
+        values(&run(OpKind::Mod, &[fmod(true)], &[&fx, &fy])),
+        [-0.5, 1.5, 0.25, -1.0]
+    );
+    let r = tensor(F32, &[7], &[0.5, 1.5, 2.5, -0.5, -1.5, 2.4, -2.6]);
+    assert_eq!(
+        values(&run(OpKind::Round, &[], &[&r])),
+        [0.0, 2.0, 2.0, -0.0, -2.0, 2.0, -3.0]
+    );
+    assert_eq!(
+        values(&run(OpKind::Floor, &[], &[&r])),
+        [0.0, 1.0, 2.0, -1.0, -2.0, 2.0, -3.0]
+    );
+    assert_eq!(
+        values(&run(OpKind::Ceil, &[], &[&r])),
+        [1.0, 2.0, 3.0, -0.0, -1.0, 3.0, -2.0]
+    );
+    assert_eq!(
+        values(&run(OpKind::Sign, &[], &[&r])),
+        [1.0, 1.0, 1.0, -1.0, -1.0, 1.0, -1.0]
+    );
+    assert_eq!(
+        values(&run(OpKind::Sign, &[], &[&x])),
+        [-1.0, 1.0, 1.0, 1.0, -1.0, 1.0]
+    );
+    let angles = tensor(F32, &[3], &[0.0, 1.0, -2.0]);
+    let sin = values(&run(OpKind::Sin, &[], &[&angles]));
+    let cos = values(&run(OpKind::Cos, &[], &[&angles]));
+    assert_close(&sin, &[0.0, 1f64.sin(), (-2f64).sin()], 1e-6, "sin");
+    assert_close(&cos, &[1.0, 1f64.cos(), (-2f64).cos()], 1e-6, "cos");
+}

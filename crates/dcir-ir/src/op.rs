@@ -281,6 +281,11 @@ const AVGPOOL_ATTRS: &[AttrSpec] = &[
         "divide by the full window, padding included"
     ),
 ];
+const MOD_ATTRS: &[AttrSpec] = &[attr!(
+    "fmod",
+    Bool = AttrDefault::Bool(false),
+    "the remainder takes the dividend's sign (C fmod); else the divisor's (Python %)"
+)];
 const CONSTANT_ATTRS: &[AttrSpec] = &[attr!(
     "value",
     Literal,
@@ -366,6 +371,44 @@ ops! {
     Neg = "neg", Exactly(1), Exactly(1), NO_ATTRS, Inferred, "-x";
     /// Absolute value.
     Abs = "abs", Exactly(1), Exactly(1), NO_ATTRS, Inferred, "absolute value";
+    /// Remainder of a division.
+    Mod = "mod", Exactly(2), Exactly(1), MOD_ATTRS, Inferred, "elementwise remainder of a / b (same types), signed as `fmod` says";
+    /// Round down.
+    Floor = "floor", Exactly(1), Exactly(1), NO_ATTRS, Inferred, "largest integer <= x (float types)";
+    /// Round up.
+    Ceil = "ceil", Exactly(1), Exactly(1), NO_ATTRS, Inferred, "smallest integer >= x (float types)";
+    /// Round to nearest, ties to even.
+    Round = "round", Exactly(1), Exactly(1), NO_ATTRS, Inferred, "nearest integer, halves to even (float types)";
+    /// Sign.
+    Sign = "sign", Exactly(1), Exactly(1), NO_ATTRS, Inferred, "-1, 0 or 1 as x is negative, zero or positive (NaN stays NaN)";
+    /// Sine.
+    Sin = "sin", Exactly(1), Exactly(1), NO_ATTRS, Inferred, "sine (float types)";
+    /// Cosine.
+    Cos = "cos", Exactly(1), Exactly(1), NO_ATTRS, Inferred, "cosine (float types)";
+    /// NaN test.
+    IsNan = "is_nan", Exactly(1), Exactly(1), NO_ATTRS, Inferred, "true where x is NaN (float types; bool result)";
+    /// Infinity test.
+    IsInf = "is_inf", Exactly(1), Exactly(1), NO_ATTRS, Inferred, "true where x is +inf or -inf (float types; bool result)";
+    /// Equality.
+    Equal = "equal", Exactly(2), Exactly(1), NO_ATTRS, Inferred, "a == b (same types; bool result)";
+    /// Less than.
+    Less = "less", Exactly(2), Exactly(1), NO_ATTRS, Inferred, "a < b (same numeric types; bool result)";
+    /// Less than or equal.
+    LessEqual = "less_equal", Exactly(2), Exactly(1), NO_ATTRS, Inferred, "a <= b (same numeric types; bool result)";
+    /// Greater than.
+    Greater = "greater", Exactly(2), Exactly(1), NO_ATTRS, Inferred, "a > b (same numeric types; bool result)";
+    /// Greater than or equal.
+    GreaterEqual = "greater_equal", Exactly(2), Exactly(1), NO_ATTRS, Inferred, "a >= b (same numeric types; bool result)";
+    /// Logical and.
+    And = "and", Exactly(2), Exactly(1), NO_ATTRS, Inferred, "a and b (bool)";
+    /// Logical or.
+    Or = "or", Exactly(2), Exactly(1), NO_ATTRS, Inferred, "a or b (bool)";
+    /// Logical exclusive or.
+    Xor = "xor", Exactly(2), Exactly(1), NO_ATTRS, Inferred, "a xor b (bool)";
+    /// Logical not.
+    Not = "not", Exactly(1), Exactly(1), NO_ATTRS, Inferred, "not x (bool)";
+    /// Elementwise choice.
+    Select = "select", Exactly(3), Exactly(1), NO_ATTRS, Inferred, "a where cond, else b (cond bool; a, b of one type; one shape)";
     /// 2-D convolution, NCHW input and OIHW weights.
     Conv2d = "conv2d", Exactly(2), Exactly(1), CONV2D_ATTRS, Inferred, "2-D convolution of x[N,C,H,W] with w[O,C/groups,KH,KW]";
     /// (Batched) matrix multiply.
@@ -433,7 +476,43 @@ impl OpKind {
     /// True for the elementwise binary ops.
     pub fn is_elementwise_binary(self) -> bool {
         use OpKind::*;
-        matches!(self, Add | Sub | Mul | Div | Max | Min | Pow)
+        matches!(
+            self,
+            Add | Sub
+                | Mul
+                | Div
+                | Max
+                | Min
+                | Pow
+                | Mod
+                | Equal
+                | Less
+                | LessEqual
+                | Greater
+                | GreaterEqual
+                | And
+                | Or
+                | Xor
+        )
+    }
+
+    /// True for the comparisons (bool results of operands of any one type).
+    pub fn is_comparison(self) -> bool {
+        use OpKind::*;
+        matches!(self, Equal | Less | LessEqual | Greater | GreaterEqual)
+    }
+
+    /// True for the logic ops on bools.
+    pub fn is_logic(self) -> bool {
+        use OpKind::*;
+        matches!(self, And | Or | Xor | Not)
+    }
+
+    /// True for every op that computes each result element from the
+    /// operands' elements at the same index: the binary and unary ones and
+    /// `select`.
+    pub fn is_elementwise(self) -> bool {
+        self.is_elementwise_binary() || self.is_elementwise_unary() || self == OpKind::Select
     }
 
     /// True for the elementwise unary ops.
@@ -441,7 +520,26 @@ impl OpKind {
         use OpKind::*;
         matches!(
             self,
-            Relu | Clip | Gelu | Erf | Tanh | Sigmoid | Exp | Log | Sqrt | Rsqrt | Neg | Abs
+            Relu | Clip
+                | Gelu
+                | Erf
+                | Tanh
+                | Sigmoid
+                | Exp
+                | Log
+                | Sqrt
+                | Rsqrt
+                | Neg
+                | Abs
+                | Floor
+                | Ceil
+                | Round
+                | Sign
+                | Sin
+                | Cos
+                | IsNan
+                | IsInf
+                | Not
         )
     }
 

@@ -138,6 +138,23 @@ fn need_numeric(t: &TensorType, op: OpKind) -> Result<(), TypeError> {
     Ok(())
 }
 
+fn need_bool(t: &TensorType, op: OpKind) -> Result<(), TypeError> {
+    if t.dtype != DType::Bool {
+        return Err(format!("`{}` needs a bool operand, found {}", op.name(), t));
+    }
+    Ok(())
+}
+
+fn same_operands(op: OpKind, a: &TensorType, b: &TensorType) -> Result<(), TypeError> {
+    if a != b {
+        return Err(format!(
+            "`{}` needs operands of one type (broadcast explicitly), found {a} and {b}",
+            op.name()
+        ));
+    }
+    Ok(())
+}
+
 fn need_rank(t: &TensorType, rank: usize, op: OpKind, what: &str) -> Result<(), TypeError> {
     if t.rank() != rank {
         return Err(format!(
@@ -218,14 +235,7 @@ fn infer(kind: OpKind, attrs: &Attrs, ops: &[&TensorType]) -> Result<Vec<TensorT
     let one = |t: TensorType| Ok(vec![t]);
     match kind {
         Add | Sub | Mul | Div | Max | Min | Pow => {
-            if ops[0] != ops[1] {
-                return Err(format!(
-                    "`{}` needs operands of one type (broadcast explicitly), found {} and {}",
-                    kind.name(),
-                    ops[0],
-                    ops[1]
-                ));
-            }
+            same_operands(kind, ops[0], ops[1])?;
             if kind == Pow {
                 need_float(ops[0], kind)?;
             } else {
@@ -233,9 +243,49 @@ fn infer(kind: OpKind, attrs: &Attrs, ops: &[&TensorType]) -> Result<Vec<TensorT
             }
             one(ops[0].clone())
         }
-        Relu | Neg | Abs => {
+        Mod => {
+            same_operands(kind, ops[0], ops[1])?;
             need_numeric(ops[0], kind)?;
             one(ops[0].clone())
+        }
+        Equal | Less | LessEqual | Greater | GreaterEqual => {
+            same_operands(kind, ops[0], ops[1])?;
+            if kind != Equal {
+                need_numeric(ops[0], kind)?;
+            }
+            one(TensorType::new(DType::Bool, ops[0].dims().to_vec()))
+        }
+        And | Or | Xor => {
+            same_operands(kind, ops[0], ops[1])?;
+            need_bool(ops[0], kind)?;
+            one(ops[0].clone())
+        }
+        Not => {
+            need_bool(ops[0], kind)?;
+            one(ops[0].clone())
+        }
+        Select => {
+            need_bool(ops[0], kind)?;
+            same_operands(kind, ops[1], ops[2])?;
+            if ops[0].dims() != ops[1].dims() {
+                return Err(format!(
+                    "`select` needs a condition of the operands' shape (broadcast explicitly), found {} and {}",
+                    ops[0], ops[1]
+                ));
+            }
+            one(ops[1].clone())
+        }
+        Relu | Neg | Abs | Sign => {
+            need_numeric(ops[0], kind)?;
+            one(ops[0].clone())
+        }
+        Floor | Ceil | Round | Sin | Cos => {
+            need_float(ops[0], kind)?;
+            one(ops[0].clone())
+        }
+        IsNan | IsInf => {
+            need_float(ops[0], kind)?;
+            one(TensorType::new(DType::Bool, ops[0].dims().to_vec()))
         }
         Clip => {
             need_numeric(ops[0], kind)?;

@@ -1670,3 +1670,95 @@ fn every_op_prints() {
     let g = b.finish(&[ap, rs, rm, ints_out, flags]).unwrap();
     insta::assert_snapshot!(print_graph(&g));
 }
+
+#[test]
+fn comparisons_logic_select_and_the_new_unary_ops() {
+    for kind in [
+        OpKind::Equal,
+        OpKind::Less,
+        OpKind::LessEqual,
+        OpKind::Greater,
+        OpKind::GreaterEqual,
+    ] {
+        for dtype in [F32, F16, I32, I64] {
+            let x = t(dtype, &[2, 3]);
+            assert_eq!(
+                infer(kind, &[x.clone(), x], []),
+                t(Bool, &[2, 3]),
+                "{kind:?}"
+            );
+        }
+        let g = single(kind, &[t(F32, &[3]), t(F16, &[3])], [], t(Bool, &[3]));
+        assert_invalid(&g, "needs operands of one type");
+    }
+    assert_eq!(
+        infer(OpKind::Equal, &[t(Bool, &[4]), t(Bool, &[4])], []),
+        t(Bool, &[4])
+    );
+    let g = single(
+        OpKind::Less,
+        &[t(Bool, &[4]), t(Bool, &[4])],
+        [],
+        t(Bool, &[4]),
+    );
+    assert_invalid(&g, "`less` needs a numeric operand");
+    for kind in [OpKind::And, OpKind::Or, OpKind::Xor] {
+        assert_eq!(
+            infer(kind, &[t(Bool, &[4]), t(Bool, &[4])], []),
+            t(Bool, &[4])
+        );
+        let g = single(kind, &[t(I32, &[4]), t(I32, &[4])], [], t(I32, &[4]));
+        assert_invalid(&g, "needs a bool operand");
+    }
+    assert_eq!(infer(OpKind::Not, &[t(Bool, &[4])], []), t(Bool, &[4]));
+    let cond = t(Bool, &[2, 5]);
+    assert_eq!(
+        infer(
+            OpKind::Select,
+            &[cond.clone(), t(I64, &[2, 5]), t(I64, &[2, 5])],
+            []
+        ),
+        t(I64, &[2, 5])
+    );
+    let g = single(
+        OpKind::Select,
+        &[t(Bool, &[5]), t(F32, &[2, 5]), t(F32, &[2, 5])],
+        [],
+        t(F32, &[2, 5]),
+    );
+    assert_invalid(&g, "a condition of the operands' shape");
+    let g = single(
+        OpKind::Select,
+        &[cond.clone(), t(F32, &[2, 5]), t(F16, &[2, 5])],
+        [],
+        t(F32, &[2, 5]),
+    );
+    assert_invalid(&g, "needs operands of one type");
+    for dtype in [F32, I32] {
+        let x = t(dtype, &[3]);
+        assert_eq!(infer(OpKind::Mod, &[x.clone(), x.clone()], []), x);
+        assert_eq!(
+            infer(
+                OpKind::Mod,
+                &[x.clone(), x.clone()],
+                [("fmod", Attr::Bool(true))]
+            ),
+            x
+        );
+        assert_eq!(infer(OpKind::Sign, &[x.clone()], []), x);
+    }
+    for kind in [
+        OpKind::Floor,
+        OpKind::Ceil,
+        OpKind::Round,
+        OpKind::Sin,
+        OpKind::Cos,
+    ] {
+        assert_eq!(infer(kind, &[t(BF16, &[3])], []), t(BF16, &[3]));
+        let g = single(kind, &[t(I32, &[3])], [], t(I32, &[3]));
+        assert_invalid(&g, "needs a float operand");
+    }
+    for kind in [OpKind::IsNan, OpKind::IsInf] {
+        assert_eq!(infer(kind, &[t(F16, &[3])], []), t(Bool, &[3]));
+    }
+}

@@ -26,6 +26,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Constant",
     "ConstantOfShape",
     "Conv",
+    "Cos",
     "Div",
     "Dropout",
     "Einsum",
@@ -46,6 +47,8 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "HardSigmoid",
     "HardSwish",
     "Identity",
+    "IsInf",
+    "IsNaN",
     "LayerNormalization",
     "Less",
     "LessOrEqual",
@@ -69,9 +72,12 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "ReduceSum",
     "Relu",
     "Reshape",
+    "Round",
     "ScatterND",
     "Shape",
     "Sigmoid",
+    "Sign",
+    "Sin",
     "Size",
     "Slice",
     "Softmax",
@@ -754,9 +760,22 @@ impl<'m> Importer<'m> {
                     Bin::Pow => OpKind::Pow,
                     Bin::Max => OpKind::Max,
                     Bin::Min => OpKind::Min,
-                    _ => return Err(const_only(op)),
+                    Bin::Mod => OpKind::Mod,
+                    Bin::Equal => OpKind::Equal,
+                    Bin::Less => OpKind::Less,
+                    Bin::LessOrEqual => OpKind::LessEqual,
+                    Bin::Greater => OpKind::Greater,
+                    Bin::GreaterOrEqual => OpKind::GreaterEqual,
+                    Bin::And => OpKind::And,
+                    Bin::Or => OpKind::Or,
+                    Bin::Xor => OpKind::Xor,
                 };
-                let v = self.binary(node, kind)?;
+                let attrs = if kind == OpKind::Mod {
+                    Attrs::new().with("fmod", Attr::Bool(at.int("fmod").unwrap_or(0) != 0))
+                } else {
+                    Attrs::new()
+                };
+                let v = self.binary(node, kind, attrs)?;
                 self.out(node, v)
             }
             "Relu" | "Tanh" | "Sigmoid" | "Erf" | "Sqrt" | "Exp" | "Log" | "Neg" | "Abs" => {
@@ -788,7 +807,7 @@ impl<'m> Importer<'m> {
                 };
                 self.unary_ir(node, kind)
             }
-            "Floor" | "Ceil" | "Not" => {
+            "Floor" | "Ceil" | "Not" if all_const => {
                 let x = self.const_in(node, 0)?.ok_or("missing input")?;
                 let f: fn(f64) -> f64 = match op {
                     "Floor" => f64::floor,
@@ -796,6 +815,47 @@ impl<'m> Importer<'m> {
                     _ => |x| f64::from(u8::from(x == 0.0)),
                 };
                 self.cst(node, tensor::unary(&x, f))
+            }
+            "Floor" | "Ceil" | "Not" | "Round" | "Sign" | "Sin" | "Cos" | "IsNaN" => {
+                let kind = match op {
+                    "Floor" => OpKind::Floor,
+                    "Ceil" => OpKind::Ceil,
+                    "Not" => OpKind::Not,
+                    "Round" => OpKind::Round,
+                    "Sign" => OpKind::Sign,
+                    "Sin" => OpKind::Sin,
+                    "Cos" => OpKind::Cos,
+                    _ => OpKind::IsNan,
+                };
+                self.unary_ir(node, kind)
+            }
+            "IsInf" => {
+                let x = self.ir_in(node, 0)?;
+                let inf = self.b.op(OpKind::IsInf, &[x], Attrs::new()).map_err(b)?;
+                let (negative, positive) = (
+                    at.int("detect_negative").unwrap_or(1) != 0,
+                    at.int("detect_positive").unwrap_or(1) != 0,
+                );
+                // One sign only: the infinities on that side of zero.
+                let v = match (negative, positive) {
+                    (true, true) => inf,
+                    (false, false) => {
+                        let no = self.b.op(OpKind::Not, &[inf], Attrs::new()).map_err(b)?;
+                        self.b
+                            .op(OpKind::And, &[inf, no], Attrs::new())
+                            .map_err(b)?
+                    }
+                    (negative, _) => {
+                        let ty = self.b.ty(x).clone();
+                        let zero = self.splat(ty.dtype, 0.0, ty.dims())?;
+                        let (a, c) = if negative { (x, zero) } else { (zero, x) };
+                        let side = self.b.op(OpKind::Less, &[a, c], Attrs::new()).map_err(b)?;
+                        self.b
+                            .op(OpKind::And, &[inf, side], Attrs::new())
+                            .map_err(b)?
+                    }
+                };
+                self.out(node, v)
             }
             "Reciprocal" => {
                 if all_const {
@@ -1167,7 +1227,7 @@ impl<'m> Importer<'m> {
         Err("Constant needs `value`, `value_float(s)` or `value_int(s)` (sparse and string values are not supported)".to_string())
     }
 
-    fn binary(&mut self, node: &'m NodeProto, kind: OpKind) -> R<ValueId> {
+    fn binary(&mut self, node: &'m NodeProto, kind: OpKind, attrs: Attrs) -> R<ValueId> {
         let (x, y) = (self.req(node, 0)?, self.req(node, 1)?);
         let dtype = match (&x, &y) {
             (Val::Ir(a), _) => self.b.ty(*a).dtype,
@@ -1177,7 +1237,7 @@ impl<'m> Importer<'m> {
         let out = tensor::broadcast_shapes(&self.dims_of(&x), &self.dims_of(&y))?;
         let xa = self.operand(Self::in_name(node, 0), &x, dtype, &out)?;
         let ya = self.operand(Self::in_name(node, 1), &y, dtype, &out)?;
-        self.b.op(kind, &[xa, ya], Attrs::new()).map_err(b)
+        self.b.op(kind, &[xa, ya], attrs).map_err(b)
     }
 
     fn reshape_to(&mut self, node: &'m NodeProto, x: Val, dims: Vec<usize>) -> R<()> {
@@ -1222,40 +1282,33 @@ impl<'m> Importer<'m> {
     }
 
     fn where_(&mut self, node: &'m NodeProto) -> R<()> {
-        let cond = self.const_in(node, 0).map_err(|_| {
-            "Where is supported only with a condition known at import time (dcir has no select op)"
-                .to_string()
-        })?;
-        let cond = cond.ok_or("missing condition")?;
-        let (x, y) = (self.req(node, 1)?, self.req(node, 2)?);
-        if let (Val::Const(a), Val::Const(bb)) = (&x, &y) {
-            return self.cst(node, tensor::select(&cond, a, bb)?);
+        let (c, x, y) = (self.req(node, 0)?, self.req(node, 1)?, self.req(node, 2)?);
+        if let (Val::Const(cond), Val::Const(a), Val::Const(bb)) = (&c, &x, &y) {
+            return self.cst(node, tensor::select(cond, a, bb)?);
         }
         let out = tensor::broadcast_shapes(
-            &tensor::broadcast_shapes(&cond.dims, &self.dims_of(&x))?,
+            &tensor::broadcast_shapes(&self.dims_of(&c), &self.dims_of(&x))?,
             &self.dims_of(&y),
         )?;
-        let pick = match cond.splat() {
-            Some(c) if c != 0.0 => 1,
-            Some(_) => 2,
-            None => {
-                return Err(
-                    "Where with a mixed condition on run-time values is not supported (dcir has no select op)"
-                        .to_string(),
-                );
-            }
-        };
-        let chosen = if pick == 1 { x } else { y };
-        let other = if pick == 1 {
-            &self.req(node, 2)?
-        } else {
-            &self.req(node, 1)?
-        };
-        let dtype = match (&chosen, other) {
+        let dtype = match (&x, &y) {
             (Val::Ir(v), _) | (_, Val::Ir(v)) => self.b.ty(*v).dtype,
-            _ => self.dtype_of(&chosen),
+            _ => self.dtype_of(&x),
         };
-        let v = self.operand(Self::in_name(node, pick), &chosen, dtype, &out)?;
+        // A condition known at import and the same everywhere picks a side.
+        if let Val::Const(cond) = &c
+            && let Some(pick) = cond.splat()
+        {
+            let (i, chosen) = if pick != 0.0 { (1, &x) } else { (2, &y) };
+            let v = self.operand(Self::in_name(node, i), chosen, dtype, &out)?;
+            return self.out(node, v);
+        }
+        let cv = self.operand(Self::in_name(node, 0), &c, DType::Bool, &out)?;
+        let xv = self.operand(Self::in_name(node, 1), &x, dtype, &out)?;
+        let yv = self.operand(Self::in_name(node, 2), &y, dtype, &out)?;
+        let v = self
+            .b
+            .op(OpKind::Select, &[cv, xv, yv], Attrs::new())
+            .map_err(b)?;
         self.out(node, v)
     }
 
@@ -2081,12 +2134,6 @@ impl<'m> Importer<'m> {
 
 fn unreachable_const() -> std::rc::Rc<Const> {
     std::rc::Rc::new(Const::ints(Vec::new()))
-}
-
-fn const_only(op: &str) -> String {
-    format!(
-        "{op} is supported only on values known at import time (shape arithmetic); here an input is computed at run time"
-    )
 }
 
 /// A `constant`'s `value` for a splat of `x`.

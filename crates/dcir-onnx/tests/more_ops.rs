@@ -1,4 +1,5 @@
-//! Einsum, Pad, ScatterND and ReduceL2: small models built in Rust with the
+//! Einsum, Pad, ScatterND, ReduceL2, comparisons, logic, Where, Mod and the
+//! rounding functions: small models built in Rust with the
 //! prost types, imported, verified, and run on the interpreter against
 //! references computed here.
 
@@ -568,4 +569,86 @@ fn scatter_nd_rows_of_a_run_time_value() {
     );
     let msg = import_err(&dynamic);
     assert!(msg.contains("updates known at import time"), "{msg}");
+}
+
+#[test]
+fn comparisons_logic_and_where_run_on_run_time_values() {
+    // where(x < y or x is NaN, x, y) with y broadcast: a NaN-keeping minimum,
+    // then round, sign, mod (fmod) and floor on the result.
+    let x = vec![-2.5f32, 1.5, f32::NAN, 0.5, 3.0, -7.25];
+    let nodes = vec![
+        node("Less", &["x", "y"], "lt", vec![]),
+        node("IsNaN", &["x"], "nan", vec![]),
+        node("Or", &["lt", "nan"], "pick", vec![]),
+        node("Where", &["pick", "x", "y"], "m", vec![]),
+        node("Round", &["m"], "r", vec![]),
+        node("Sign", &["m"], "s", vec![]),
+        node("Add", &["r", "s"], "rs", vec![]),
+        constant("two", tensor_f(&[], &[2.0])),
+        node("Mod", &["m", "two"], "md", vec![a_int("fmod", 1)]),
+        node("Add", &["rs", "md"], "sum", vec![]),
+        node("Floor", &["sum"], "out", vec![]),
+    ];
+    let bytes = model(17, nodes, &[("x", &[2, 3]), ("y", &[3])], ("out", &[2, 3]));
+    let y = vec![0.0f32, 1.0, 2.0];
+    let out = run(&bytes, &[("x", &[2, 3], x.clone()), ("y", &[3], y.clone())]);
+    let expected: Vec<f64> = x
+        .iter()
+        .enumerate()
+        .map(|(i, &xv)| {
+            let yv = y[i % 3];
+            let m = if xv < yv || xv.is_nan() { xv } else { yv } as f64;
+            let sign = if m > 0.0 {
+                1.0
+            } else if m < 0.0 {
+                -1.0
+            } else {
+                m
+            };
+            (m.round_ties_even() + sign + m % 2.0).floor()
+        })
+        .collect();
+    assert_eq!(out.dims(), &[2, 3]);
+    for (k, (a, e)) in out.to_f64().iter().zip(&expected).enumerate() {
+        assert!(
+            a == e || (a.is_nan() && e.is_nan()),
+            "element {k}: {a} vs {e}"
+        );
+    }
+}
+
+#[test]
+fn integer_mod_follows_fmod() {
+    // The ONNX operator document's example, on run-time values.
+    let int_model = |fmod: i64| {
+        let graph = GraphProto {
+            name: Some("g".to_string()),
+            node: vec![node("Mod", &["x", "y"], "out", vec![a_int("fmod", fmod)])],
+            input: vec![value_info("x", INT64, &[6]), value_info("y", INT64, &[6])],
+            output: vec![value_info("out", INT64, &[6])],
+            ..Default::default()
+        };
+        ModelProto {
+            ir_version: Some(8),
+            opset_import: vec![OperatorSetIdProto {
+                domain: Some(String::new()),
+                version: Some(17),
+            }],
+            graph: Some(graph),
+            ..Default::default()
+        }
+        .encode_to_vec()
+    };
+    for (fmod, expected) in [(0, [0, -2, 5, 0, 2, 3]), (1, [0, 1, 5, 0, -1, 3])] {
+        let imported = import_bytes(&int_model(fmod), &ImportOptions::default()).unwrap();
+        let graph = &imported.module.graphs[0];
+        let t = |v: &[i64]| Tensor::from_i64(TensorType::new(DType::I64, vec![6]), v).unwrap();
+        let given = vec![
+            ("x".to_string(), t(&[-4, 7, 5, 4, -7, 8])),
+            ("y".to_string(), t(&[2, -3, 8, -2, 3, 5])),
+        ];
+        let bound = bind_inputs(graph, given, 0).unwrap();
+        let out = run_graph(graph, &bound.inputs).unwrap();
+        assert_eq!(out[0].data().to_i64().as_ref(), &expected, "fmod = {fmod}");
+    }
 }

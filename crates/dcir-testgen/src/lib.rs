@@ -201,6 +201,7 @@ enum Gen {
     Constant,
     Param,
     Fused,
+    Select,
 }
 
 /// The elementwise ops a `fused` group is made of.
@@ -249,6 +250,25 @@ const GENERATORS: &[Gen] = {
         Elementwise(K::Rsqrt),
         Elementwise(K::Neg),
         Elementwise(K::Abs),
+        Elementwise(K::Mod),
+        Elementwise(K::Floor),
+        Elementwise(K::Ceil),
+        Elementwise(K::Round),
+        Elementwise(K::Sign),
+        Elementwise(K::Sin),
+        Elementwise(K::Cos),
+        Elementwise(K::IsNan),
+        Elementwise(K::IsInf),
+        Elementwise(K::Equal),
+        Elementwise(K::Less),
+        Elementwise(K::LessEqual),
+        Elementwise(K::Greater),
+        Elementwise(K::GreaterEqual),
+        Elementwise(K::And),
+        Elementwise(K::Or),
+        Elementwise(K::Xor),
+        Elementwise(K::Not),
+        Select,
         Conv2d,
         Matmul,
         Broadcast,
@@ -278,7 +298,10 @@ const GENERATORS: &[Gen] = {
 fn takes(kind: OpKind, dtype: DType) -> bool {
     use OpKind::*;
     match kind {
-        Pow | Gelu | Erf | Tanh | Sigmoid | Exp | Log | Sqrt | Rsqrt => dtype.is_float(),
+        Pow | Gelu | Erf | Tanh | Sigmoid | Exp | Log | Sqrt | Rsqrt | Floor | Ceil | Round
+        | Sin | Cos | IsNan | IsInf => dtype.is_float(),
+        Equal => true,
+        And | Or | Xor | Not => dtype == DType::Bool,
         _ => dtype != DType::Bool,
     }
 }
@@ -301,6 +324,7 @@ fn elementwise_attrs(kind: OpKind, p: &mut Picks) -> Attrs {
                 .with("max", Attr::Float(a.max(b)))
         }
         OpKind::Gelu if p.flag() => Attrs::new().with("approximate", Attr::Str("tanh".into())),
+        OpKind::Mod if p.flag() => Attrs::new().with("fmod", Attr::Bool(true)),
         _ => Attrs::new(),
     }
 }
@@ -465,7 +489,23 @@ impl Generator {
             }
             Gen::Param => Ok(vec![self.param(random_type(p))?]),
             Gen::Fused => self.fused(p),
+            Gen::Select => self.select(p),
         }
+    }
+
+    /// `select` of a bool condition and two operands of its shape.
+    fn select(&mut self, p: &mut Picks) -> Built {
+        let Some(cond) = self.choose(p, |t| t.dtype == DType::Bool) else {
+            return Ok(Vec::new());
+        };
+        let dims = self.ty(cond).dims().to_vec();
+        let a = match self.choose(p, |t| t.dims() == dims.as_slice()) {
+            Some(a) => a,
+            None => self.param(TensorType::new(DType::F32, dims))?,
+        };
+        let ty = self.ty(a);
+        let b = self.operand(p, &ty)?;
+        self.op(OpKind::Select, &[cond, a, b], Attrs::new())
     }
 
     fn elementwise(&mut self, kind: OpKind, p: &mut Picks) -> Built {

@@ -70,7 +70,12 @@ fn flops(graph: &Graph, op: OpId) -> u64 {
     let out = || d.results.first().map_or(0, |&r| elems(graph.ty(r)));
     match d.kind {
         Add | Sub | Mul | Div | Max | Min | Pow | Relu | Erf | Tanh | Sigmoid | Exp | Log
-        | Sqrt | Rsqrt | Neg | Abs => out(),
+        | Sqrt | Rsqrt | Neg | Abs | Floor | Ceil | Round | Sign | Sin | Cos | IsNan | IsInf
+        | Equal | Less | LessEqual | Greater | GreaterEqual | And | Or | Xor | Not | Select => {
+            out()
+        }
+        // The remainder, then its sign fixed.
+        Mod => 2 * out(),
         Clip => 2 * out(),
         // x * 0.5 * (1 + erf(x / sqrt 2)): five operations per element.
         Gelu => 5 * out(),
