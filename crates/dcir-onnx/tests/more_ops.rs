@@ -652,3 +652,162 @@ fn integer_mod_follows_fmod() {
         assert_eq!(out[0].data().to_i64().as_ref(), &expected, "fmod = {fmod}");
     }
 }
+
+#[test]
+fn activations_follow_their_onnx_formulas() {
+    let a_float = |name: &str, v: f32| AttributeProto {
+        name: Some(name.to_string()),
+        r#type: Some(1),
+        f: Some(v),
+        ..Default::default()
+    };
+    let x = ramp(12, 0.75);
+    let softplus = |x: f64| (x.exp() + 1.0).ln();
+    type Case = (&'static str, Vec<AttributeProto>, Box<dyn Fn(f64) -> f64>);
+    let cases: Vec<Case> = vec![
+        (
+            "LeakyRelu",
+            vec![],
+            Box::new(|x| if x < 0.0 { 0.01 * x } else { x }),
+        ),
+        (
+            "LeakyRelu",
+            vec![a_float("alpha", 0.2)],
+            Box::new(|x| if x < 0.0 { 0.2 * x } else { x }),
+        ),
+        (
+            "Elu",
+            vec![],
+            Box::new(|x: f64| if x < 0.0 { x.exp() - 1.0 } else { x }),
+        ),
+        (
+            "Selu",
+            vec![],
+            Box::new(|x: f64| {
+                let (a, g) = (1.673_263_192_176_818_8, 1.050_701_022_148_132_3);
+                if x <= 0.0 {
+                    g * (a * x.exp() - a)
+                } else {
+                    g * x
+                }
+            }),
+        ),
+        (
+            "Celu",
+            vec![a_float("alpha", 2.0)],
+            Box::new(|x: f64| x.max(0.0) + (2.0 * ((x / 2.0).exp() - 1.0)).min(0.0)),
+        ),
+        ("Softplus", vec![], Box::new(softplus)),
+        ("Softsign", vec![], Box::new(|x: f64| x / (1.0 + x.abs()))),
+        (
+            "Mish",
+            vec![],
+            Box::new(move |x: f64| x * softplus(x).tanh()),
+        ),
+        (
+            "ThresholdedRelu",
+            vec![a_float("alpha", 1.5)],
+            Box::new(|x| if x > 1.5 { x } else { 0.0 }),
+        ),
+    ];
+    for (op, attrs, f) in cases {
+        let bytes = model(
+            17,
+            vec![node(op, &["x"], "out", attrs)],
+            &[("x", &[3, 4])],
+            ("out", &[3, 4]),
+        );
+        let out = run(&bytes, &[("x", &[3, 4], x.clone())]);
+        let expected: Vec<f64> = x.iter().map(|&v| f(f64::from(v))).collect();
+        close(&out, &[3, 4], &expected);
+    }
+    // PRelu: a slope per channel, broadcast from [4] to [3, 4].
+    let slope = [0.5f32, -1.0, 0.0, 2.0];
+    let nodes = vec![
+        constant("slope", tensor_f(&[4], &slope)),
+        node("PRelu", &["x", "slope"], "out", vec![]),
+    ];
+    let bytes = model(17, nodes, &[("x", &[3, 4])], ("out", &[3, 4]));
+    let out = run(&bytes, &[("x", &[3, 4], x.clone())]);
+    let expected: Vec<f64> = x
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let v = f64::from(v);
+            if v < 0.0 {
+                f64::from(slope[i % 4]) * v
+            } else {
+                v
+            }
+        })
+        .collect();
+    close(&out, &[3, 4], &expected);
+}
+
+#[test]
+fn derived_reductions() {
+    let x = ramp(12, 0.5); // [3, 4], negative and positive values
+    let rows: Vec<Vec<f64>> = x
+        .chunks(4)
+        .map(|r| r.iter().map(|&v| f64::from(v)).collect())
+        .collect();
+    type Case = (&'static str, fn(&[f64]) -> f64);
+    let cases: [Case; 6] = [
+        ("ReduceMin", |r| {
+            r.iter().copied().fold(f64::INFINITY, f64::min)
+        }),
+        ("ReduceL1", |r| r.iter().map(|v| v.abs()).sum()),
+        ("ReduceL2", |r| r.iter().map(|v| v * v).sum::<f64>().sqrt()),
+        ("ReduceSumSquare", |r| r.iter().map(|v| v * v).sum()),
+        ("ReduceLogSumExp", |r| {
+            r.iter().map(|v| v.exp()).sum::<f64>().ln()
+        }),
+        ("ReduceLogSum", |r| {
+            r.iter().map(|v| v.abs() + 1.0).sum::<f64>().ln()
+        }),
+    ];
+    for (op, f) in cases {
+        let axes = constant("axes", tensor_i(&[1], &[1]));
+        let keep = vec![a_int("keepdims", 0)];
+        let nodes = if op == "ReduceLogSum" {
+            // Positive sums only: log of |x| + 1.
+            vec![
+                axes,
+                node("Abs", &["x"], "a", vec![]),
+                constant("one", tensor_f(&[], &[1.0])),
+                node("Add", &["a", "one"], "p", vec![]),
+                node(op, &["p", "axes"], "out", keep),
+            ]
+        } else {
+            vec![axes, node(op, &["x", "axes"], "out", keep)]
+        };
+        let bytes = model(18, nodes, &[("x", &[3, 4])], ("out", &[3]));
+        let out = run(&bytes, &[("x", &[3, 4], x.clone())]);
+        let expected: Vec<f64> = rows.iter().map(|r| f(r)).collect();
+        close(&out, &[3], &expected);
+    }
+    // An integer minimum keeps the dtype's minimum (no overflow on the way).
+    let graph = GraphProto {
+        name: Some("g".to_string()),
+        node: vec![node("ReduceMin", &["x"], "out", vec![a_int("keepdims", 0)])],
+        input: vec![value_info("x", INT64, &[4])],
+        output: vec![value_info("out", INT64, &[])],
+        ..Default::default()
+    };
+    let bytes = ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(18),
+        }],
+        graph: Some(graph),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let imported = import_bytes(&bytes, &ImportOptions::default()).unwrap();
+    let g = &imported.module.graphs[0];
+    let xs = Tensor::from_i64(TensorType::new(DType::I64, vec![4]), &[5, i64::MIN, 7, -3]).unwrap();
+    let bound = bind_inputs(g, vec![("x".to_string(), xs)], 0).unwrap();
+    let out = run_graph(g, &bound.inputs).unwrap();
+    assert_eq!(out[0].data().to_i64().as_ref(), &[i64::MIN]);
+}
