@@ -10,6 +10,8 @@ use crate::random::{Role, seeded_weight};
 use crate::tensor::{self, Bin, Const, Data};
 use crate::{ImportError, ImportOptions, Imported, NodeRef, Weight};
 
+mod composite;
+
 /// Every ONNX op type (default domain) the importer knows. Some of them fold
 /// only when their inputs are constants (see `docs/onnx.md`).
 pub const SUPPORTED_OPS: &[&str] = &[
@@ -46,9 +48,11 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "GlobalMaxPool",
     "Greater",
     "GreaterOrEqual",
+    "GroupNormalization",
     "HardSigmoid",
     "HardSwish",
     "Identity",
+    "InstanceNormalization",
     "IsInf",
     "IsNaN",
     "LayerNormalization",
@@ -94,12 +98,15 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Softmax",
     "Softplus",
     "Softsign",
+    "Split",
     "Sqrt",
     "Squeeze",
     "Sub",
     "Tanh",
     "ThresholdedRelu",
+    "Tile",
     "Transpose",
+    "Trilu",
     "Unsqueeze",
     "Where",
     "Xor",
@@ -900,6 +907,10 @@ impl<'m> Importer<'m> {
             "Clip" => self.clip(node, &at),
             "LeakyRelu" | "Elu" | "Selu" | "Celu" | "Softplus" | "Softsign" | "Mish"
             | "ThresholdedRelu" | "PRelu" => self.activation(node, op, &at),
+            "Split" => self.split(node, &at),
+            "Tile" => self.tile(node),
+            "InstanceNormalization" | "GroupNormalization" => self.group_norm(node, op, &at),
+            "Trilu" => self.trilu(node, &at),
             "HardSigmoid" | "HardSwish" => {
                 // HardSigmoid: clip(alpha·x + beta, 0, 1); HardSwish: x times
                 // HardSigmoid with alpha = 1/6, beta = 1/2.
@@ -1266,111 +1277,6 @@ impl<'m> Importer<'m> {
                 self.out(node, r)
             }
         }
-    }
-
-    /// `kind` of `operands` (inferred type).
-    fn ew(&mut self, kind: OpKind, operands: &[ValueId]) -> R<ValueId> {
-        self.b.op(kind, operands, Attrs::new()).map_err(b)
-    }
-
-    /// A splat of `v` with the type of `like`.
-    fn splat_like(&mut self, like: ValueId, v: f64) -> R<ValueId> {
-        let ty = self.b.ty(like).clone();
-        self.splat(ty.dtype, v, ty.dims())
-    }
-
-    /// The piecewise and smooth activations, decomposed into elementwise
-    /// ops (one fused kernel after planning), with ONNX's formulas and
-    /// default attributes.
-    fn activation(&mut self, node: &'m NodeProto, op: &str, at: &At<'_>) -> R<()> {
-        use OpKind as K;
-        let x = self.ir_in(node, 0)?;
-        let alpha = |d: f64| at.float("alpha").map_or(d, f64::from);
-        // A zero of x's type and where x < 0.
-        let split = |me: &mut Self| -> R<(ValueId, ValueId)> {
-            let zero = me.splat_like(x, 0.0)?;
-            Ok((zero, me.ew(K::Less, &[x, zero])?))
-        };
-        // log(exp(x) + 1), as ONNX defines it.
-        let softplus = |me: &mut Self| -> R<ValueId> {
-            let e = me.ew(K::Exp, &[x])?;
-            let one = me.splat_like(x, 1.0)?;
-            let e1 = me.ew(K::Add, &[e, one])?;
-            me.ew(K::Log, &[e1])
-        };
-        let v = match op {
-            "LeakyRelu" | "PRelu" => {
-                let slope = if op == "PRelu" {
-                    let s = self.req(node, 1)?;
-                    let dims = self.b.ty(x).dims().to_vec();
-                    let dtype = self.b.ty(x).dtype;
-                    self.operand(Self::in_name(node, 1), &s, dtype, &dims)?
-                } else {
-                    self.splat_like(x, alpha(0.01))?
-                };
-                let sx = self.ew(K::Mul, &[slope, x])?;
-                let (_, negative) = split(self)?;
-                self.ew(K::Select, &[negative, sx, x])?
-            }
-            "Elu" | "Selu" => {
-                let (a, gamma) = if op == "Elu" {
-                    (alpha(1.0), 1.0)
-                } else {
-                    (
-                        alpha(1.673_263_192_176_818_8),
-                        at.float("gamma").map_or(1.050_701_022_148_132_3, f64::from),
-                    )
-                };
-                // Selu: x <= 0 takes the exponential side; at 0 both are 0.
-                let e = self.ew(K::Exp, &[x])?;
-                let one = self.splat_like(x, 1.0)?;
-                let em1 = self.ew(K::Sub, &[e, one])?;
-                let a_s = self.splat_like(x, a)?;
-                let neg = self.ew(K::Mul, &[a_s, em1])?;
-                let (_, negative) = split(self)?;
-                let picked = self.ew(K::Select, &[negative, neg, x])?;
-                if gamma == 1.0 {
-                    picked
-                } else {
-                    let g = self.splat_like(x, gamma)?;
-                    self.ew(K::Mul, &[g, picked])?
-                }
-            }
-            "Celu" => {
-                // max(0, x) + min(0, alpha · (exp(x / alpha) - 1)).
-                let a = alpha(1.0);
-                let a_s = self.splat_like(x, a)?;
-                let xa = self.ew(K::Div, &[x, a_s])?;
-                let e = self.ew(K::Exp, &[xa])?;
-                let one = self.splat_like(x, 1.0)?;
-                let em1 = self.ew(K::Sub, &[e, one])?;
-                let scaled = self.ew(K::Mul, &[a_s, em1])?;
-                let zero = self.splat_like(x, 0.0)?;
-                let low = self.ew(K::Min, &[zero, scaled])?;
-                let high = self.ew(K::Max, &[zero, x])?;
-                self.ew(K::Add, &[high, low])?
-            }
-            "Softplus" => softplus(self)?,
-            "Softsign" => {
-                let a = self.ew(K::Abs, &[x])?;
-                let one = self.splat_like(x, 1.0)?;
-                let d = self.ew(K::Add, &[one, a])?;
-                self.ew(K::Div, &[x, d])?
-            }
-            "Mish" => {
-                let sp = softplus(self)?;
-                let t = self.ew(K::Tanh, &[sp])?;
-                self.ew(K::Mul, &[x, t])?
-            }
-            _ => {
-                // ThresholdedRelu: x where x > alpha, else 0.
-                let a_s = self.splat_like(x, alpha(1.0))?;
-                let above = self.ew(K::Less, &[a_s, x])?;
-                let zero = self.splat_like(x, 0.0)?;
-                self.ew(K::Select, &[above, x, zero])?
-            }
-        };
-        self.out(node, v)
     }
 
     fn clip(&mut self, node: &'m NodeProto, at: &At<'_>) -> R<()> {

@@ -811,3 +811,152 @@ fn derived_reductions() {
     let out = run_graph(g, &bound.inputs).unwrap();
     assert_eq!(out[0].data().to_i64().as_ref(), &[i64::MIN]);
 }
+
+#[test]
+fn split_tile_trilu() {
+    let x = ramp(12, 1.0); // [3, 4]
+    let at = |r: usize, c: usize| f64::from(x[r * 4 + c]);
+    // Split into [1, 3] columns, joined back in reverse order.
+    let mut split = node("Split", &["x", "sizes"], "a", vec![a_int("axis", 1)]);
+    split.output.push("b".to_string());
+    let nodes = vec![
+        constant("sizes", tensor_i(&[2], &[1, 3])),
+        split,
+        node("Concat", &["b", "a"], "out", vec![a_int("axis", 1)]),
+    ];
+    let out = run(
+        &model(13, nodes, &[("x", &[3, 4])], ("out", &[3, 4])),
+        &[("x", &[3, 4], x.clone())],
+    );
+    let expected: Vec<f64> = (0..3)
+        .flat_map(|r| [at(r, 1), at(r, 2), at(r, 3), at(r, 0)])
+        .collect();
+    close(&out, &[3, 4], &expected);
+    // Equal chunks (`num_outputs`, opset 18): 3 rows as 2 + 1.
+    let mut split = node(
+        "Split",
+        &["x"],
+        "a",
+        vec![a_int("axis", 0), a_int("num_outputs", 2)],
+    );
+    split.output.push("b".to_string());
+    let nodes = vec![
+        split,
+        node("Concat", &["b", "a"], "out", vec![a_int("axis", 0)]),
+    ];
+    let out = run(
+        &model(18, nodes, &[("x", &[3, 4])], ("out", &[3, 4])),
+        &[("x", &[3, 4], x.clone())],
+    );
+    let expected: Vec<f64> = [2, 0, 1]
+        .iter()
+        .flat_map(|&r| (0..4).map(move |c| at(r, c)))
+        .collect();
+    close(&out, &[3, 4], &expected);
+    // Tile [3, 4] by [2, 1] -> [6, 4].
+    let nodes = vec![
+        constant("reps", tensor_i(&[2], &[2, 1])),
+        node("Tile", &["x", "reps"], "out", vec![]),
+    ];
+    let out = run(
+        &model(13, nodes, &[("x", &[3, 4])], ("out", &[6, 4])),
+        &[("x", &[3, 4], x.clone())],
+    );
+    let expected: Vec<f64> = (0..6)
+        .flat_map(|r| (0..4).map(move |c| at(r % 3, c)))
+        .collect();
+    close(&out, &[6, 4], &expected);
+    // Trilu: the upper triangle from diagonal 1, and the lower one.
+    for (upper, keep) in [
+        (1, (|d: i64| d >= 1) as fn(i64) -> bool),
+        (0, |d: i64| d <= 1),
+    ] {
+        let nodes = vec![
+            constant("k", tensor_i(&[], &[1])),
+            node("Trilu", &["x", "k"], "out", vec![a_int("upper", upper)]),
+        ];
+        let out = run(
+            &model(14, nodes, &[("x", &[3, 4])], ("out", &[3, 4])),
+            &[("x", &[3, 4], x.clone())],
+        );
+        let expected: Vec<f64> = (0..3)
+            .flat_map(|r| (0..4).map(move |c| (r, c)))
+            .map(|(r, c)| {
+                if keep(c as i64 - r as i64) {
+                    at(r, c)
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        close(&out, &[3, 4], &expected);
+    }
+}
+
+#[test]
+fn instance_and_group_normalization() {
+    // x [2, 4, 3]: per (n, group) mean and variance over the group's channels and positions.
+    let x = ramp(24, 0.7);
+    let scale = [1.5f32, -0.5, 2.0, 0.25];
+    let bias = [0.1f32, 0.2, -0.3, 0.4];
+    let reference = |groups: usize, per_group: bool| -> Vec<f64> {
+        let per = 4 / groups * 3;
+        let mut out = vec![0.0; 24];
+        for n in 0..2 {
+            for g in 0..groups {
+                let base = n * 12 + g * per;
+                let v: Vec<f64> = x[base..base + per].iter().map(|&e| f64::from(e)).collect();
+                let mean = v.iter().sum::<f64>() / per as f64;
+                let var = v.iter().map(|e| (e - mean) * (e - mean)).sum::<f64>() / per as f64;
+                for (i, e) in v.iter().enumerate() {
+                    let c = (g * per + i) / 3;
+                    let k = if per_group { g } else { c };
+                    out[base + i] =
+                        (e - mean) / (var + 1e-5).sqrt() * f64::from(scale[k]) + f64::from(bias[k]);
+                }
+            }
+        }
+        out
+    };
+    let nodes = vec![
+        constant("s", tensor_f(&[4], &scale)),
+        constant("b", tensor_f(&[4], &bias)),
+        node("InstanceNormalization", &["x", "s", "b"], "out", vec![]),
+    ];
+    let out = run(
+        &model(13, nodes, &[("x", &[2, 4, 3])], ("out", &[2, 4, 3])),
+        &[("x", &[2, 4, 3], x.clone())],
+    );
+    close(&out, &[2, 4, 3], &reference(4, false));
+    // Opset 21: scale and bias per channel; opset 18: per group.
+    let nodes = vec![
+        constant("s", tensor_f(&[4], &scale)),
+        constant("b", tensor_f(&[4], &bias)),
+        node(
+            "GroupNormalization",
+            &["x", "s", "b"],
+            "out",
+            vec![a_int("num_groups", 2)],
+        ),
+    ];
+    let out = run(
+        &model(21, nodes, &[("x", &[2, 4, 3])], ("out", &[2, 4, 3])),
+        &[("x", &[2, 4, 3], x.clone())],
+    );
+    close(&out, &[2, 4, 3], &reference(2, false));
+    let nodes = vec![
+        constant("s", tensor_f(&[2], &scale[..2])),
+        constant("b", tensor_f(&[2], &bias[..2])),
+        node(
+            "GroupNormalization",
+            &["x", "s", "b"],
+            "out",
+            vec![a_int("num_groups", 2)],
+        ),
+    ];
+    let out = run(
+        &model(18, nodes, &[("x", &[2, 4, 3])], ("out", &[2, 4, 3])),
+        &[("x", &[2, 4, 3], x.clone())],
+    );
+    close(&out, &[2, 4, 3], &reference(2, true));
+}

@@ -1,0 +1,303 @@
+//! ONNX ops imported as compositions of dcir ops: the piecewise and smooth
+//! activations, `Split`, `Tile`, instance and group normalization, `Trilu`.
+//! Each follows the formula of the ONNX operator document; the planner fuses
+//! the pieces back into few kernels.
+
+use dcir_ir::{Attr, Attrs, DType, OpKind, TensorType, ValueId};
+
+use super::{At, Importer, R, Val, axis, b, ints};
+use crate::proto::NodeProto;
+
+impl<'m> Importer<'m> {
+    /// `kind` of `operands` (inferred type).
+    pub(super) fn ew(&mut self, kind: OpKind, operands: &[ValueId]) -> R<ValueId> {
+        self.b.op(kind, operands, Attrs::new()).map_err(b)
+    }
+
+    /// A splat of `v` with the type of `like`.
+    pub(super) fn splat_like(&mut self, like: ValueId, v: f64) -> R<ValueId> {
+        let ty = self.b.ty(like).clone();
+        self.splat(ty.dtype, v, ty.dims())
+    }
+
+    /// The piecewise and smooth activations, decomposed into elementwise
+    /// ops (one fused kernel after planning), with ONNX's formulas and
+    /// default attributes.
+    pub(super) fn activation(&mut self, node: &'m NodeProto, op: &str, at: &At<'_>) -> R<()> {
+        use OpKind as K;
+        let x = self.ir_in(node, 0)?;
+        let alpha = |d: f64| at.float("alpha").map_or(d, f64::from);
+        // A zero of x's type and where x < 0.
+        let split = |me: &mut Self| -> R<(ValueId, ValueId)> {
+            let zero = me.splat_like(x, 0.0)?;
+            Ok((zero, me.ew(K::Less, &[x, zero])?))
+        };
+        // log(exp(x) + 1), as ONNX defines it.
+        let softplus = |me: &mut Self| -> R<ValueId> {
+            let e = me.ew(K::Exp, &[x])?;
+            let one = me.splat_like(x, 1.0)?;
+            let e1 = me.ew(K::Add, &[e, one])?;
+            me.ew(K::Log, &[e1])
+        };
+        let v = match op {
+            "LeakyRelu" | "PRelu" => {
+                let slope = if op == "PRelu" {
+                    let s = self.req(node, 1)?;
+                    let dims = self.b.ty(x).dims().to_vec();
+                    let dtype = self.b.ty(x).dtype;
+                    self.operand(Self::in_name(node, 1), &s, dtype, &dims)?
+                } else {
+                    self.splat_like(x, alpha(0.01))?
+                };
+                let sx = self.ew(K::Mul, &[slope, x])?;
+                let (_, negative) = split(self)?;
+                self.ew(K::Select, &[negative, sx, x])?
+            }
+            "Elu" | "Selu" => {
+                let (a, gamma) = if op == "Elu" {
+                    (alpha(1.0), 1.0)
+                } else {
+                    (
+                        alpha(1.673_263_192_176_818_8),
+                        at.float("gamma").map_or(1.050_701_022_148_132_3, f64::from),
+                    )
+                };
+                // Selu: x <= 0 takes the exponential side; at 0 both are 0.
+                let e = self.ew(K::Exp, &[x])?;
+                let one = self.splat_like(x, 1.0)?;
+                let em1 = self.ew(K::Sub, &[e, one])?;
+                let a_s = self.splat_like(x, a)?;
+                let neg = self.ew(K::Mul, &[a_s, em1])?;
+                let (_, negative) = split(self)?;
+                let picked = self.ew(K::Select, &[negative, neg, x])?;
+                if gamma == 1.0 {
+                    picked
+                } else {
+                    let g = self.splat_like(x, gamma)?;
+                    self.ew(K::Mul, &[g, picked])?
+                }
+            }
+            "Celu" => {
+                // max(0, x) + min(0, alpha · (exp(x / alpha) - 1)).
+                let a = alpha(1.0);
+                let a_s = self.splat_like(x, a)?;
+                let xa = self.ew(K::Div, &[x, a_s])?;
+                let e = self.ew(K::Exp, &[xa])?;
+                let one = self.splat_like(x, 1.0)?;
+                let em1 = self.ew(K::Sub, &[e, one])?;
+                let scaled = self.ew(K::Mul, &[a_s, em1])?;
+                let zero = self.splat_like(x, 0.0)?;
+                let low = self.ew(K::Min, &[zero, scaled])?;
+                let high = self.ew(K::Max, &[zero, x])?;
+                self.ew(K::Add, &[high, low])?
+            }
+            "Softplus" => softplus(self)?,
+            "Softsign" => {
+                let a = self.ew(K::Abs, &[x])?;
+                let one = self.splat_like(x, 1.0)?;
+                let d = self.ew(K::Add, &[one, a])?;
+                self.ew(K::Div, &[x, d])?
+            }
+            "Mish" => {
+                let sp = softplus(self)?;
+                let t = self.ew(K::Tanh, &[sp])?;
+                self.ew(K::Mul, &[x, t])?
+            }
+            _ => {
+                // ThresholdedRelu: x where x > alpha, else 0.
+                let a_s = self.splat_like(x, alpha(1.0))?;
+                let above = self.ew(K::Less, &[a_s, x])?;
+                let zero = self.splat_like(x, 0.0)?;
+                self.ew(K::Select, &[above, x, zero])?
+            }
+        };
+        self.out(node, v)
+    }
+
+    /// `Split`: one `slice` per output along `axis`, sized by the `split`
+    /// input (opset 13+) or attribute, else `num_outputs` (opset 18) or the
+    /// output count, in equal chunks (the last one smaller when they do
+    /// not divide).
+    pub(super) fn split(&mut self, node: &'m NodeProto, at: &At<'_>) -> R<()> {
+        let x = self.ir_in(node, 0)?;
+        let dims = self.b.ty(x).dims().to_vec();
+        let a = axis(at.int_or("axis", 0), dims.len())?;
+        let given = match self.get(node, 1)? {
+            Some(_) => self.const_in(node, 1)?.map(|c| c.to_i64()),
+            None => at.ints("split").map(<[i64]>::to_vec),
+        };
+        let extent = dims[a];
+        let sizes: Vec<usize> = match given {
+            Some(sizes) => {
+                if sizes.iter().any(|&s| s < 0) || sizes.iter().sum::<i64>() != extent as i64 {
+                    return Err(format!(
+                        "Split sizes {sizes:?} do not add up to the axis extent {extent}"
+                    ));
+                }
+                sizes.iter().map(|&s| s as usize).collect()
+            }
+            None => {
+                let n = at
+                    .int("num_outputs")
+                    .unwrap_or(node.output.len() as i64)
+                    .max(1) as usize;
+                let chunk = extent.div_ceil(n);
+                (0..n)
+                    .map(|k| chunk.min(extent.saturating_sub(k * chunk)))
+                    .collect()
+            }
+        };
+        if sizes.len() != node.output.len() {
+            return Err(format!(
+                "Split into {} pieces has {} outputs",
+                sizes.len(),
+                node.output.len()
+            ));
+        }
+        let mut start = 0;
+        for (k, size) in sizes.into_iter().enumerate() {
+            let mut starts = vec![0; dims.len()];
+            let mut ends = dims.clone();
+            starts[a] = start;
+            ends[a] = start + size;
+            start += size;
+            let v = if size == extent {
+                x
+            } else {
+                let attrs = Attrs::new()
+                    .with("starts", ints(&starts))
+                    .with("ends", ints(&ends));
+                self.b.op(OpKind::Slice, &[x], attrs).map_err(b)?
+            };
+            self.set(node, k, Val::Ir(v))?;
+        }
+        Ok(())
+    }
+
+    /// `Tile`: each dim `d` repeated `r` times as a `broadcast` to
+    /// `[r0, d0, r1, d1, ...]` and a `reshape` to `[r0·d0, r1·d1, ...]` (views).
+    pub(super) fn tile(&mut self, node: &'m NodeProto) -> R<()> {
+        let x = self.ir_in(node, 0)?;
+        let dims = self.b.ty(x).dims().to_vec();
+        let repeats = self
+            .const_in(node, 1)?
+            .ok_or("Tile needs its repeats")?
+            .to_i64();
+        if repeats.len() != dims.len() || repeats.iter().any(|&r| r < 0) {
+            return Err(format!(
+                "Tile repeats {repeats:?} do not fit an input of rank {}",
+                dims.len()
+            ));
+        }
+        if repeats.iter().all(|&r| r == 1) {
+            return self.out(node, x);
+        }
+        let mut wide = Vec::new();
+        let mut map = Vec::new();
+        for (&d, &r) in dims.iter().zip(&repeats) {
+            wide.push(r as usize);
+            map.push(wide.len() as i64);
+            wide.push(d);
+        }
+        let spread = self.b.broadcast(x, &map, &wide).map_err(b)?;
+        let tiled: Vec<usize> = wide.chunks(2).map(|p| p[0] * p[1]).collect();
+        let v = self.b.reshape(spread, &tiled).map_err(b)?;
+        self.out(node, v)
+    }
+
+    /// `InstanceNormalization` (one group per channel) and
+    /// `GroupNormalization`: `x[N, C, ...]` viewed as `[N, G, C/G·S]`, a
+    /// `layernorm` over the last dim (unit scale, zero bias), then the
+    /// per-channel (or, in opset 18's form, per-group) scale and bias.
+    pub(super) fn group_norm(&mut self, node: &'m NodeProto, op: &str, at: &At<'_>) -> R<()> {
+        let x = self.ir_in(node, 0)?;
+        let xt = self.b.ty(x).clone();
+        let dims = xt.dims().to_vec();
+        if dims.len() < 3 {
+            return Err(format!("{op} needs an input of rank 3 or more, found {xt}"));
+        }
+        let (n, c) = (dims[0], dims[1]);
+        let s: usize = dims[2..].iter().product();
+        let groups = if op == "InstanceNormalization" {
+            c
+        } else {
+            let g = at
+                .int("num_groups")
+                .ok_or("GroupNormalization needs `num_groups`")?;
+            usize::try_from(g)
+                .ok()
+                .filter(|&g| g > 0 && c.is_multiple_of(g))
+                .ok_or_else(|| format!("num_groups = {g} does not divide {c} channels"))?
+        };
+        let eps = f64::from(at.float("epsilon").unwrap_or(1e-5));
+        let row = c / groups * s;
+        let grouped = self.b.reshape(x, &[n, groups, row]).map_err(b)?;
+        let ones = self.splat(xt.dtype, 1.0, &[row])?;
+        let zeros = self.splat(xt.dtype, 0.0, &[row])?;
+        let attrs = Attrs::new()
+            .with("axis", Attr::Int(2))
+            .with("epsilon", Attr::Float(eps));
+        let normed = self
+            .b
+            .op(OpKind::Layernorm, &[grouped, ones, zeros], attrs)
+            .map_err(b)?;
+        // Scale and bias per channel ([C]) or per group ([G], opset 18).
+        let scale = self.req(node, 1)?;
+        let per_group = self.dims_of(&scale) == [groups] && groups != c;
+        let (view, len) = if per_group {
+            (normed, groups)
+        } else {
+            (self.b.reshape(normed, &[n, c, s]).map_err(b)?, c)
+        };
+        let target = self.b.ty(view).dims().to_vec();
+        let mut affine = Vec::new();
+        for i in [1, 2] {
+            let v = self.req(node, i)?;
+            let p = self.operand(Self::in_name(node, i), &v, xt.dtype, &[len])?;
+            affine.push(self.b.broadcast(p, &[1], &target).map_err(b)?);
+        }
+        let scaled = self.ew(OpKind::Mul, &[view, affine[0]])?;
+        let shifted = self.ew(OpKind::Add, &[scaled, affine[1]])?;
+        let v = self.b.reshape(shifted, &dims).map_err(b)?;
+        self.out(node, v)
+    }
+
+    /// `Trilu`: the input where a constant mask of its last two dims keeps
+    /// the upper (`upper = 1`) or lower triangle from diagonal `k`, else 0.
+    pub(super) fn trilu(&mut self, node: &'m NodeProto, at: &At<'_>) -> R<()> {
+        let x = self.ir_in(node, 0)?;
+        let xt = self.b.ty(x).clone();
+        let dims = xt.dims().to_vec();
+        if dims.len() < 2 {
+            return Err(format!(
+                "Trilu needs an input of rank 2 or more, found {xt}"
+            ));
+        }
+        let k = match self.get(node, 1)? {
+            Some(_) => self
+                .const_in(node, 1)?
+                .and_then(|c| c.to_i64().first().copied())
+                .unwrap_or(0),
+            None => 0,
+        };
+        let upper = at.int_or("upper", 1) != 0;
+        let (rows, cols) = (dims[dims.len() - 2], dims[dims.len() - 1]);
+        let keep: Vec<i64> = (0..rows as i64)
+            .flat_map(|i| (0..cols as i64).map(move |j| (j - i, k)))
+            .map(|(d, k)| i64::from(if upper { d >= k } else { d <= k }))
+            .collect();
+        let mask = self
+            .b
+            .constant(
+                TensorType::new(DType::Bool, vec![rows, cols]),
+                Attr::Ints(keep),
+            )
+            .map_err(b)?;
+        let r = dims.len();
+        let map: Vec<i64> = vec![(r - 2) as i64, (r - 1) as i64];
+        let mask = self.b.broadcast(mask, &map, &dims).map_err(b)?;
+        let zero = self.splat(xt.dtype, 0.0, &dims)?;
+        let v = self.ew(OpKind::Select, &[mask, x, zero])?;
+        self.out(node, v)
+    }
+}
