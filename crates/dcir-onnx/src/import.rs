@@ -18,6 +18,8 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Abs",
     "Add",
     "And",
+    "ArgMax",
+    "ArgMin",
     "AveragePool",
     "BatchNormalization",
     "Cast",
@@ -30,6 +32,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "ConstantOfShape",
     "Conv",
     "Cos",
+    "CumSum",
     "Div",
     "Dropout",
     "Einsum",
@@ -63,6 +66,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "MatMul",
     "Max",
     "MaxPool",
+    "Mean",
     "Min",
     "Mish",
     "Mod",
@@ -102,6 +106,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Sqrt",
     "Squeeze",
     "Sub",
+    "Sum",
     "Tanh",
     "ThresholdedRelu",
     "Tile",
@@ -740,6 +745,10 @@ impl<'m> Importer<'m> {
                 let c = self.constant_attr(&at)?;
                 self.cst(node, c)
             }
+            "Max" | "Min" if node.input.len() != 2 => self.variadic(node, op),
+            "Sum" | "Mean" => self.variadic(node, op),
+            "ArgMax" | "ArgMin" => self.arg_extreme(node, op, &at),
+            "CumSum" => self.cumsum(node, &at),
             "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Max" | "Min" | "Mod" | "Equal" | "Less"
             | "LessOrEqual" | "Greater" | "GreaterOrEqual" | "And" | "Or" | "Xor" => {
                 let bin = match op {
@@ -1561,17 +1570,8 @@ impl<'m> Importer<'m> {
         // reverses the order with no overflow), L1 = sum |x|, L2 = sqrt(sum x²), SumSquare =
         // sum x², LogSum = log(sum x), LogSumExp = log(sum exp x) (ONNX's
         // formulas, without a max shift).
-        let integer = self.b.ty(x).dtype.is_int();
-        let flip = |me: &mut Self, v: ValueId| -> R<ValueId> {
-            let n = me.ew(OpKind::Neg, &[v])?;
-            if !integer {
-                return Ok(n);
-            }
-            let one = me.splat_like(v, 1.0)?;
-            me.ew(OpKind::Sub, &[n, one])
-        };
         let src = match op {
-            "ReduceMin" => flip(self, x)?,
+            "ReduceMin" => self.reversed(x)?,
             "ReduceL1" => self.ew(OpKind::Abs, &[x])?,
             "ReduceL2" | "ReduceSumSquare" => self.ew(OpKind::Mul, &[x, x])?,
             "ReduceLogSumExp" => self.ew(OpKind::Exp, &[x])?,
@@ -1588,7 +1588,7 @@ impl<'m> Importer<'m> {
             )
             .map_err(b)?;
         v = match op {
-            "ReduceMin" => flip(self, v)?,
+            "ReduceMin" => self.reversed(v)?,
             "ReduceL2" => self.ew(OpKind::Sqrt, &[v])?,
             "ReduceLogSum" | "ReduceLogSumExp" => self.ew(OpKind::Log, &[v])?,
             _ => v,

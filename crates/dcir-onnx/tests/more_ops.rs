@@ -960,3 +960,110 @@ fn instance_and_group_normalization() {
     );
     close(&out, &[2, 4, 3], &reference(2, true));
 }
+
+#[test]
+fn variadic_arg_extremes_and_cumsum() {
+    let x = vec![
+        3.0f32,
+        -1.0,
+        3.0,
+        0.5,
+        2.0,
+        2.0,
+        -4.0,
+        2.0,
+        f32::NAN,
+        1.0,
+        1.0,
+        0.0,
+    ];
+    // Sum, Mean and Max of three inputs broadcast together.
+    let nodes = vec![
+        constant("b", tensor_f(&[4], &[1.0, 2.0, 3.0, 4.0])),
+        constant("c", tensor_f(&[3, 1], &[10.0, 20.0, 30.0])),
+        node("Sum", &["x", "b", "c"], "s", vec![]),
+        node("Mean", &["x", "b", "c"], "m", vec![]),
+        node("Max", &["x", "b", "c"], "mx", vec![]),
+        node("Add", &["s", "m"], "sm", vec![]),
+        node("Add", &["sm", "mx"], "out", vec![]),
+    ];
+    let out = run(
+        &model(13, nodes, &[("x", &[3, 4])], ("out", &[3, 4])),
+        &[("x", &[3, 4], x.clone())],
+    );
+    let expected: Vec<f64> = (0..12)
+        .map(|i| {
+            let (v, b, c) = (
+                f64::from(x[i]),
+                (i % 4 + 1) as f64,
+                ((i / 4 + 1) * 10) as f64,
+            );
+            let s = v + b + c;
+            let max = if v.is_nan() { v } else { v.max(b).max(c) };
+            s + s / 3.0 + max
+        })
+        .collect();
+    for (k, (a, e)) in out.to_f64().iter().zip(&expected).enumerate() {
+        assert!(
+            (a - e).abs() < 1e-4 || (a.is_nan() && e.is_nan()),
+            "element {k}: {a} vs {e}"
+        );
+    }
+    // ArgMax / ArgMin along the columns: the first extreme (the last with
+    // select_last_index); a NaN wins, as in numpy.
+    let arg = |op: &str, last: i64| {
+        let attrs = vec![
+            a_int("axis", 1),
+            a_int("keepdims", 0),
+            a_int("select_last_index", last),
+        ];
+        let bytes = model(
+            13,
+            vec![node(op, &["x"], "out", attrs)],
+            &[("x", &[3, 4])],
+            ("out", &[3]),
+        );
+        run(&bytes, &[("x", &[3, 4], x.clone())])
+            .data()
+            .to_i64()
+            .to_vec()
+    };
+    assert_eq!(arg("ArgMax", 0), [0, 0, 0]);
+    assert_eq!(arg("ArgMax", 1), [2, 3, 0]);
+    assert_eq!(arg("ArgMin", 0), [1, 2, 0]);
+    assert_eq!(arg("ArgMin", 1), [1, 2, 0]);
+    // CumSum along the rows, in each mode.
+    for (exclusive, reverse) in [(0, 0), (1, 0), (0, 1), (1, 1)] {
+        let nodes = vec![
+            constant("axis", tensor_i(&[], &[0])),
+            node(
+                "CumSum",
+                &["x", "axis"],
+                "out",
+                vec![a_int("exclusive", exclusive), a_int("reverse", reverse)],
+            ),
+        ];
+        let bytes = model(14, nodes, &[("x", &[3, 4])], ("out", &[3, 4]));
+        let y: Vec<f32> = x
+            .iter()
+            .map(|v| if v.is_nan() { 5.0 } else { *v })
+            .collect();
+        let out = run(&bytes, &[("x", &[3, 4], y.clone())]);
+        let get = |r: usize, c: usize| f64::from(y[r * 4 + c]);
+        let expected: Vec<f64> = (0..3)
+            .flat_map(|r| (0..4).map(move |c| (r, c)))
+            .map(|(r, c)| {
+                (0..3)
+                    .filter(|&k| match (reverse, exclusive) {
+                        (0, 0) => k <= r,
+                        (0, _) => k < r,
+                        (_, 0) => k >= r,
+                        _ => k > r,
+                    })
+                    .map(|k| get(k, c))
+                    .sum()
+            })
+            .collect();
+        close(&out, &[3, 4], &expected);
+    }
+}

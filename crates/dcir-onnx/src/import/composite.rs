@@ -1,5 +1,6 @@
 //! ONNX ops imported as compositions of dcir ops: the piecewise and smooth
-//! activations, `Split`, `Tile`, instance and group normalization, `Trilu`.
+//! activations, `Split`, `Tile`, instance and group normalization, `Trilu`,
+//! variadic `Max`/`Min`/`Sum`/`Mean`, `ArgMax`/`ArgMin`, `CumSum`.
 //! Each follows the formula of the ONNX operator document; the planner fuses
 //! the pieces back into few kernels.
 
@@ -7,6 +8,7 @@ use dcir_ir::{Attr, Attrs, DType, OpKind, TensorType, ValueId};
 
 use super::{At, Importer, R, Val, axis, b, ints};
 use crate::proto::NodeProto;
+use crate::tensor;
 
 impl<'m> Importer<'m> {
     /// `kind` of `operands` (inferred type).
@@ -298,6 +300,168 @@ impl<'m> Importer<'m> {
         let mask = self.b.broadcast(mask, &map, &dims).map_err(b)?;
         let zero = self.splat(xt.dtype, 0.0, &dims)?;
         let v = self.ew(OpKind::Select, &[mask, x, zero])?;
+        self.out(node, v)
+    }
+
+    /// `Max`, `Min`, `Sum`, `Mean` of any number of inputs, broadcast
+    /// together: a chain of the binary op (`Mean`: the sum over the count).
+    pub(super) fn variadic(&mut self, node: &'m NodeProto, op: &str) -> R<()> {
+        let vals: Vec<Val> = (0..node.input.len())
+            .map(|i| self.req(node, i))
+            .collect::<R<_>>()?;
+        let Some(first) = vals.first() else {
+            return Err(format!("{op} needs at least one input"));
+        };
+        let mut out = self.dims_of(first);
+        for v in &vals[1..] {
+            out = tensor::broadcast_shapes(&out, &self.dims_of(v))?;
+        }
+        let dtype = vals
+            .iter()
+            .find_map(|v| match v {
+                Val::Ir(id) => Some(self.b.ty(*id).dtype),
+                Val::Const(_) => None,
+            })
+            .unwrap_or_else(|| self.dtype_of(first));
+        let kind = match op {
+            "Max" => OpKind::Max,
+            "Min" => OpKind::Min,
+            _ => OpKind::Add,
+        };
+        let mut acc = self.operand(Self::in_name(node, 0), first, dtype, &out)?;
+        for (i, v) in vals.iter().enumerate().skip(1) {
+            let x = self.operand(Self::in_name(node, i), v, dtype, &out)?;
+            acc = self.ew(kind, &[acc, x])?;
+        }
+        if op == "Mean" && vals.len() > 1 {
+            let n = self.splat_like(acc, vals.len() as f64)?;
+            acc = self.ew(OpKind::Div, &[acc, n])?;
+        }
+        self.out(node, acc)
+    }
+
+    /// `ArgMax`/`ArgMin` along `axis`: where the input equals its maximum
+    /// (minimum; or is NaN, which the extreme then is), the index along the
+    /// axis, else one past the end (`select_last_index`: -1); the smallest
+    /// (largest) of those, as `i64`.
+    pub(super) fn arg_extreme(&mut self, node: &'m NodeProto, op: &str, at: &At<'_>) -> R<()> {
+        use OpKind as K;
+        let x = self.ir_in(node, 0)?;
+        let xt = self.b.ty(x).clone();
+        let dims = xt.dims().to_vec();
+        let a = axis(at.int_or("axis", 0), dims.len())?;
+        let keep = at.int_or("keepdims", 1) != 0;
+        let last = at.int_or("select_last_index", 0) != 0;
+        let reduce = |me: &mut Self, kind: OpKind, v: ValueId, keep: bool| -> R<ValueId> {
+            let attrs = Attrs::new()
+                .with("axes", ints(&[a]))
+                .with("keepdims", Attr::Bool(keep));
+            me.b.op(kind, &[v], attrs).map_err(b)
+        };
+        // The extreme along the axis, broadcast back over it. A minimum is
+        // the negated maximum of the negation (integers: of `-x - 1`,
+        // which reverses the order without overflow).
+        let src = if op == "ArgMax" { x } else { self.reversed(x)? };
+        let extreme = reduce(self, K::ReduceMax, src, true)?;
+        let extreme = self.broadcast_to(extreme, &dims)?;
+        let mut hit = self.ew(K::Equal, &[src, extreme])?;
+        if xt.dtype.is_float() {
+            let nan = self.ew(K::IsNan, &[x])?;
+            hit = self.ew(K::Or, &[hit, nan])?;
+        }
+        let extent = dims[a];
+        let iota = self
+            .b
+            .constant(
+                TensorType::new(DType::I64, vec![extent]),
+                Attr::Ints((0..extent as i64).collect()),
+            )
+            .map_err(b)?;
+        let iota = self.b.broadcast(iota, &[a as i64], &dims).map_err(b)?;
+        let idx_ty = TensorType::new(DType::I64, dims.clone());
+        let miss = if last { -1.0 } else { extent as f64 };
+        let miss = self.splat(DType::I64, miss, idx_ty.dims())?;
+        let candidates = self.ew(K::Select, &[hit, iota, miss])?;
+        let v = if last {
+            reduce(self, K::ReduceMax, candidates, keep)?
+        } else {
+            // The first hit: the smallest index, as -max(-index).
+            let neg = self.ew(K::Neg, &[candidates])?;
+            let m = reduce(self, K::ReduceMax, neg, keep)?;
+            self.ew(K::Neg, &[m])?
+        };
+        self.out(node, v)
+    }
+
+    /// `x` in reversed order: `-x` for floats, `-x - 1` (wrapping) for
+    /// integers, so a maximum of it is the minimum of `x`.
+    pub(super) fn reversed(&mut self, x: ValueId) -> R<ValueId> {
+        let n = self.ew(OpKind::Neg, &[x])?;
+        if !self.b.ty(x).dtype.is_int() {
+            return Ok(n);
+        }
+        let one = self.splat_like(x, 1.0)?;
+        self.ew(OpKind::Sub, &[n, one])
+    }
+
+    /// `CumSum` along `axis` as a matmul with a constant 0/1 triangle:
+    /// the axis moved last, `[.., L] x T[L, L]` where `T[k, j]` is 1 when
+    /// element `k` counts towards position `j` (`exclusive`, `reverse`),
+    /// moved back.
+    pub(super) fn cumsum(&mut self, node: &'m NodeProto, at: &At<'_>) -> R<()> {
+        let x = self.ir_in(node, 0)?;
+        let xt = self.b.ty(x).clone();
+        let dims = xt.dims().to_vec();
+        let raw = self
+            .const_in(node, 1)?
+            .and_then(|c| c.to_i64().first().copied())
+            .ok_or("CumSum needs its axis")?;
+        let a = axis(raw, dims.len())?;
+        let exclusive = at.int_or("exclusive", 0) != 0;
+        let reverse = at.int_or("reverse", 0) != 0;
+        let len = dims[a];
+        let counts = |k: usize, j: usize| match (reverse, exclusive) {
+            (false, false) => k <= j,
+            (false, true) => k < j,
+            (true, false) => k >= j,
+            (true, true) => k > j,
+        };
+        let triangle: Vec<f64> = (0..len)
+            .flat_map(|k| (0..len).map(move |j| f64::from(u8::from(counts(k, j)))))
+            .collect();
+        let literal = if xt.dtype.is_float() {
+            Attr::Floats(triangle)
+        } else {
+            Attr::Ints(triangle.iter().map(|&v| v as i64).collect())
+        };
+        let t = self
+            .b
+            .constant(TensorType::new(xt.dtype, vec![len, len]), literal)
+            .map_err(b)?;
+        // Move the axis last and flatten the others into rows.
+        let mut perm: Vec<usize> = (0..dims.len()).filter(|&d| d != a).collect();
+        perm.push(a);
+        let moved = if a + 1 == dims.len() {
+            x
+        } else {
+            let attrs = Attrs::new().with("perm", ints(&perm));
+            self.b.op(OpKind::Transpose, &[x], attrs).map_err(b)?
+        };
+        let moved_dims = self.b.ty(moved).dims().to_vec();
+        let rows: usize = moved_dims[..moved_dims.len() - 1].iter().product();
+        let flat = self.b.reshape(moved, &[rows, len]).map_err(b)?;
+        let summed = self.ew(OpKind::Matmul, &[flat, t])?;
+        let back = self.b.reshape(summed, &moved_dims).map_err(b)?;
+        let v = if a + 1 == dims.len() {
+            back
+        } else {
+            let mut inverse = vec![0; perm.len()];
+            for (i, &p) in perm.iter().enumerate() {
+                inverse[p] = i;
+            }
+            let attrs = Attrs::new().with("perm", ints(&inverse));
+            self.b.op(OpKind::Transpose, &[back], attrs).map_err(b)?
+        };
         self.out(node, v)
     }
 }
