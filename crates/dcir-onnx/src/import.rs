@@ -90,6 +90,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "ReduceSumSquare",
     "Relu",
     "Reshape",
+    "Resize",
     "Round",
     "ScatterND",
     "Selu",
@@ -113,6 +114,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Transpose",
     "Trilu",
     "Unsqueeze",
+    "Upsample",
     "Where",
     "Xor",
 ];
@@ -368,6 +370,9 @@ impl<'a> At<'a> {
     }
     fn int_or(&self, name: &str, d: i64) -> i64 {
         self.int(name).unwrap_or(d)
+    }
+    fn floats(&self, name: &str) -> Option<&'a [f32]> {
+        self.get(name).map(|a| a.floats.as_slice())
     }
     fn float(&self, name: &str) -> Option<f32> {
         self.get(name).and_then(|a| a.f)
@@ -749,6 +754,7 @@ impl<'m> Importer<'m> {
             "Sum" | "Mean" => self.variadic(node, op),
             "ArgMax" | "ArgMin" => self.arg_extreme(node, op, &at),
             "CumSum" => self.cumsum(node, &at),
+            "Resize" | "Upsample" => self.resize(node, op, &at),
             "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Max" | "Min" | "Mod" | "Equal" | "Less"
             | "LessOrEqual" | "Greater" | "GreaterOrEqual" | "And" | "Or" | "Xor" => {
                 let bin = match op {

@@ -1067,3 +1067,72 @@ fn variadic_arg_extremes_and_cumsum() {
         close(&out, &[3, 4], &expected);
     }
 }
+
+#[test]
+fn resize_nearest_and_linear() {
+    let x = ramp(12, 1.0); // [1, 1, 3, 4]
+    let at = |r: i64, c: i64| f64::from(x[(r.clamp(0, 2) * 4 + c.clamp(0, 3)) as usize]);
+    let f32s = |name: &str, v: &[f32]| constant(name, tensor_f(&[v.len()], v));
+    let s = |name: &str| AttributeProto {
+        name: Some(name.to_string()),
+        r#type: Some(3),
+        s: Some(match name {
+            "mode" => b"linear".to_vec(),
+            _ => b"align_corners".to_vec(),
+        }),
+        ..Default::default()
+    };
+    // Bilinear by sizes, half_pixel (the default) and align_corners.
+    for align in [false, true] {
+        let mut attrs = vec![s("mode")];
+        if align {
+            attrs.push(s("coordinate_transformation_mode"));
+        }
+        let nodes = vec![
+            constant("sizes", tensor_i(&[4], &[1, 1, 5, 7])),
+            node("Resize", &["x", "", "", "sizes"], "out", attrs),
+        ];
+        let out = run(
+            &model(13, nodes, &[("x", &[1, 1, 3, 4])], ("out", &[1, 1, 5, 7])),
+            &[("x", &[1, 1, 3, 4], x.clone())],
+        );
+        let source = |o: usize, len_in: f64, len_out: f64| {
+            if align {
+                o as f64 * (len_in - 1.0) / (len_out - 1.0)
+            } else {
+                (o as f64 + 0.5) * len_in / len_out - 0.5
+            }
+        };
+        let expected: Vec<f64> = (0..5)
+            .flat_map(|r| (0..7).map(move |c| (r, c)))
+            .map(|(r, c)| {
+                let (y, xx) = (source(r, 3.0, 5.0), source(c, 4.0, 7.0));
+                let (y0, x0) = (y.floor(), xx.floor());
+                let (wy, wx) = (y - y0, xx - x0);
+                let (y0, x0) = (y0 as i64, x0 as i64);
+                (1.0 - wy) * ((1.0 - wx) * at(y0, x0) + wx * at(y0, x0 + 1))
+                    + wy * ((1.0 - wx) * at(y0 + 1, x0) + wx * at(y0 + 1, x0 + 1))
+            })
+            .collect();
+        close(&out, &[1, 1, 5, 7], &expected);
+    }
+    // Nearest, asymmetric with floor, scales 2 and 1.5 (Upsample's rule).
+    let nodes = vec![
+        f32s("scales", &[1.0, 1.0, 2.0, 1.5]),
+        node("Upsample", &["x", "scales"], "out", vec![]),
+    ];
+    let out = run(
+        &model(9, nodes, &[("x", &[1, 1, 3, 4])], ("out", &[1, 1, 6, 6])),
+        &[("x", &[1, 1, 3, 4], x.clone())],
+    );
+    let expected: Vec<f64> = (0..6)
+        .flat_map(|r| (0..6).map(move |c| (r, c)))
+        .map(|(r, c)| {
+            at(
+                (r as f64 / 2.0).floor() as i64,
+                (c as f64 / 1.5).floor() as i64,
+            )
+        })
+        .collect();
+    close(&out, &[1, 1, 6, 6], &expected);
+}

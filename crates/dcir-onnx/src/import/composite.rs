@@ -1,6 +1,7 @@
 //! ONNX ops imported as compositions of dcir ops: the piecewise and smooth
 //! activations, `Split`, `Tile`, instance and group normalization, `Trilu`,
-//! variadic `Max`/`Min`/`Sum`/`Mean`, `ArgMax`/`ArgMin`, `CumSum`.
+//! variadic `Max`/`Min`/`Sum`/`Mean`, `ArgMax`/`ArgMin`, `CumSum`,
+//! `Resize`/`Upsample` (nearest and linear).
 //! Each follows the formula of the ONNX operator document; the planner fuses
 //! the pieces back into few kernels.
 
@@ -462,6 +463,179 @@ impl<'m> Importer<'m> {
             let attrs = Attrs::new().with("perm", ints(&inverse));
             self.b.op(OpKind::Transpose, &[back], attrs).map_err(b)?
         };
+        self.out(node, v)
+    }
+
+    /// `Resize` (opset 10+) and `Upsample`, nearest or linear: one axis at a
+    /// time (both are separable), a `gather` of constant source indices
+    /// along it; linear adds the next index's gather, each weighted by a
+    /// constant vector broadcast over the other dims. Source coordinates
+    /// follow `coordinate_transformation_mode`, clamped to the edge as
+    /// ONNX's reference pads; `cubic`, `tf_crop_and_resize`, antialiasing
+    /// and aspect-ratio policies are refused by name.
+    pub(super) fn resize(&mut self, node: &'m NodeProto, op: &str, at: &At<'_>) -> R<()> {
+        let x = self.ir_in(node, 0)?;
+        let xt = self.b.ty(x).clone();
+        let dims = xt.dims().to_vec();
+        let rank = dims.len();
+        let mode = at.string("mode").unwrap_or_else(|| "nearest".into());
+        if !matches!(mode.as_str(), "nearest" | "linear" | "bilinear") {
+            return Err(format!(
+                "{op} mode `{mode}` is not supported (nearest and linear are)"
+            ));
+        }
+        let linear = mode != "nearest";
+        if linear && !xt.dtype.is_float() {
+            return Err(format!(
+                "{op} `{mode}` of {xt}: linear resizing needs a float input"
+            ));
+        }
+        // Opset 10 and Upsample: x / scale and floor for nearest.
+        let legacy = op == "Upsample" || self.opset < 11;
+        let transform = if legacy {
+            "asymmetric".to_string()
+        } else {
+            at.string("coordinate_transformation_mode")
+                .unwrap_or_else(|| "half_pixel".into())
+        };
+        let nearest_mode = if legacy {
+            "floor".to_string()
+        } else {
+            at.string("nearest_mode")
+                .unwrap_or_else(|| "round_prefer_floor".into())
+        };
+        if at.int_or("antialias", 0) != 0 {
+            return Err(format!("{op} with `antialias` is not supported"));
+        }
+        if at
+            .string("keep_aspect_ratio_policy")
+            .is_some_and(|p| p != "stretch")
+        {
+            return Err(format!(
+                "{op}'s `keep_aspect_ratio_policy` other than stretch is not supported"
+            ));
+        }
+        // Scales and sizes: Upsample's attribute (opset 7) or input 1;
+        // Resize's input 1 (opset 10) or inputs 2 and 3, over `axes`.
+        let (scales_at, sizes_at) = if legacy { (1, usize::MAX) } else { (2, 3) };
+        let known = |me: &Self, i: usize| -> R<Option<Vec<f64>>> {
+            if i >= node.input.len() || me.get(node, i)?.is_none() {
+                return Ok(None);
+            }
+            Ok(me
+                .const_in(node, i)?
+                .map(|c| c.to_f64())
+                .filter(|v| !v.is_empty()))
+        };
+        let axes: Vec<usize> = match at.ints("axes") {
+            Some(a) => a.iter().map(|&a| axis(a, rank)).collect::<R<_>>()?,
+            None => (0..rank).collect(),
+        };
+        let mut scales = vec![1.0; rank];
+        let mut out = dims.clone();
+        if let Some(sizes) = known(self, sizes_at)? {
+            if sizes.len() != axes.len() {
+                return Err(format!("{op} sizes {sizes:?} do not fit axes {axes:?}"));
+            }
+            for (&a, &s) in axes.iter().zip(&sizes) {
+                out[a] = s as usize;
+                scales[a] = s / dims[a] as f64;
+            }
+        } else {
+            let given = match known(self, scales_at)? {
+                Some(s) => s,
+                None => at
+                    .floats("scales")
+                    .map(|s| s.iter().map(|&v| f64::from(v)).collect())
+                    .ok_or_else(|| format!("{op} needs scales or sizes"))?,
+            };
+            if given.len() != axes.len() || given.iter().any(|&s| !(s > 0.0)) {
+                return Err(format!("{op} scales {given:?} do not fit axes {axes:?}"));
+            }
+            for (&a, &s) in axes.iter().zip(&given) {
+                scales[a] = s;
+                out[a] = (dims[a] as f64 * s).floor() as usize;
+            }
+        }
+        let mut v = x;
+        for a in 0..rank {
+            if out[a] == dims[a] && scales[a] == 1.0 {
+                continue;
+            }
+            if out[a] == 0 {
+                return Err(format!("{op} to an empty dim {a}"));
+            }
+            let (len, len_out, scale) = (dims[a] as f64, out[a] as f64, scales[a]);
+            let source = |o: f64| -> R<f64> {
+                Ok(match transform.as_str() {
+                    "half_pixel" => (o + 0.5) / scale - 0.5,
+                    "pytorch_half_pixel" if len_out > 1.0 => (o + 0.5) / scale - 0.5,
+                    "pytorch_half_pixel" => 0.0,
+                    "align_corners" if len_out > 1.0 => o * (len - 1.0) / (len_out - 1.0),
+                    "align_corners" => 0.0,
+                    "asymmetric" => o / scale,
+                    "half_pixel_symmetric" => {
+                        let adjustment = len_out / (scale * len);
+                        let offset = len / 2.0 * (1.0 - adjustment);
+                        offset + (o + 0.5) / scale - 0.5
+                    }
+                    other => {
+                        return Err(format!(
+                            "{op}'s coordinate_transformation_mode `{other}` is not supported"
+                        ));
+                    }
+                })
+            };
+            let clamp = |i: f64| i.clamp(0.0, len - 1.0) as i64;
+            let coords: Vec<f64> = (0..out[a]).map(|o| source(o as f64)).collect::<R<_>>()?;
+            let mut shape = dims.clone();
+            shape[..a].copy_from_slice(&out[..a]);
+            shape[a] = out[a];
+            let gather = |me: &mut Self, idx: Vec<i64>| -> R<ValueId> {
+                let n = idx.len();
+                let idx =
+                    me.b.constant(TensorType::new(DType::I64, vec![n]), Attr::Ints(idx))
+                        .map_err(b)?;
+                let attrs = Attrs::new().with("axis", Attr::Int(a as i64));
+                me.b.op(OpKind::Gather, &[v, idx], attrs).map_err(b)
+            };
+            v = if !linear {
+                let pick = |c: f64| -> R<f64> {
+                    let frac = c - c.floor();
+                    Ok(match nearest_mode.as_str() {
+                        "floor" => c.floor(),
+                        "ceil" => c.ceil(),
+                        "round_prefer_floor" if frac == 0.5 => c.floor(),
+                        "round_prefer_ceil" if frac == 0.5 => c.ceil(),
+                        "round_prefer_floor" | "round_prefer_ceil" => c.round(),
+                        other => {
+                            return Err(format!("{op}'s nearest_mode `{other}` is not supported"));
+                        }
+                    })
+                };
+                let idx = coords
+                    .iter()
+                    .map(|&c| Ok(clamp(pick(c)?)))
+                    .collect::<R<_>>()?;
+                gather(self, idx)?
+            } else {
+                let lo: Vec<i64> = coords.iter().map(|&c| clamp(c.floor())).collect();
+                let hi: Vec<i64> = coords.iter().map(|&c| clamp(c.floor() + 1.0)).collect();
+                let w: Vec<f64> = coords.iter().map(|&c| c - c.floor()).collect();
+                let (g0, g1) = (gather(self, lo)?, gather(self, hi)?);
+                let weight = |me: &mut Self, w: Vec<f64>| -> R<ValueId> {
+                    let c =
+                        me.b.constant(TensorType::new(xt.dtype, vec![w.len()]), Attr::Floats(w))
+                            .map_err(b)?;
+                    me.b.broadcast(c, &[a as i64], &shape).map_err(b)
+                };
+                let w1 = weight(self, w.clone())?;
+                let w0 = weight(self, w.iter().map(|w| 1.0 - w).collect())?;
+                let p0 = self.ew(OpKind::Mul, &[g0, w0])?;
+                let p1 = self.ew(OpKind::Mul, &[g1, w1])?;
+                self.ew(OpKind::Add, &[p0, p1])?
+            };
+        }
         self.out(node, v)
     }
 }
