@@ -549,7 +549,7 @@ impl<'m> Importer<'m> {
                     .map(|s| s.iter().map(|&v| f64::from(v)).collect())
                     .ok_or_else(|| format!("{op} needs scales or sizes"))?,
             };
-            if given.len() != axes.len() || given.iter().any(|&s| !(s > 0.0)) {
+            if given.len() != axes.len() || given.iter().any(|&s| s.is_nan() || s <= 0.0) {
                 return Err(format!("{op} scales {given:?} do not fit axes {axes:?}"));
             }
             for (&a, &s) in axes.iter().zip(&given) {
