@@ -391,6 +391,21 @@ pub(crate) fn analyze(graph: &Graph, group: &Group) -> Result<GroupInfo, String>
                     }
                 }
             }
+            // Outputs of several shapes: the kernel runs a loop per shape,
+            // each computing its outputs' elements.
+            let mut shapes: Vec<&[usize]> = Vec::new();
+            for &v in &outputs {
+                if !shapes.contains(&graph.ty(v).dims()) {
+                    shapes.push(graph.ty(v).dims());
+                }
+            }
+            if shapes.len() > 1 {
+                n = shapes
+                    .iter()
+                    .map(|d| d.iter().product::<usize>() as f64)
+                    .sum();
+                inner = 1;
+            }
             Body::Elementwise { n, inner }
         }
         (GroupKind::Reduction, &[a]) if role(kinds[0]) == Role::Reduction => {
