@@ -68,6 +68,18 @@ pub(crate) fn type_name(code: i32) -> String {
         14 => "COMPLEX64",
         15 => "COMPLEX128",
         16 => "BFLOAT16",
+        17 => "FLOAT8E4M3FN",
+        18 => "FLOAT8E4M3FNUZ",
+        19 => "FLOAT8E5M2",
+        20 => "FLOAT8E5M2FNUZ",
+        21 => "UINT4",
+        22 => "INT4",
+        23 => "FLOAT4E2M1",
+        24 => "FLOAT8E8M0",
+        25 => "UINT2",
+        26 => "INT2",
+        27 => "FLOAT6E2M3",
+        28 => "FLOAT6E3M2",
         _ => return format!("#{code}"),
     };
     name.to_string()
