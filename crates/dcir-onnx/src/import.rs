@@ -723,7 +723,9 @@ impl<'m> Importer<'m> {
                     "Pow" => Bin::Pow,
                     "Max" => Bin::Max,
                     "Min" => Bin::Min,
-                    "Mod" => Bin::Mod,
+                    "Mod" => Bin::Mod {
+                        fmod: at.int_or("fmod", 0) != 0,
+                    },
                     "Equal" => Bin::Equal,
                     "Less" => Bin::Less,
                     "LessOrEqual" => Bin::LessOrEqual,
