@@ -1,6 +1,7 @@
-//! Integer `Mod` used to ignore `fmod` (always a Euclidean remainder).
-//! Small models built with the prost types, imported and run on the
-//! interpreter.
+//! Two imports that used to be silently wrong (the ONNX node tests found
+//! the first): `Dropout` in training mode was the identity, and integer
+//! `Mod` ignored `fmod`. Small models built with the prost types, imported
+//! and run on the interpreter.
 
 use dcir_interp::{Tensor, run_graph};
 use dcir_ir::{DType, TensorType, verify_module};
@@ -13,6 +14,7 @@ use prost::Message;
 
 const FLOAT: i32 = 1;
 const INT64: i32 = 7;
+const BOOL: i32 = 9;
 
 fn value_info(name: &str, elem: i32, dims: &[usize]) -> ValueInfoProto {
     let dim = dims
@@ -42,6 +44,7 @@ fn scalar(elem: i32, v: f64) -> TensorProto {
     };
     match elem {
         FLOAT => t.float_data = vec![v as f32],
+        BOOL => t.int32_data = vec![i32::from(v != 0.0)],
         _ => t.int64_data = vec![v as i64],
     }
     t
@@ -90,6 +93,15 @@ fn attr_int(name: &str, v: i64) -> AttributeProto {
     }
 }
 
+fn attr_float(name: &str, v: f32) -> AttributeProto {
+    AttributeProto {
+        name: Some(name.to_string()),
+        r#type: Some(1),
+        f: Some(v),
+        ..Default::default()
+    }
+}
+
 /// A model of `nodes` at `opset` with graph inputs and outputs (name, element type, dims).
 fn model(
     opset: i64,
@@ -122,6 +134,11 @@ fn model(
     .encode_to_vec()
 }
 
+fn x_input() -> Tensor {
+    let v: Vec<f32> = (0..6).map(|i| i as f32 - 2.5).collect();
+    Tensor::from_f32(TensorType::new(DType::F32, vec![2, 3]), &v).unwrap()
+}
+
 /// Imports `bytes` and runs it on `inputs` (in graph input order).
 fn run(bytes: &[u8], inputs: &[Tensor]) -> Vec<Tensor> {
     let imported = import_bytes(bytes, &ImportOptions::default()).unwrap_or_else(|e| panic!("{e}"));
@@ -134,6 +151,123 @@ fn import_err(bytes: &[u8]) -> String {
     import_bytes(bytes, &ImportOptions::default())
         .unwrap_err()
         .to_string()
+}
+
+const X: (&str, i32, &[usize]) = ("x", FLOAT, &[2, 3]);
+const Y: (&str, i32, &[usize]) = ("y", FLOAT, &[2, 3]);
+const MASK: (&str, i32, &[usize]) = ("mask", BOOL, &[2, 3]);
+
+/// Dropout (opset 12+) with the given constant ratio and training_mode.
+fn dropout_12(ratio: Option<f64>, training: Option<bool>, with_mask: bool) -> Vec<u8> {
+    let mut nodes = Vec::new();
+    let mut inputs = vec!["x"];
+    match ratio {
+        Some(r) => {
+            nodes.push(constant("r", scalar(FLOAT, r)));
+            inputs.push("r");
+        }
+        None => inputs.push(""),
+    }
+    if let Some(t) = training {
+        nodes.push(constant("t", scalar(BOOL, f64::from(u8::from(t)))));
+        inputs.push("t");
+    }
+    let outputs: &[&str] = if with_mask { &["y", "mask"] } else { &["y"] };
+    nodes.push(node("Dropout", &inputs, outputs, vec![]));
+    let outs: &[(&str, i32, &[usize])] = if with_mask { &[Y, MASK] } else { &[Y] };
+    model(13, nodes, &[X], outs)
+}
+
+#[test]
+fn dropout_in_inference_is_the_identity_with_an_all_true_mask() {
+    let x = x_input();
+    for (ratio, training) in [
+        (None, None),
+        (Some(0.5), None),
+        (Some(0.5), Some(false)),
+        // Training mode that drops nothing is the identity too.
+        (Some(0.0), Some(true)),
+    ] {
+        let out = run(&dropout_12(ratio, training, true), std::slice::from_ref(&x));
+        assert_eq!(out[0], x, "ratio {ratio:?}, training {training:?}");
+        assert_eq!(out[1].dtype(), DType::Bool);
+        assert_eq!(out[1].dims(), [2, 3]);
+        assert_eq!(out[1].to_f64(), [1.0; 6]);
+    }
+}
+
+#[test]
+fn dropout_in_training_mode_is_refused() {
+    for with_mask in [false, true] {
+        let msg = import_err(&dropout_12(Some(0.25), Some(true), with_mask));
+        assert!(msg.contains("`Dropout` (node `my_dropout`"), "{msg}");
+        assert!(
+            msg.contains("training mode with ratio 0.25") && msg.contains("inference"),
+            "{msg}"
+        );
+        // The default ratio is 0.5.
+        let msg = import_err(&dropout_12(None, Some(true), with_mask));
+        assert!(msg.contains("training mode with ratio 0.5"), "{msg}");
+    }
+}
+
+#[test]
+fn dropout_with_a_run_time_training_mode_is_refused() {
+    let bytes = model(
+        13,
+        vec![node("Dropout", &["x", "r", "t"], &["y"], vec![])],
+        &[X, ("r", FLOAT, &[]), ("t", BOOL, &[])],
+        &[Y],
+    );
+    let msg = import_err(&bytes);
+    assert!(
+        msg.contains("training_mode input `t` is computed at run time"),
+        "{msg}"
+    );
+    // A run-time ratio is fine when training_mode is off (it is not read).
+    let bytes = model(
+        13,
+        vec![node("Dropout", &["x", "r"], &["y"], vec![])],
+        &[X, ("r", FLOAT, &[])],
+        &[Y],
+    );
+    let r = Tensor::from_f32(TensorType::new(DType::F32, vec![]), &[0.5]).unwrap();
+    let out = run(&bytes, &[x_input(), r]);
+    assert_eq!(out[0], x_input());
+}
+
+#[test]
+fn dropout_before_opset_7_follows_is_test() {
+    let old = |attrs: Vec<AttributeProto>, outs: &[(&str, i32, &[usize])]| {
+        let names: Vec<&str> = outs.iter().map(|o| o.0).collect();
+        model(6, vec![node("Dropout", &["x"], &names, attrs)], &[X], outs)
+    };
+    // is_test = 0 (the default) is training mode.
+    let msg = import_err(&old(vec![], &[Y]));
+    assert!(msg.contains("training mode with ratio 0.5"), "{msg}");
+    let msg = import_err(&old(vec![attr_float("ratio", 0.2)], &[Y]));
+    assert!(msg.contains("training mode with ratio 0.2"), "{msg}");
+    // is_test = 1: the identity; before opset 10 the mask has the input's type.
+    let out = run(
+        &old(vec![attr_int("is_test", 1)], &[Y, ("mask", FLOAT, &[2, 3])]),
+        &[x_input()],
+    );
+    assert_eq!(out[0], x_input());
+    assert_eq!(out[1].dtype(), DType::F32);
+    assert_eq!(out[1].to_f64(), [1.0; 6]);
+    // Opsets 7 to 11 define only inference.
+    let bytes = model(
+        10,
+        vec![node(
+            "Dropout",
+            &["x"],
+            &["y"],
+            vec![attr_float("ratio", 0.2)],
+        )],
+        &[X],
+        &[Y],
+    );
+    assert_eq!(run(&bytes, &[x_input()])[0], x_input());
 }
 
 /// `Mod` of two known int64 vectors, added to a run-time zero so the result
