@@ -691,26 +691,28 @@ impl<'g> Lower<'g> {
         attrs: &dcir_ir::Attrs,
     ) -> Result<Expr> {
         if !dtype.is_float() {
+            // Integer literals are cast to the operand's type: `max(long
+            // long, int)` is ambiguous among CUDA's overloads.
+            let ty = local_ty(dtype);
+            let lit = |v: i64| Expr::Cast(ty, Box::new(int(v)));
             return match kind {
                 OpKind::Neg => Ok(Expr::Neg(Box::new(a))),
                 OpKind::Abs if dtype == DType::I64 => Ok(call("llabs", vec![a])),
                 OpKind::Abs => Ok(call("abs", vec![a])),
-                OpKind::Relu => Ok(call("max", vec![a, int(0)])),
+                OpKind::Relu => Ok(call("max", vec![a, lit(0)])),
                 OpKind::Clip => {
-                    let lo = attrs
-                        .get("min")
-                        .and_then(Attr::as_float)
-                        .unwrap_or(0.0)
-                        .ceil();
-                    let hi = attrs
-                        .get("max")
-                        .and_then(Attr::as_float)
-                        .unwrap_or(0.0)
-                        .floor();
-                    Ok(call(
-                        "min",
-                        vec![call("max", vec![a, int(lo as i64)]), int(hi as i64)],
-                    ))
+                    // As the interpreter: bounds round inward and saturate
+                    // at the dtype's range (an infinite bound clips nothing).
+                    let (type_lo, type_hi) = match dtype {
+                        DType::I32 => (i64::from(i32::MIN), i64::from(i32::MAX)),
+                        _ => (i64::MIN, i64::MAX),
+                    };
+                    let bound = |name: &str, round: fn(f64) -> f64| {
+                        let v = round(attrs.get(name).and_then(Attr::as_float).unwrap_or(0.0));
+                        (v as i64).clamp(type_lo, type_hi)
+                    };
+                    let (lo, hi) = (bound("min", f64::ceil), bound("max", f64::floor));
+                    Ok(call("min", vec![call("max", vec![a, lit(lo)]), lit(hi)]))
                 }
                 other => Err(self.unsupported(format!("`{}` on {}", other.name(), dtype.name()))),
             };
