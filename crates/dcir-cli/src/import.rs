@@ -33,6 +33,11 @@ pub struct ImportArgs {
     /// The value of a dynamic dim: its name (`dim_param`), or `INPUT:INDEX`; repeatable.
     #[arg(long = "dim", value_name = "NAME=VALUE", value_parser = parse_dim)]
     pub dims: Vec<(String, usize)>,
+    /// A graph input whose value is known: `NAME=FILE`, FILE a serialized
+    /// ONNX `TensorProto` (`.pb`); the input becomes a constant (needed when
+    /// it carries axes, sizes or repeats); repeatable.
+    #[arg(long = "input-value", value_name = "NAME=FILE", value_parser = parse_input_value)]
+    pub input_values: Vec<(String, PathBuf)>,
     /// The dcir graph's name; default: the ONNX graph's name, or `main`.
     #[arg(long, value_name = "NAME")]
     pub graph_name: Option<String>,
@@ -60,6 +65,15 @@ fn parse_dim(s: &str) -> Result<(String, usize), String> {
     Ok((name.to_string(), value))
 }
 
+fn parse_input_value(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((name, file)) if !name.is_empty() && !file.is_empty() => {
+            Ok((name.to_string(), PathBuf::from(file)))
+        }
+        _ => Err(format!("expected NAME=FILE, found `{s}`")),
+    }
+}
+
 /// Runs `dcir-import` named `name` over `args` (program name first) and
 /// returns the exit code. Messages go to standard error.
 pub fn main_with(name: &str, args: impl IntoIterator<Item = OsString>) -> ExitCode {
@@ -83,10 +97,18 @@ pub fn weights_path(output: &Path) -> PathBuf {
 
 fn run(args: &ImportArgs) -> Result<(), String> {
     let started = Instant::now();
+    let mut known_inputs = Vec::new();
+    for (name, file) in &args.input_values {
+        let bytes = std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
+        let tensor = dcir_onnx::decode_tensor_proto(&bytes)
+            .map_err(|e| format!("{}: {e}", file.display()))?;
+        known_inputs.push((name.clone(), tensor));
+    }
     let opts = ImportOptions {
         dims: args.dims.clone(),
         graph_name: args.graph_name.clone(),
         seed: args.seed,
+        known_inputs,
     };
     let imported =
         import_file(&args.input, &opts).map_err(|e| format!("{}: {e}", args.input.display()))?;

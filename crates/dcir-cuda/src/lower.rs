@@ -743,36 +743,36 @@ impl<'g> Lower<'g> {
             _ => {}
         }
         if !dtype.is_float() {
-            // A literal of the operand's type, so `max`/`min` pick one overload.
-            let literal = |v: i64| Expr::Cast(local_ty(dtype), Box::new(int(v)));
+            // Integer literals are cast to the operand's type: `max(long
+            // long, int)` is ambiguous among CUDA's overloads.
+            let ty = local_ty(dtype);
+            let lit = |v: i64| Expr::Cast(ty, Box::new(int(v)));
             return match kind {
                 OpKind::Neg => Ok(Expr::Neg(Box::new(a))),
                 OpKind::Abs if dtype == DType::I64 => Ok(call("llabs", vec![a])),
                 OpKind::Abs => Ok(call("abs", vec![a])),
-                OpKind::Relu => Ok(call("max", vec![a, literal(0)])),
+                OpKind::Relu => Ok(call("max", vec![a, lit(0)])),
                 OpKind::Sign => Ok(Expr::Cast(
-                    local_ty(dtype),
+                    ty,
                     Box::new(bin(
                         BinOp::Sub,
-                        bin(BinOp::Lt, literal(0), a.clone()),
-                        bin(BinOp::Lt, a, literal(0)),
+                        bin(BinOp::Lt, lit(0), a.clone()),
+                        bin(BinOp::Lt, a, lit(0)),
                     )),
                 )),
                 OpKind::Clip => {
-                    let lo = attrs
-                        .get("min")
-                        .and_then(Attr::as_float)
-                        .unwrap_or(0.0)
-                        .ceil();
-                    let hi = attrs
-                        .get("max")
-                        .and_then(Attr::as_float)
-                        .unwrap_or(0.0)
-                        .floor();
-                    Ok(call(
-                        "min",
-                        vec![call("max", vec![a, literal(lo as i64)]), literal(hi as i64)],
-                    ))
+                    // As the interpreter: bounds round inward and saturate
+                    // at the dtype's range (an infinite bound clips nothing).
+                    let (type_lo, type_hi) = match dtype {
+                        DType::I32 => (i64::from(i32::MIN), i64::from(i32::MAX)),
+                        _ => (i64::MIN, i64::MAX),
+                    };
+                    let bound = |name: &str, round: fn(f64) -> f64| {
+                        let v = round(attrs.get(name).and_then(Attr::as_float).unwrap_or(0.0));
+                        (v as i64).clamp(type_lo, type_hi)
+                    };
+                    let (lo, hi) = (bound("min", f64::ceil), bound("max", f64::floor));
+                    Ok(call("min", vec![call("max", vec![a, lit(lo)]), lit(hi)]))
                 }
                 other => Err(self.unsupported(Reason::DType { op: other, dtype })),
             };
@@ -1367,32 +1367,46 @@ fn find_reduction(l: &Lower, op: OpId) -> Result<(OpId, Rows)> {
     };
     let data = g.op(r);
     let dims = g.ty(data.operands[0]).dims();
+    // Empty rows reduce to the identity (a mean of none is NaN, as the
+    // interpreter's); no rows, no work.
     let rows = Rows::of(data.kind, &data.attrs, dims)
         .ok_or_else(|| l.unsupported(format!("`{}` as a reduction", data.kind.name())))?;
-    if rows.len == 0 || rows.rows == 0 {
-        return Err(l.unsupported(Reason::Empty));
-    }
     Ok((r, rows))
 }
 
-/// What a reduction pass accumulates: a sum or a maximum, in `f32` (float
-/// inputs) or `long long` (integer inputs, wrapping as the interpreter does).
+/// What a reduction pass accumulates over elements of `dtype`: a sum or a
+/// maximum, in `f32` (floats) or `long long` (integers, wrapping as the
+/// interpreter does).
 #[derive(Clone, Copy, Debug)]
 struct Accumulator {
     max: bool,
-    ty: Ty,
+    dtype: DType,
 }
 
 impl Accumulator {
     fn float(max: bool) -> Accumulator {
-        Accumulator { max, ty: Ty::F32 }
+        Accumulator {
+            max,
+            dtype: DType::F32,
+        }
     }
 
-    /// The identity of the combination.
+    /// The accumulator's local type.
+    fn ty(self) -> Ty {
+        if self.dtype.is_float() {
+            Ty::F32
+        } else {
+            Ty::I64
+        }
+    }
+
+    /// The identity of the combination (an empty maximum is the dtype's
+    /// lowest value, as the interpreter's).
     fn init(self) -> Expr {
-        match (self.max, self.ty) {
+        match (self.max, self.ty()) {
             (true, Ty::F32) => Expr::F32(f32::NEG_INFINITY),
             (false, Ty::F32) => Expr::F32(0.0),
+            (true, _) if self.dtype == DType::I32 => int(i64::from(i32::MIN)),
             (true, _) => int(i64::MIN),
             (false, _) => int(0),
         }
@@ -1400,7 +1414,7 @@ impl Accumulator {
 
     /// `a` combined with `b` (NaN-propagating for a float maximum).
     fn combine(self, l: &mut Lower, a: Expr, b: Expr) -> Expr {
-        match (self.max, self.ty) {
+        match (self.max, self.ty()) {
             (true, Ty::F32) => {
                 l.helpers.insert(Helper::NanMinMax);
                 call("dcir_max", vec![a, b])
@@ -1432,7 +1446,7 @@ fn block_reduce(l: &mut Lower, acc: &str, how: Accumulator, tpr: usize) -> Vec<S
         let name = format!("{acc}_partial");
         let shared = ArrayRef {
             name: name.clone(),
-            ty: how.ty,
+            ty: how.ty(),
             reinterpret: false,
         };
         out.push(Stmt::If(
@@ -1594,7 +1608,7 @@ fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
      -> Result<()> {
         body.push(Stmt::Let {
             name: acc.into(),
-            ty: how.ty,
+            ty: how.ty(),
             value: how.init(),
             constant: false,
         });
@@ -1711,14 +1725,10 @@ fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
         _ => {
             let how = Accumulator {
                 max: rkind == OpKind::ReduceMax,
-                ty: if g.ty(x).dtype.is_float() {
-                    Ty::F32
-                } else {
-                    Ty::I64
-                },
+                dtype: g.ty(x).dtype,
             };
             pass(l, &mut body, "row_acc", how, &identity, true)?;
-            add_shared("row_acc", how.ty);
+            add_shared("row_acc", how.ty());
             let value = match rkind {
                 OpKind::ReduceMean | OpKind::GlobalAvgpool => {
                     bin(BinOp::Div, var("row_acc"), Expr::F32(row as f32))
@@ -1727,7 +1737,7 @@ fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
             };
             body.push(Stmt::Let {
                 name: "result".into(),
-                ty: how.ty,
+                ty: how.ty(),
                 value,
                 constant: true,
             });
@@ -1786,7 +1796,7 @@ fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
         body,
         helpers: std::mem::take(&mut l.helpers),
         block: (tpr * rpb) as u32,
-        grid: rows.div_ceil(rpb) as u32,
+        grid: rows.div_ceil(rpb).max(1) as u32,
         dynamic_shared: 0,
         // A register-cached row holds `width · steps` values per thread for
         // the whole kernel; promise ptxas the blocks that leaves room for
@@ -1831,7 +1841,7 @@ fn row_cache(
     rpb: usize,
 ) -> RowCache {
     let g = l.g;
-    if !matches!(rkind, OpKind::Softmax | OpKind::Layernorm) {
+    if !matches!(rkind, OpKind::Softmax | OpKind::Layernorm) || row == 0 {
         return RowCache::Reread;
     }
     let planned = g.op(op).attrs.get("row_cache").and_then(Attr::as_str);

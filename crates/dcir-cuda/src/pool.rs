@@ -274,7 +274,7 @@ pub(super) fn pool(l: &mut Lower, op: OpId) -> Result<Kernel> {
     // Maximum over integers in `long long` (the verifier allows no integer average).
     let how = Accumulator {
         max: maxpool,
-        ty: if dtype.is_float() { Ty::F32 } else { Ty::I64 },
+        dtype,
     };
     let (&[_, c, h, w], &[n, _, oh, ow]) = (&x_dims[..], &out_dims[..]) else {
         return Err(l.unsupported("a pool whose input is not NCHW"));
@@ -360,7 +360,7 @@ pub(super) fn pool(l: &mut Lower, op: OpId) -> Result<Kernel> {
         let identity = how.init();
         l.body.push(Stmt::Let {
             name: "acc".into(),
-            ty: how.ty,
+            ty: how.ty(),
             value: identity.clone(),
             constant: false,
         });

@@ -415,6 +415,14 @@ impl<'m> Importer<'m> {
             let invalid = |m: String| ImportError::Invalid {
                 message: format!("graph input `{name}`: {m}"),
             };
+            // A value the caller knows: a constant, as an integer initializer.
+            if let Some((_, t)) = opts.known_inputs.iter().find(|(n, _)| n == name) {
+                let c = tensor::decode(t, None)
+                    .map_err(invalid)?
+                    .ok_or_else(|| invalid("the known value has no data".to_string()))?;
+                self.vals.insert(name, Val::Const(c.into()));
+                continue;
+            }
             let Some(Value::TensorType(tt)) = input.r#type.as_ref().and_then(|t| t.value.as_ref())
             else {
                 return Err(invalid("is not a tensor".to_string()));
@@ -736,16 +744,11 @@ impl<'m> Importer<'m> {
         let all_const = (0..node.input.len())
             .all(|i| !matches!(self.get(node, i), Ok(Some(Val::Ir(_))) | Err(_)));
         match op {
-            "Identity" | "Dropout" => {
+            "Identity" => {
                 let v = self.req(node, 0)?;
-                if op == "Dropout"
-                    && node.output.len() > 1
-                    && self.used.contains(node.output[1].as_str())
-                {
-                    return Err("the Dropout mask output is not supported".to_string());
-                }
                 self.set(node, 0, v)
             }
+            "Dropout" => self.dropout(node, &at),
             "Constant" => {
                 let c = self.constant_attr(&at)?;
                 self.cst(node, c)
@@ -765,7 +768,9 @@ impl<'m> Importer<'m> {
                     "Pow" => Bin::Pow,
                     "Max" => Bin::Max,
                     "Min" => Bin::Min,
-                    "Mod" => Bin::Mod,
+                    "Mod" => Bin::Mod {
+                        fmod: at.int_or("fmod", 0) != 0,
+                    },
                     "Equal" => Bin::Equal,
                     "Less" => Bin::Less,
                     "LessOrEqual" => Bin::LessOrEqual,
@@ -788,6 +793,7 @@ impl<'m> Importer<'m> {
                     };
                     return self.cst(node, tensor::binary(bin, &x, &y)?);
                 }
+                let mut attrs = Attrs::new();
                 let kind = match bin {
                     Bin::Add => OpKind::Add,
                     Bin::Sub => OpKind::Sub,
@@ -796,7 +802,14 @@ impl<'m> Importer<'m> {
                     Bin::Pow => OpKind::Pow,
                     Bin::Max => OpKind::Max,
                     Bin::Min => OpKind::Min,
-                    Bin::Mod => OpKind::Mod,
+                    Bin::Mod { fmod } => {
+                        let (x, y) = (self.req(node, 0)?, self.req(node, 1)?);
+                        if !fmod && (self.dtype_of(&x).is_float() || self.dtype_of(&y).is_float()) {
+                            return Err(tensor::FLOAT_MOD_NEEDS_FMOD.to_string());
+                        }
+                        attrs.set("fmod", Attr::Bool(fmod));
+                        OpKind::Mod
+                    }
                     Bin::Equal => OpKind::Equal,
                     Bin::Less => OpKind::Less,
                     Bin::LessOrEqual => OpKind::LessEqual,
@@ -805,11 +818,6 @@ impl<'m> Importer<'m> {
                     Bin::And => OpKind::And,
                     Bin::Or => OpKind::Or,
                     Bin::Xor => OpKind::Xor,
-                };
-                let attrs = if kind == OpKind::Mod {
-                    Attrs::new().with("fmod", Attr::Bool(at.int("fmod").unwrap_or(0) != 0))
-                } else {
-                    Attrs::new()
                 };
                 let v = self.binary(node, kind, attrs)?;
                 self.out(node, v)
@@ -1230,6 +1238,90 @@ impl<'m> Importer<'m> {
             }
             other => Err(format!("op `{other}` is not supported")),
         }
+    }
+
+    /// `Dropout` in inference: the identity, with an all-true mask. Training
+    /// mode (the `training_mode` input from opset 12, `is_test = 0` before
+    /// opset 7) with a ratio above 0 drops random elements, which an
+    /// inference compiler does not do: refused, as is a `training_mode`
+    /// known only at run time.
+    fn dropout(&mut self, node: &'m NodeProto, at: &At<'_>) -> R<()> {
+        let x = self.req(node, 0)?;
+        let (training, ratio) = if self.opset >= 12 {
+            let training = match self.get(node, 2)? {
+                None => false,
+                Some(Val::Const(c)) => c.to_f64().iter().any(|&t| t != 0.0),
+                Some(Val::Ir(_)) => {
+                    return Err(format!(
+                        "Dropout's training_mode input `{}` is computed at run time; dcir compiles \
+                         inference graphs and needs it known at import time (false, or true with \
+                         ratio 0)",
+                        Self::in_name(node, 2)
+                    ));
+                }
+            };
+            let ratio = match self.get(node, 1)? {
+                None => Some(0.5),
+                Some(Val::Const(c)) => Some(
+                    c.scalar_f64()
+                        .ok_or("Dropout's ratio must hold one element")?,
+                ),
+                // Unknown, and only read in training mode.
+                Some(Val::Ir(_)) => None,
+            };
+            (training, ratio)
+        } else {
+            // Before opset 7 `is_test = 0` (the default) is training mode;
+            // opsets 7 to 11 define only inference.
+            let training = self.opset < 7 && at.int_or("is_test", 0) == 0;
+            (training, Some(at.float("ratio").map_or(0.5, f64::from)))
+        };
+        if training {
+            match ratio {
+                Some(0.0) => {}
+                Some(r) => {
+                    return Err(format!(
+                        "Dropout in training mode with ratio {r} drops random elements; dcir \
+                         compiles inference graphs only (training_mode false, or ratio 0)"
+                    ));
+                }
+                None => {
+                    return Err(format!(
+                        "Dropout in training mode with the ratio `{}` computed at run time; dcir \
+                         compiles inference graphs only (training_mode false, or ratio 0)",
+                        Self::in_name(node, 1)
+                    ));
+                }
+            }
+        }
+        if let Some(mask) = node
+            .output
+            .get(1)
+            .filter(|m| self.used.contains(m.as_str()))
+        {
+            // Nothing is dropped: the mask is all true (bool from opset 10,
+            // the input's type before).
+            let dims = self.dims_of(&x);
+            let dtype = if self.opset >= 10 {
+                DType::Bool
+            } else {
+                self.dtype_of(&x)
+            };
+            let v = match &x {
+                Val::Const(_) => {
+                    let n = tensor::count(&dims)?;
+                    let data = if dtype.is_float() {
+                        Data::F(vec![1.0; n])
+                    } else {
+                        Data::I(vec![1; n])
+                    };
+                    Val::Const(Const::new(dtype, dims, data)?.into())
+                }
+                Val::Ir(_) => Val::Ir(self.splat(dtype, 1.0, &dims)?),
+            };
+            self.vals.insert(mask.as_str(), v);
+        }
+        self.set(node, 0, x)
     }
 
     fn unary_ir(&mut self, node: &'m NodeProto, kind: OpKind) -> R<()> {

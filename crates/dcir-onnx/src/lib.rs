@@ -50,6 +50,11 @@ pub struct ImportOptions {
     pub graph_name: Option<String>,
     /// Seed of the random values given to initializers without data.
     pub seed: u64,
+    /// Graph inputs whose values are known at import: each becomes a known
+    /// constant, as an integer initializer does, instead of a parameter (a
+    /// static-shape compiler needs the axes, sizes and repeats an input
+    /// may carry).
+    pub known_inputs: Vec<(String, proto::TensorProto)>,
 }
 
 impl Default for ImportOptions {
@@ -58,6 +63,7 @@ impl Default for ImportOptions {
             dims: Vec::new(),
             graph_name: None,
             seed: DEFAULT_SEED,
+            known_inputs: Vec::new(),
         }
     }
 }
@@ -188,6 +194,57 @@ fn dynamic_message(dims: &[(String, usize, Option<String>)]) -> String {
 /// Decodes an ONNX model.
 pub fn decode_model(bytes: &[u8]) -> Result<proto::ModelProto, ImportError> {
     proto::ModelProto::decode(bytes).map_err(|e| ImportError::Decode(e.to_string()))
+}
+
+/// A tensor read from a serialized ONNX `TensorProto` (the `.pb` files of
+/// the ONNX backend tests hold their inputs and expected outputs so).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorFile {
+    /// The tensor's name in the file (may be empty).
+    pub name: String,
+    /// The ONNX element type's name (`FLOAT`, `UINT8`, ...).
+    pub onnx_type: String,
+    /// Its dcir type: the element type mapped as the importer maps a graph
+    /// input's (doubles narrow to `f32`, small integers widen to `i32`, ...).
+    pub ty: TensorType,
+    /// Little-endian element bytes of `ty.dtype` (bool: one byte each).
+    pub bytes: Vec<u8>,
+}
+
+/// A serialized `TensorProto` (a `.pb` file, as [`ImportOptions::known_inputs`]
+/// takes), undecoded data and all; bytes that are no tensor are an error.
+pub fn decode_tensor_proto(bytes: &[u8]) -> Result<proto::TensorProto, ImportError> {
+    proto::TensorProto::decode(bytes)
+        .map_err(|e| ImportError::Decode(format!("not a valid TensorProto: {e}")))
+}
+
+/// Decodes a serialized `TensorProto` with its data (raw bytes or the typed
+/// fields; external data is refused, there is no folder to read it from).
+/// An element type dcir has no dtype for (strings, complex, 8-bit floats,
+/// ...) and bytes that are no tensor are errors, never panics.
+pub fn decode_tensor(bytes: &[u8]) -> Result<TensorFile, ImportError> {
+    let t = decode_tensor_proto(bytes)?;
+    let name = t.name.clone().unwrap_or_default();
+    let invalid = |m: String| ImportError::Invalid {
+        message: if name.is_empty() {
+            format!("tensor: {m}")
+        } else {
+            format!("tensor `{name}`: {m}")
+        },
+    };
+    let code = t.data_type.unwrap_or(0);
+    let dtype = tensor::dtype_of(code).map_err(invalid)?;
+    let dims = tensor::dims_of(&t).map_err(invalid)?;
+    let numel = dims.iter().product();
+    let bytes = tensor::weight_bytes(&t, dtype, numel, None)
+        .map_err(invalid)?
+        .ok_or_else(|| invalid(format!("holds no data for its {numel} elements")))?;
+    Ok(TensorFile {
+        name: name.clone(),
+        onnx_type: tensor::type_name(code),
+        ty: TensorType::new(dtype, dims),
+        bytes,
+    })
 }
 
 /// Imports a model from its bytes; external data files are not available.

@@ -68,6 +68,18 @@ pub(crate) fn type_name(code: i32) -> String {
         14 => "COMPLEX64",
         15 => "COMPLEX128",
         16 => "BFLOAT16",
+        17 => "FLOAT8E4M3FN",
+        18 => "FLOAT8E4M3FNUZ",
+        19 => "FLOAT8E5M2",
+        20 => "FLOAT8E5M2FNUZ",
+        21 => "UINT4",
+        22 => "INT4",
+        23 => "FLOAT4E2M1",
+        24 => "FLOAT8E8M0",
+        25 => "UINT2",
+        26 => "INT2",
+        27 => "FLOAT6E2M3",
+        28 => "FLOAT6E3M2",
         _ => return format!("#{code}"),
     };
     name.to_string()
@@ -280,7 +292,12 @@ pub(crate) enum Bin {
     Pow,
     Max,
     Min,
-    Mod,
+    /// ONNX `Mod`: with `fmod` the remainder has the dividend's sign (C
+    /// `fmod`, truncating division), without it the divisor's (Python `%`,
+    /// integers only).
+    Mod {
+        fmod: bool,
+    },
     Equal,
     Less,
     LessOrEqual,
@@ -301,8 +318,15 @@ impl Bin {
     }
 }
 
+/// The refusal of a float `Mod` without `fmod`, which ONNX leaves undefined.
+pub(crate) const FLOAT_MOD_NEEDS_FMOD: &str =
+    "Mod of floating-point values needs fmod = 1 (ONNX defines fmod = 0 for integers only)";
+
 /// Evaluates `a op b` with numpy broadcasting.
 pub(crate) fn binary(op: Bin, a: &Const, b: &Const) -> Result<Const, String> {
+    if matches!(op, Bin::Mod { fmod: false }) && (a.dtype.is_float() || b.dtype.is_float()) {
+        return Err(FLOAT_MOD_NEEDS_FMOD.to_string());
+    }
     let out = broadcast_shapes(&a.dims, &b.dims)?;
     let ia = broadcast_index(&a.dims, &out)?;
     let ib = broadcast_index(&b.dims, &out)?;
@@ -324,7 +348,8 @@ pub(crate) fn binary(op: Bin, a: &Const, b: &Const) -> Result<Const, String> {
                 Bin::Pow => x.powf(y),
                 Bin::Max => x.max(y),
                 Bin::Min => x.min(y),
-                Bin::Mod => x % y,
+                // Rust's `%` on floats is C's `fmod`: the dividend's sign.
+                Bin::Mod { .. } => x % y,
                 Bin::Equal => f64::from(u8::from(x == y)),
                 Bin::Less => f64::from(u8::from(x < y)),
                 Bin::LessOrEqual => f64::from(u8::from(x <= y)),
@@ -347,9 +372,19 @@ pub(crate) fn binary(op: Bin, a: &Const, b: &Const) -> Result<Const, String> {
                 Bin::Div => x
                     .checked_div(y)
                     .ok_or("integer division by zero in a constant")?,
-                Bin::Mod => x
-                    .checked_rem_euclid(y)
-                    .ok_or("integer modulo by zero in a constant")?,
+                Bin::Mod { fmod } => {
+                    if y == 0 {
+                        return Err("integer modulo by zero in a constant".to_string());
+                    }
+                    // Truncating remainder: the dividend's sign (`i64::MIN % -1` is 0).
+                    let r = x.wrapping_rem(y);
+                    if !fmod && r != 0 && (r < 0) != (y < 0) {
+                        // Python's `%`: the divisor's sign.
+                        r + y
+                    } else {
+                        r
+                    }
+                }
                 Bin::Pow => u32::try_from(y).map_or(0, |e| x.wrapping_pow(e)),
                 Bin::Max => x.max(y),
                 Bin::Min => x.min(y),
@@ -915,4 +950,45 @@ pub(crate) fn scatter_nd(x: &Const, indices: &Const, updates: &Const) -> Result<
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ints(v: &[i64]) -> Const {
+        Const::ints(v.to_vec())
+    }
+
+    #[test]
+    fn integer_mod_follows_fmod() {
+        let x = ints(&[-4, 7, 5, 4, -7, 8]);
+        let y = ints(&[2, -3, 8, -2, 3, 5]);
+        // fmod = 0: the divisor's sign (Python `%`).
+        let r = binary(Bin::Mod { fmod: false }, &x, &y).unwrap();
+        assert_eq!(r.to_i64(), [0, -2, 5, 0, 2, 3]);
+        // fmod = 1: the dividend's sign (C `fmod`).
+        let r = binary(Bin::Mod { fmod: true }, &x, &y).unwrap();
+        assert_eq!(r.to_i64(), [0, 1, 5, 0, -1, 3]);
+        assert_eq!(r.dtype, DType::I64);
+        // No overflow at the edge of the range; a zero divisor is an error.
+        let r = binary(Bin::Mod { fmod: false }, &ints(&[i64::MIN]), &ints(&[-1])).unwrap();
+        assert_eq!(r.to_i64(), [0]);
+        let e = binary(Bin::Mod { fmod: true }, &ints(&[3]), &ints(&[0])).unwrap_err();
+        assert!(e.contains("by zero"), "{e}");
+    }
+
+    #[test]
+    fn float_mod_needs_fmod() {
+        let f = |v: &[f64]| Const {
+            dtype: DType::F32,
+            dims: vec![v.len()],
+            data: Data::F(v.to_vec()),
+        };
+        let (x, y) = (f(&[-4.5, 7.5, 5.0]), f(&[2.0, -3.0, 8.0]));
+        let r = binary(Bin::Mod { fmod: true }, &x, &y).unwrap();
+        assert_eq!(r.to_f64(), [-0.5, 1.5, 5.0]);
+        let e = binary(Bin::Mod { fmod: false }, &x, &y).unwrap_err();
+        assert!(e.contains("fmod = 1"), "{e}");
+    }
 }

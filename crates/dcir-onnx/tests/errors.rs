@@ -102,6 +102,7 @@ proptest! {
     #[test]
     fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
         let _ = import_bytes(&bytes, &ImportOptions::default());
+        let _ = dcir_onnx::decode_tensor(&bytes);
     }
 
     #[test]
@@ -120,4 +121,47 @@ proptest! {
         bytes.truncate(keep.max(bytes.len() / 2));
         let _ = import_bytes(&bytes, &ImportOptions::default());
     }
+}
+
+/// `decode_tensor` reads a `TensorProto` (the ONNX backend tests' `.pb`
+/// files) in dcir's encoding; what dcir cannot hold is an error.
+#[test]
+fn decode_tensor_reads_a_tensor_proto() {
+    use dcir_onnx::decode_tensor;
+    use dcir_onnx::proto::TensorProto;
+    use prost::Message;
+
+    let t = TensorProto {
+        name: Some("input_0".to_string()),
+        dims: vec![2],
+        data_type: Some(2), // UINT8, widened to i32
+        raw_data: Some(vec![7, 250]),
+        ..Default::default()
+    };
+    let d = decode_tensor(&t.encode_to_vec()).unwrap();
+    assert_eq!(d.name, "input_0");
+    assert_eq!(d.onnx_type, "UINT8");
+    assert_eq!(d.ty.to_string(), "i32[2]");
+    let mut want = 7i32.to_le_bytes().to_vec();
+    want.extend(250i32.to_le_bytes());
+    assert_eq!(d.bytes, want);
+    // Types dcir lacks, missing data and garbage are errors.
+    let fp8 = TensorProto {
+        dims: vec![1],
+        data_type: Some(17),
+        raw_data: Some(vec![0]),
+        ..Default::default()
+    };
+    let msg = decode_tensor(&fp8.encode_to_vec()).unwrap_err().to_string();
+    assert!(msg.contains("FLOAT8E4M3FN is not supported"), "{msg}");
+    let empty = TensorProto {
+        dims: vec![3],
+        data_type: Some(1), // FLOAT
+        ..Default::default()
+    };
+    let msg = decode_tensor(&empty.encode_to_vec())
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("no data"), "{msg}");
+    assert!(decode_tensor(&[0xff, 0xff, 0xff]).is_err());
 }
