@@ -135,3 +135,86 @@ fn refusals_exit_with_1() {
     let o = import(&["--dim", "nonsense", model.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1));
 }
+
+#[test]
+fn input_value_makes_an_input_a_known_constant() {
+    use dcir_onnx::proto::{
+        GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, TensorShapeProto,
+        TypeProto, ValueInfoProto, tensor_shape_proto, type_proto,
+    };
+    use prost::Message;
+    let info = |name: &str, elem: i32, dims: &[i64]| ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: Some(elem),
+                shape: Some(TensorShapeProto {
+                    dim: dims
+                        .iter()
+                        .map(|&d| tensor_shape_proto::Dimension {
+                            value: Some(tensor_shape_proto::dimension::Value::DimValue(d)),
+                            ..Default::default()
+                        })
+                        .collect(),
+                }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    // ReduceSum (opset 13) whose axes are a graph input.
+    let model = ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(13),
+        }],
+        graph: Some(GraphProto {
+            name: Some("g".into()),
+            node: vec![NodeProto {
+                op_type: Some("ReduceSum".into()),
+                input: vec!["x".into(), "axes".into()],
+                output: vec!["y".into()],
+                ..Default::default()
+            }],
+            input: vec![info("x", 1, &[2, 3]), info("axes", 7, &[1])],
+            output: vec![info("y", 1, &[1, 3])],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let dir = scratch("input-value");
+    let path = dir.join("reduce.onnx");
+    std::fs::write(&path, model.encode_to_vec()).unwrap();
+    let axes = TensorProto {
+        dims: vec![1],
+        data_type: Some(7),
+        int64_data: vec![0],
+        ..Default::default()
+    };
+    let axes_path = dir.join("axes.pb");
+    std::fs::write(&axes_path, axes.encode_to_vec()).unwrap();
+    let out = dir.join("reduce.dcir");
+    let (model, out_s) = (path.to_str().unwrap(), out.to_str().unwrap());
+    // Without the value: a clear refusal naming the input.
+    let o = import(&[model, "-o", out_s]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("must be known at import time"),
+        "{}",
+        stderr(&o)
+    );
+    let value = format!("axes={}", axes_path.display());
+    let o = import(&[model, "-o", out_s, "--input-value", &value]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ir = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        ir.contains("reduce_sum %x {axes = [0], keepdims = true} : f32[1,3]"),
+        "{ir}"
+    );
+    assert!(!ir.contains("%axes"), "{ir}");
+    // A malformed flag is an error naming the form.
+    let o = import(&[model, "--input-value", "axes"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("expected NAME=FILE"), "{}", stderr(&o));
+}
