@@ -329,9 +329,7 @@ impl<'g> Lower<'g> {
     fn constant(&self, dtype: DType, v: f64) -> Expr {
         match dtype {
             DType::F32 | DType::F16 | DType::BF16 => Self::float_const(dtype, v),
-            DType::I32 => int(v as i64),
-            // Typed, so `max`/`min` of it and a `long long` pick one overload.
-            DType::I64 => Expr::Cast(Ty::I64, Box::new(int(v as i64))),
+            DType::I32 | DType::I64 => int(v as i64),
             DType::Bool => Expr::Bool(v != 0.0),
         }
     }
@@ -716,8 +714,17 @@ impl<'g> Lower<'g> {
                 };
                 Ok(call(f, vec![a, b]))
             }
-            OpKind::Max => Ok(call("max", vec![a, b])),
-            OpKind::Min => Ok(call("min", vec![a, b])),
+            // Both operands of the dtype's type, so that one overload fits
+            // (a literal `0` is an `int` beside a `long long`).
+            OpKind::Max | OpKind::Min => {
+                let ty = local_ty(dtype);
+                let name = if kind == OpKind::Max { "max" } else { "min" };
+                let typed = |e: Expr| match e {
+                    Expr::Int(_) => Expr::Cast(ty, Box::new(e)),
+                    e => e,
+                };
+                Ok(call(name, vec![typed(a), typed(b)]))
+            }
             OpKind::Pow if float => Ok(call("powf", vec![a, b])),
             other => Err(self.unsupported(Reason::DType { op: other, dtype })),
         }
@@ -747,6 +754,10 @@ impl<'g> Lower<'g> {
             // long, int)` is ambiguous among CUDA's overloads.
             let ty = local_ty(dtype);
             let lit = |v: i64| Expr::Cast(ty, Box::new(int(v)));
+            let a = match a {
+                Expr::Int(v) => lit(v),
+                a => a,
+            };
             return match kind {
                 OpKind::Neg => Ok(Expr::Neg(Box::new(a))),
                 OpKind::Abs if dtype == DType::I64 => Ok(call("llabs", vec![a])),
