@@ -54,6 +54,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "GroupNormalization",
     "HardSigmoid",
     "HardSwish",
+    "Hardmax",
     "Identity",
     "InstanceNormalization",
     "IsInf",
@@ -63,6 +64,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Less",
     "LessOrEqual",
     "Log",
+    "LogSoftmax",
     "MatMul",
     "Max",
     "MaxPool",
@@ -77,6 +79,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "PRelu",
     "Pad",
     "Pow",
+    "RMSNormalization",
     "Range",
     "Reciprocal",
     "ReduceL1",
@@ -1156,6 +1159,8 @@ impl<'m> Importer<'m> {
             "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceL1" | "ReduceL2"
             | "ReduceSumSquare" | "ReduceLogSum" | "ReduceLogSumExp" => self.reduce(node, &at),
             "Softmax" => self.softmax(node, &at),
+            "LogSoftmax" | "Hardmax" => self.log_softmax_or_hardmax(node, op, &at),
+            "RMSNormalization" => self.rms_norm(node, &at),
             "MatMul" => self.matmul(node),
             "Einsum" => self.einsum(node, &at),
             "Pad" => self.pad(node, &at),
@@ -1234,7 +1239,8 @@ impl<'m> Importer<'m> {
                             .with("epsilon", Attr::Float(eps)),
                     )
                     .map_err(b)?;
-                self.out(node, v)
+                self.set(node, 0, Val::Ir(v))?;
+                self.layernorm_statistics(node, x, a, eps)
             }
             other => Err(format!("op `{other}` is not supported")),
         }

@@ -1,7 +1,8 @@
 //! ONNX ops imported as compositions of dcir ops: the piecewise and smooth
 //! activations, `Split`, `Tile`, instance and group normalization, `Trilu`,
 //! variadic `Max`/`Min`/`Sum`/`Mean`, `ArgMax`/`ArgMin`, `CumSum`,
-//! `Resize`/`Upsample` (nearest and linear).
+//! `Resize`/`Upsample` (nearest and linear), `LogSoftmax`, `Hardmax`,
+//! `RMSNormalization`, `LayerNormalization`'s statistics outputs.
 //! Each follows the formula of the ONNX operator document; the planner fuses
 //! the pieces back into few kernels.
 
@@ -346,52 +347,72 @@ impl<'m> Importer<'m> {
     /// axis, else one past the end (`select_last_index`: -1); the smallest
     /// (largest) of those, as `i64`.
     pub(super) fn arg_extreme(&mut self, node: &'m NodeProto, op: &str, at: &At<'_>) -> R<()> {
-        use OpKind as K;
         let x = self.ir_in(node, 0)?;
-        let xt = self.b.ty(x).clone();
-        let dims = xt.dims().to_vec();
-        let a = axis(at.int_or("axis", 0), dims.len())?;
+        let a = axis(at.int_or("axis", 0), self.b.ty(x).rank())?;
         let keep = at.int_or("keepdims", 1) != 0;
         let last = at.int_or("select_last_index", 0) != 0;
-        let reduce = |me: &mut Self, kind: OpKind, v: ValueId, keep: bool| -> R<ValueId> {
+        // A minimum is the maximum of the reversal.
+        let src = if op == "ArgMax" {
+            x
+        } else {
+            self.reversed(x)?
+        };
+        let v = self.first_max_index(src, x, a, keep, last)?;
+        self.out(node, v)
+    }
+
+    /// The index (`i64`) along `a` of the first (`last`: the last) maximum
+    /// of `src`, where a NaN of `x` (`src` computed from it elementwise)
+    /// counts as the maximum: where `src` equals its maximum, the index
+    /// from a constant ramp, else one past the end (-1), then the smallest
+    /// (largest) of those.
+    fn first_max_index(
+        &mut self,
+        src: ValueId,
+        x: ValueId,
+        a: usize,
+        keep: bool,
+        last: bool,
+    ) -> R<ValueId> {
+        use OpKind as K;
+        let dims = self.b.ty(x).dims().to_vec();
+        let reduce = |me: &mut Self, v: ValueId, keep: bool| -> R<ValueId> {
             let attrs = Attrs::new()
                 .with("axes", ints(&[a]))
                 .with("keepdims", Attr::Bool(keep));
-            me.b.op(kind, &[v], attrs).map_err(b)
+            me.b.op(K::ReduceMax, &[v], attrs).map_err(b)
         };
-        // The extreme along the axis, broadcast back over it. A minimum is
-        // the negated maximum of the negation (integers: of `-x - 1`,
-        // which reverses the order without overflow).
-        let src = if op == "ArgMax" { x } else { self.reversed(x)? };
-        let extreme = reduce(self, K::ReduceMax, src, true)?;
+        let extreme = reduce(self, src, true)?;
         let extreme = self.broadcast_to(extreme, &dims)?;
         let mut hit = self.ew(K::Equal, &[src, extreme])?;
-        if xt.dtype.is_float() {
+        if self.b.ty(x).dtype.is_float() {
             let nan = self.ew(K::IsNan, &[x])?;
             hit = self.ew(K::Or, &[hit, nan])?;
         }
-        let extent = dims[a];
-        let iota = self
+        let iota = self.ramp(&dims, a)?;
+        let miss = if last { -1.0 } else { dims[a] as f64 };
+        let miss = self.splat(DType::I64, miss, &dims)?;
+        let candidates = self.ew(K::Select, &[hit, iota, miss])?;
+        if last {
+            return reduce(self, candidates, keep);
+        }
+        // The smallest index, as -max(-index).
+        let neg = self.ew(K::Neg, &[candidates])?;
+        let m = reduce(self, neg, keep)?;
+        self.ew(K::Neg, &[m])
+    }
+
+    /// The index along dim `a` at every element of `dims` (`i64`): a
+    /// constant ramp broadcast over the other dims.
+    fn ramp(&mut self, dims: &[usize], a: usize) -> R<ValueId> {
+        let ramp = self
             .b
             .constant(
-                TensorType::new(DType::I64, vec![extent]),
-                Attr::Ints((0..extent as i64).collect()),
+                TensorType::new(DType::I64, vec![dims[a]]),
+                Attr::Ints((0..dims[a] as i64).collect()),
             )
             .map_err(b)?;
-        let iota = self.b.broadcast(iota, &[a as i64], &dims).map_err(b)?;
-        let idx_ty = TensorType::new(DType::I64, dims.clone());
-        let miss = if last { -1.0 } else { extent as f64 };
-        let miss = self.splat(DType::I64, miss, idx_ty.dims())?;
-        let candidates = self.ew(K::Select, &[hit, iota, miss])?;
-        let v = if last {
-            reduce(self, K::ReduceMax, candidates, keep)?
-        } else {
-            // The first hit: the smallest index, as -max(-index).
-            let neg = self.ew(K::Neg, &[candidates])?;
-            let m = reduce(self, K::ReduceMax, neg, keep)?;
-            self.ew(K::Neg, &[m])?
-        };
-        self.out(node, v)
+        self.b.broadcast(ramp, &[a as i64], dims).map_err(b)
     }
 
     /// `x` in reversed order: `-x` for floats, `-x - 1` (wrapping) for
@@ -637,5 +658,130 @@ impl<'m> Importer<'m> {
             };
         }
         self.out(node, v)
+    }
+
+    /// `LogSoftmax` as `x - max - log(sum(exp(x - max)))`; `Hardmax` as 1
+    /// at the first maximum along the axis, 0 elsewhere. Before opset 13
+    /// the input is seen as 2-D, the dims from `axis` flattened.
+    pub(super) fn log_softmax_or_hardmax(
+        &mut self,
+        node: &'m NodeProto,
+        op: &str,
+        at: &At<'_>,
+    ) -> R<()> {
+        use OpKind as K;
+        let x = self.ir_in(node, 0)?;
+        let dims = self.b.ty(x).dims().to_vec();
+        let rank = dims.len();
+        let default = if self.opset >= 13 { -1 } else { 1 };
+        let mut a = axis(at.int_or("axis", default), rank)?;
+        let flat = self.opset < 13 && a + 1 != rank;
+        let src = if flat {
+            let rows = dims[..a].iter().product();
+            let cols = dims[a..].iter().product();
+            a = 1;
+            self.b.reshape(x, &[rows, cols]).map_err(b)?
+        } else {
+            x
+        };
+        let sdims = self.b.ty(src).dims().to_vec();
+        let reduce = |me: &mut Self, kind: OpKind, v: ValueId| -> R<ValueId> {
+            let attrs = Attrs::new()
+                .with("axes", ints(&[a]))
+                .with("keepdims", Attr::Bool(true));
+            let r = me.b.op(kind, &[v], attrs).map_err(b)?;
+            me.broadcast_to(r, &sdims)
+        };
+        let v = if op == "LogSoftmax" {
+            let m = reduce(self, K::ReduceMax, src)?;
+            let d = self.ew(K::Sub, &[src, m])?;
+            let e = self.ew(K::Exp, &[d])?;
+            let s = reduce(self, K::ReduceSum, e)?;
+            let l = self.ew(K::Log, &[s])?;
+            self.ew(K::Sub, &[d, l])?
+        } else {
+            let first = self.first_max_index(src, src, a, true, false)?;
+            let first = self.broadcast_to(first, &sdims)?;
+            let iota = self.ramp(&sdims, a)?;
+            let hot = self.ew(K::Equal, &[iota, first])?;
+            let dtype = self.b.ty(src).dtype;
+            let (one, zero) = (self.splat(dtype, 1.0, &sdims)?, self.splat(dtype, 0.0, &sdims)?);
+            self.ew(K::Select, &[hot, one, zero])?
+        };
+        let v = if flat {
+            self.b.reshape(v, &dims).map_err(b)?
+        } else {
+            v
+        };
+        self.out(node, v)
+    }
+
+    /// `RMSNormalization`: `x / sqrt(mean(x²) + epsilon) · scale` over the
+    /// dims from `axis`, the scale broadcast to them.
+    pub(super) fn rms_norm(&mut self, node: &'m NodeProto, at: &At<'_>) -> R<()> {
+        use OpKind as K;
+        let x = self.ir_in(node, 0)?;
+        let xt = self.b.ty(x).clone();
+        let dims = xt.dims().to_vec();
+        let a = axis(at.int_or("axis", -1), dims.len())?;
+        let eps = f64::from(at.float("epsilon").unwrap_or(1e-5));
+        let axes: Vec<usize> = (a..dims.len()).collect();
+        let sq = self.ew(K::Mul, &[x, x])?;
+        let attrs = Attrs::new()
+            .with("axes", ints(&axes))
+            .with("keepdims", Attr::Bool(true));
+        let ms = self.b.op(K::ReduceMean, &[sq], attrs).map_err(b)?;
+        let e = self.splat_like(ms, eps)?;
+        let mse = self.ew(K::Add, &[ms, e])?;
+        let inv = self.ew(K::Rsqrt, &[mse])?;
+        let inv = self.broadcast_to(inv, &dims)?;
+        let normed = self.ew(K::Mul, &[x, inv])?;
+        let scale = self.req(node, 1)?;
+        let scale = self.operand(Self::in_name(node, 1), &scale, xt.dtype, &dims)?;
+        let v = self.ew(K::Mul, &[normed, scale])?;
+        self.out(node, v)
+    }
+
+    /// `LayerNormalization`'s optional outputs, where used: the mean (1)
+    /// and the reciprocal standard deviation (2) over the dims from `a`,
+    /// those dims kept with extent 1.
+    pub(super) fn layernorm_statistics(
+        &mut self,
+        node: &'m NodeProto,
+        x: ValueId,
+        a: usize,
+        eps: f64,
+    ) -> R<()> {
+        use OpKind as K;
+        let wanted = |k: usize| {
+            node.output
+                .get(k)
+                .is_some_and(|n| !n.is_empty() && self.used.contains(n.as_str()))
+        };
+        let (mean_wanted, inv_wanted) = (wanted(1), wanted(2));
+        if !mean_wanted && !inv_wanted {
+            return Ok(());
+        }
+        let dims = self.b.ty(x).dims().to_vec();
+        let axes: Vec<usize> = (a..dims.len()).collect();
+        let mean_of = |me: &mut Self, v: ValueId| -> R<ValueId> {
+            let attrs = Attrs::new()
+                .with("axes", ints(&axes))
+                .with("keepdims", Attr::Bool(true));
+            me.b.op(K::ReduceMean, &[v], attrs).map_err(b)
+        };
+        let mean = mean_of(self, x)?;
+        self.set(node, 1, Val::Ir(mean))?;
+        if inv_wanted {
+            let m = self.broadcast_to(mean, &dims)?;
+            let d = self.ew(K::Sub, &[x, m])?;
+            let d2 = self.ew(K::Mul, &[d, d])?;
+            let var = mean_of(self, d2)?;
+            let e = self.splat_like(var, eps)?;
+            let ve = self.ew(K::Add, &[var, e])?;
+            let inv = self.ew(K::Rsqrt, &[ve])?;
+            self.set(node, 2, Val::Ir(inv))?;
+        }
+        Ok(())
     }
 }
