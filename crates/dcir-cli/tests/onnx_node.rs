@@ -16,9 +16,9 @@
 //!
 //! A model that needs an input known at import (the axes, sizes, repeats
 //! or bounds many node tests feed as graph inputs) is imported again with
-//! its integer inputs as known values (`ImportOptions::known_inputs`, the
-//! library side of `dcir-import --input-value`); its float inputs stay
-//! run-time parameters.
+//! its integer and one-element inputs as known values
+//! (`ImportOptions::known_inputs`, the library side of `dcir-import
+//! --input-value`); its other inputs stay run-time parameters.
 //!
 //! The tests are found at `DCIR_ONNX_NODE_TESTS`, else in the installed
 //! `onnx` package (`python3 -c "import onnx"`); without them the test prints
@@ -277,11 +277,13 @@ fn run_case(dir: &Path) -> Ran {
     }
     let imported = match import_model(&model, Some(dir), &opts) {
         Err(e) if e.to_string().contains("must be known at import time") => {
-            // Integer inputs (axes, sizes, repeats) as known values.
+            // Integer inputs (axes, sizes, repeats) and scalars (bounds,
+            // fill values) as known values.
             let paths = numbered(&data, "input");
             for ((input, file), path) in graph_proto.input.iter().zip(&inputs).zip(paths) {
-                let integer = matches!(file, Ok(f) if f.ty.dtype.is_int());
-                if let (true, Ok(bytes)) = (integer, std::fs::read(&path))
+                let known = matches!(file, Ok(f)
+                    if f.ty.dtype.is_int() || f.ty.num_elements() == Some(1));
+                if let (true, Ok(bytes)) = (known, std::fs::read(&path))
                     && let Ok(t) = dcir_onnx::decode_tensor_proto(&bytes)
                 {
                     opts.known_inputs

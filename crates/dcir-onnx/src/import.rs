@@ -65,6 +65,8 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "LessOrEqual",
     "Log",
     "LogSoftmax",
+    "LpNormalization",
+    "LpPool",
     "MatMul",
     "Max",
     "MaxPool",
@@ -75,6 +77,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Mul",
     "Neg",
     "Not",
+    "OneHot",
     "Or",
     "PRelu",
     "Pad",
@@ -1161,6 +1164,9 @@ impl<'m> Importer<'m> {
             "Softmax" => self.softmax(node, &at),
             "LogSoftmax" | "Hardmax" => self.log_softmax_or_hardmax(node, op, &at),
             "RMSNormalization" => self.rms_norm(node, &at),
+            "OneHot" => self.one_hot(node, &at),
+            "LpNormalization" => self.lp_normalization(node, &at),
+            "LpPool" => self.lp_pool(node, &at),
             "MatMul" => self.matmul(node),
             "Einsum" => self.einsum(node, &at),
             "Pad" => self.pad(node, &at),
@@ -1376,6 +1382,13 @@ impl<'m> Importer<'m> {
             _ => self.dtype_of(&x),
         };
         let out = tensor::broadcast_shapes(&self.dims_of(&x), &self.dims_of(&y))?;
+        // Pow's exponent may have another type than its base: cast to it.
+        let y = match y {
+            Val::Ir(e) if kind == OpKind::Pow && self.b.ty(e).dtype != dtype => {
+                Val::Ir(self.b.cast(e, dtype).map_err(b)?)
+            }
+            y => y,
+        };
         let xa = self.operand(Self::in_name(node, 0), &x, dtype, &out)?;
         let ya = self.operand(Self::in_name(node, 1), &y, dtype, &out)?;
         self.b.op(kind, &[xa, ya], attrs).map_err(b)
@@ -1673,7 +1686,13 @@ impl<'m> Importer<'m> {
         // min = -max(-x) (for integers ~max(~x), ~x = -x - 1 wrapping, which
         // reverses the order with no overflow), L1 = sum |x|, L2 = sqrt(sum x²), SumSquare =
         // sum x², LogSum = log(sum x), LogSumExp = log(sum exp x) (ONNX's
-        // formulas, without a max shift).
+        // formulas, without a max shift). Bools reduce as 0/1 integers.
+        let boolean = self.b.ty(x).dtype == DType::Bool;
+        let x = if boolean {
+            self.b.cast(x, DType::I32).map_err(b)?
+        } else {
+            x
+        };
         let src = match op {
             "ReduceMin" => self.reversed(x)?,
             "ReduceL1" => self.ew(OpKind::Abs, &[x])?,
@@ -1697,6 +1716,9 @@ impl<'m> Importer<'m> {
             "ReduceLogSum" | "ReduceLogSumExp" => self.ew(OpKind::Log, &[v])?,
             _ => v,
         };
+        if boolean {
+            v = self.b.cast(v, DType::Bool).map_err(b)?;
+        }
         self.out(node, v)
     }
 

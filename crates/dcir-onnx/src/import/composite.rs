@@ -2,7 +2,8 @@
 //! activations, `Split`, `Tile`, instance and group normalization, `Trilu`,
 //! variadic `Max`/`Min`/`Sum`/`Mean`, `ArgMax`/`ArgMin`, `CumSum`,
 //! `Resize`/`Upsample` (nearest and linear), `LogSoftmax`, `Hardmax`,
-//! `RMSNormalization`, `LayerNormalization`'s statistics outputs.
+//! `RMSNormalization`, `LayerNormalization`'s statistics outputs, `OneHot`,
+//! `LpNormalization`, `LpPool`.
 //! Each follows the formula of the ONNX operator document; the planner fuses
 //! the pieces back into few kernels.
 
@@ -352,11 +353,7 @@ impl<'m> Importer<'m> {
         let keep = at.int_or("keepdims", 1) != 0;
         let last = at.int_or("select_last_index", 0) != 0;
         // A minimum is the maximum of the reversal.
-        let src = if op == "ArgMax" {
-            x
-        } else {
-            self.reversed(x)?
-        };
+        let src = if op == "ArgMax" { x } else { self.reversed(x)? };
         let v = self.first_max_index(src, x, a, keep, last)?;
         self.out(node, v)
     }
@@ -705,7 +702,10 @@ impl<'m> Importer<'m> {
             let iota = self.ramp(&sdims, a)?;
             let hot = self.ew(K::Equal, &[iota, first])?;
             let dtype = self.b.ty(src).dtype;
-            let (one, zero) = (self.splat(dtype, 1.0, &sdims)?, self.splat(dtype, 0.0, &sdims)?);
+            let (one, zero) = (
+                self.splat(dtype, 1.0, &sdims)?,
+                self.splat(dtype, 0.0, &sdims)?,
+            );
             self.ew(K::Select, &[hot, one, zero])?
         };
         let v = if flat {
@@ -783,5 +783,133 @@ impl<'m> Importer<'m> {
             self.set(node, 2, Val::Ir(inv))?;
         }
         Ok(())
+    }
+
+    /// `OneHot(indices, depth, values)`: `values[1]` where the index (negative
+    /// ones counted from `depth`) equals a constant ramp along the new axis,
+    /// `values[0]` elsewhere. `depth` and `values` known.
+    pub(super) fn one_hot(&mut self, node: &'m NodeProto, at: &At<'_>) -> R<()> {
+        use OpKind as K;
+        let idx = self.ir_in(node, 0)?;
+        let depth = self
+            .const_in(node, 1)?
+            .and_then(|c| c.scalar_f64())
+            .ok_or("OneHot needs a one-element depth")?;
+        let values = self.const_in(node, 2)?.ok_or("OneHot needs its values")?;
+        if depth < 1.0 || values.len() != 2 {
+            return Err(format!(
+                "OneHot needs depth >= 1 and two values, found {depth} and {} values",
+                values.len()
+            ));
+        }
+        let depth = depth as usize;
+        let it = self.b.ty(idx).clone();
+        let mut dims = it.dims().to_vec();
+        let a = axis(at.int_or("axis", -1), dims.len() + 1)?;
+        dims.insert(a, depth);
+        // Indices as i64, negative ones wrapped once.
+        let idx = if it.dtype == DType::I64 {
+            idx
+        } else {
+            self.b.cast(idx, DType::I64).map_err(b)?
+        };
+        let zero = self.splat_like(idx, 0.0)?;
+        let negative = self.ew(K::Less, &[idx, zero])?;
+        let d = self.splat_like(idx, depth as f64)?;
+        let wrapped = self.ew(K::Add, &[idx, d])?;
+        let idx = self.ew(K::Select, &[negative, wrapped, idx])?;
+        let map: Vec<i64> = (0..dims.len() as i64).filter(|&d| d != a as i64).collect();
+        let idx = self.b.broadcast(idx, &map, &dims).map_err(b)?;
+        let ramp = self.ramp(&dims, a)?;
+        let hot = self.ew(K::Equal, &[idx, ramp])?;
+        let v = values.to_f64();
+        let (off, on) = (
+            self.splat(values.dtype, v[0], &dims)?,
+            self.splat(values.dtype, v[1], &dims)?,
+        );
+        let out = self.ew(K::Select, &[hot, on, off])?;
+        self.out(node, out)
+    }
+
+    /// `LpNormalization`: `x / (sum |x|^p)^(1/p)` along `axis`, `p` 1 or 2.
+    pub(super) fn lp_normalization(&mut self, node: &'m NodeProto, at: &At<'_>) -> R<()> {
+        use OpKind as K;
+        let x = self.ir_in(node, 0)?;
+        let dims = self.b.ty(x).dims().to_vec();
+        let a = axis(at.int_or("axis", -1), dims.len())?;
+        let p = at.int_or("p", 2);
+        let term = match p {
+            1 => self.ew(K::Abs, &[x])?,
+            2 => self.ew(K::Mul, &[x, x])?,
+            _ => {
+                return Err(format!(
+                    "LpNormalization with p = {p} (1 or 2 are supported)"
+                ));
+            }
+        };
+        let attrs = Attrs::new()
+            .with("axes", ints(&[a]))
+            .with("keepdims", Attr::Bool(true));
+        let mut norm = self.b.op(K::ReduceSum, &[term], attrs).map_err(b)?;
+        if p == 2 {
+            norm = self.ew(K::Sqrt, &[norm])?;
+        }
+        let norm = self.broadcast_to(norm, &dims)?;
+        let v = self.ew(K::Div, &[x, norm])?;
+        self.out(node, v)
+    }
+
+    /// `LpPool` (2-D): `(sum over the window of |x|^p)^(1/p)`, the sum as an
+    /// average pool that counts the padding, times the window size.
+    pub(super) fn lp_pool(&mut self, node: &'m NodeProto, at: &At<'_>) -> R<()> {
+        use OpKind as K;
+        let x = self.ir_in(node, 0)?;
+        let xt = self.b.ty(x).clone();
+        if xt.rank() != 4 {
+            return Err(format!(
+                "only 2-D LpPool (4-D input) is supported, found {xt}"
+            ));
+        }
+        if at
+            .ints("dilations")
+            .is_some_and(|d| d.iter().any(|&d| d != 1))
+        {
+            return Err("LpPool with dilations is not supported".to_string());
+        }
+        let kernel = Self::two(at, "kernel_shape", 0)?;
+        if kernel.iter().any(|&k| k <= 0) {
+            return Err("LpPool needs `kernel_shape`".to_string());
+        }
+        let stride = Self::two(at, "strides", 1)?;
+        let pad = Self::pads(at, &xt.dims()[2..], &kernel, &stride, &[1, 1])?;
+        if at.int_or("ceil_mode", 0) != 0 {
+            return Err("LpPool with ceil_mode = 1 is not supported".to_string());
+        }
+        let p = at.int_or("p", 2);
+        if p < 1 {
+            return Err(format!("LpPool with p = {p}"));
+        }
+        let a = self.ew(K::Abs, &[x])?;
+        let pv = self.splat_like(a, p as f64)?;
+        let powered = if p == 1 {
+            a
+        } else {
+            self.ew(K::Pow, &[a, pv])?
+        };
+        let attrs = Attrs::new()
+            .with("kernel", Attr::Ints(kernel.to_vec()))
+            .with("stride", Attr::Ints(stride.to_vec()))
+            .with("pad", Attr::Ints(pad.to_vec()))
+            .with("count_include_pad", Attr::Bool(true));
+        let mean = self.b.op(K::Avgpool2d, &[powered], attrs).map_err(b)?;
+        let count = self.splat_like(mean, (kernel[0] * kernel[1]) as f64)?;
+        let sum = self.ew(K::Mul, &[mean, count])?;
+        let v = if p == 1 {
+            sum
+        } else {
+            let inv = self.splat_like(sum, 1.0 / p as f64)?;
+            self.ew(K::Pow, &[sum, inv])?
+        };
+        self.out(node, v)
     }
 }
