@@ -14,11 +14,11 @@
 //! written by hand) up to date: stale is a failure, `DCIR_BLESS=1` (`cargo
 //! xtask bless`) rewrites it.
 //!
-//! A model that needs an input known at import (the axes, sizes, repeats
-//! or bounds many node tests feed as graph inputs) is imported again with
-//! its integer and one-element inputs as known values
+//! A model that needs an input known at import (the axes, sizes, scales or
+//! bounds many node tests feed as graph inputs) is imported again with that
+//! input, which the refusal names, as a known value
 //! (`ImportOptions::known_inputs`, the library side of `dcir-import
-//! --input-value`); its other inputs stay run-time parameters.
+//! --input-value`); the other inputs stay run-time parameters.
 //!
 //! The tests are found at `DCIR_ONNX_NODE_TESTS`, else in the installed
 //! `onnx` package (`python3 -c "import onnx"`); without them the test prints
@@ -275,28 +275,31 @@ fn run_case(dir: &Path) -> Ran {
             }
         }
     }
-    let imported = match import_model(&model, Some(dir), &opts) {
-        Err(e) if e.to_string().contains("must be known at import time") => {
-            // Integer inputs (axes, sizes, repeats) and scalars (bounds,
-            // fill values) as known values.
-            let paths = numbered(&data, "input");
-            for ((input, file), path) in graph_proto.input.iter().zip(&inputs).zip(paths) {
-                let known = matches!(file, Ok(f)
-                    if f.ty.dtype.is_int() || f.ty.num_elements() == Some(1));
-                if let (true, Ok(bytes)) = (known, std::fs::read(&path))
-                    && let Ok(t) = dcir_onnx::decode_tensor_proto(&bytes)
-                {
-                    opts.known_inputs
-                        .push((input.name.clone().unwrap_or_default(), t));
-                }
-            }
-            match import_model(&model, Some(dir), &opts) {
-                Ok(m) => m,
-                Err(e) => return refused(e.to_string()),
-            }
+    // An input the importer needs known (it names it) is bound to its
+    // file's value and the import retried, once per graph input at most.
+    let paths = numbered(&data, "input");
+    let imported = loop {
+        let e = match import_model(&model, Some(dir), &opts) {
+            Ok(m) => break m,
+            Err(e) => e.to_string(),
+        };
+        let needed = e
+            .split_once("(`")
+            .and_then(|(_, rest)| rest.split_once("`) must be known at import time"))
+            .map(|(name, _)| name.to_string());
+        let bound = needed.and_then(|name| {
+            let k = graph_proto
+                .input
+                .iter()
+                .position(|i| i.name.as_deref() == Some(&name))?;
+            let bytes = std::fs::read(paths.get(k)?).ok()?;
+            let t = dcir_onnx::decode_tensor_proto(&bytes).ok()?;
+            (!opts.known_inputs.iter().any(|(n, _)| *n == name)).then_some((name, t))
+        });
+        match bound {
+            Some(known) => opts.known_inputs.push(known),
+            None => return refused(e),
         }
-        Ok(m) => m,
-        Err(e) => return refused(e.to_string()),
     };
     let known: BTreeSet<String> = opts.known_inputs.iter().map(|(n, _)| n.clone()).collect();
     let graph = &imported.module.graphs[0];

@@ -583,17 +583,19 @@ impl<'m> Importer<'m> {
             if out[a] == 0 {
                 return Err(format!("{op} to an empty dim {a}"));
             }
+            // The output extent before flooring, as ONNX's formulas use it.
             let (len, len_out, scale) = (dims[a] as f64, out[a] as f64, scales[a]);
+            let scaled = scale * len;
             let source = |o: f64| -> R<f64> {
                 Ok(match transform.as_str() {
                     "half_pixel" => (o + 0.5) / scale - 0.5,
-                    "pytorch_half_pixel" if len_out > 1.0 => (o + 0.5) / scale - 0.5,
-                    "pytorch_half_pixel" => 0.0,
-                    "align_corners" if len_out > 1.0 => o * (len - 1.0) / (len_out - 1.0),
+                    "pytorch_half_pixel" if scaled != 1.0 => (o + 0.5) / scale - 0.5,
+                    "pytorch_half_pixel" => -0.5,
+                    "align_corners" if scaled != 1.0 => o * (len - 1.0) / (scaled - 1.0),
                     "align_corners" => 0.0,
                     "asymmetric" => o / scale,
                     "half_pixel_symmetric" => {
-                        let adjustment = len_out / (scale * len);
+                        let adjustment = len_out / scaled;
                         let offset = len / 2.0 * (1.0 - adjustment);
                         offset + (o + 0.5) / scale - 0.5
                     }
