@@ -431,13 +431,21 @@ impl<'m> Importer<'m> {
             }
             let Some(Value::TensorType(tt)) = input.r#type.as_ref().and_then(|t| t.value.as_ref())
             else {
-                return Err(invalid("is not a tensor".to_string()));
+                return Err(ImportError::NotSupported {
+                    message: format!(
+                        "graph input `{name}` is not a tensor (sequences, maps and optionals are not supported)"
+                    ),
+                });
             };
-            let dtype = tensor::dtype_of(tt.elem_type.unwrap_or(0)).map_err(invalid)?;
+            let dtype = tensor::dtype_of(tt.elem_type.unwrap_or(0)).map_err(|m| {
+                ImportError::NotSupported {
+                    message: format!("graph input `{name}`: {m}"),
+                }
+            })?;
             let Some(shape) = &tt.shape else {
-                return Err(invalid(
-                    "has no shape; dcir needs static shapes".to_string(),
-                ));
+                return Err(ImportError::NotSupported {
+                    message: format!("graph input `{name}` has no shape; dcir needs static shapes"),
+                });
             };
             let mut dims = Vec::new();
             for (i, d) in shape.dim.iter().enumerate() {
@@ -477,7 +485,9 @@ impl<'m> Importer<'m> {
                 message: format!("initializer `{name}`: {m}"),
             };
             let ty = t.data_type.unwrap_or(0);
-            let dtype = tensor::dtype_of(ty).map_err(invalid)?;
+            let dtype = tensor::dtype_of(ty).map_err(|m| ImportError::NotSupported {
+                message: format!("initializer `{name}`: {m}"),
+            })?;
             let dims = tensor::dims_of(t).map_err(invalid)?;
             let numel = product(&dims);
             if !dtype.is_float() || numel <= 1 {

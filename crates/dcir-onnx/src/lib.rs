@@ -147,6 +147,13 @@ pub enum ImportError {
         /// What is wrong.
         message: String,
     },
+    /// A valid model uses what dcir does not support (an element type
+    /// such as `FLOAT8E4M3FN` or `STRING`).
+    #[error("not supported: {message}")]
+    NotSupported {
+        /// What, and where.
+        message: String,
+    },
     /// The model is inconsistent (missing graph, bad initializer, ...).
     #[error("invalid model: {message}")]
     Invalid {
@@ -233,7 +240,13 @@ pub fn decode_tensor(bytes: &[u8]) -> Result<TensorFile, ImportError> {
         },
     };
     let code = t.data_type.unwrap_or(0);
-    let dtype = tensor::dtype_of(code).map_err(invalid)?;
+    let dtype = tensor::dtype_of(code).map_err(|m| ImportError::NotSupported {
+        message: if name.is_empty() {
+            format!("tensor: {m}")
+        } else {
+            format!("tensor `{name}`: {m}")
+        },
+    })?;
     let dims = tensor::dims_of(&t).map_err(invalid)?;
     let numel = dims.iter().product();
     let bytes = tensor::weight_bytes(&t, dtype, numel, None)
