@@ -5,37 +5,14 @@
 
 use dcir_interp::{Tensor, run_graph};
 use dcir_ir::{DType, TensorType, verify_module};
-use dcir_onnx::proto::{
-    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
-    TensorShapeProto, TypeProto, ValueInfoProto, tensor_shape_proto, type_proto,
-};
+use dcir_onnx::proto::{AttributeProto, TensorProto};
 use dcir_onnx::{ImportOptions, import_bytes};
-use prost::Message;
 
-const FLOAT: i32 = 1;
-const INT64: i32 = 7;
-const BOOL: i32 = 9;
-
-fn value_info(name: &str, elem: i32, dims: &[usize]) -> ValueInfoProto {
-    let dim = dims
-        .iter()
-        .map(|&d| tensor_shape_proto::Dimension {
-            value: Some(tensor_shape_proto::dimension::Value::DimValue(d as i64)),
-            ..Default::default()
-        })
-        .collect();
-    ValueInfoProto {
-        name: Some(name.to_string()),
-        r#type: Some(TypeProto {
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: Some(elem),
-                shape: Some(TensorShapeProto { dim }),
-            })),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
+mod common;
+use common::{
+    BOOL, FLOAT, INT64, a_float as attr_float, a_int as attr_int, constant, model_typed as model,
+    node_n as node, tensor_i,
+};
 
 fn scalar(elem: i32, v: f64) -> TensorProto {
     let mut t = TensorProto {
@@ -51,87 +28,7 @@ fn scalar(elem: i32, v: f64) -> TensorProto {
 }
 
 fn ints(v: &[i64]) -> TensorProto {
-    TensorProto {
-        dims: vec![v.len() as i64],
-        data_type: Some(INT64),
-        int64_data: v.to_vec(),
-        ..Default::default()
-    }
-}
-
-fn constant(output: &str, t: TensorProto) -> NodeProto {
-    NodeProto {
-        op_type: Some("Constant".to_string()),
-        output: vec![output.to_string()],
-        attribute: vec![AttributeProto {
-            name: Some("value".to_string()),
-            r#type: Some(4),
-            t: Some(t),
-            ..Default::default()
-        }],
-        ..Default::default()
-    }
-}
-
-fn node(op: &str, inputs: &[&str], outputs: &[&str], attrs: Vec<AttributeProto>) -> NodeProto {
-    NodeProto {
-        op_type: Some(op.to_string()),
-        name: Some(format!("my_{}", op.to_lowercase())),
-        input: inputs.iter().map(|s| s.to_string()).collect(),
-        output: outputs.iter().map(|s| s.to_string()).collect(),
-        attribute: attrs,
-        ..Default::default()
-    }
-}
-
-fn attr_int(name: &str, v: i64) -> AttributeProto {
-    AttributeProto {
-        name: Some(name.to_string()),
-        r#type: Some(2),
-        i: Some(v),
-        ..Default::default()
-    }
-}
-
-fn attr_float(name: &str, v: f32) -> AttributeProto {
-    AttributeProto {
-        name: Some(name.to_string()),
-        r#type: Some(1),
-        f: Some(v),
-        ..Default::default()
-    }
-}
-
-/// A model of `nodes` at `opset` with graph inputs and outputs (name, element type, dims).
-fn model(
-    opset: i64,
-    nodes: Vec<NodeProto>,
-    inputs: &[(&str, i32, &[usize])],
-    outputs: &[(&str, i32, &[usize])],
-) -> Vec<u8> {
-    let graph = GraphProto {
-        name: Some("g".to_string()),
-        node: nodes,
-        input: inputs
-            .iter()
-            .map(|(n, t, d)| value_info(n, *t, d))
-            .collect(),
-        output: outputs
-            .iter()
-            .map(|(n, t, d)| value_info(n, *t, d))
-            .collect(),
-        ..Default::default()
-    };
-    ModelProto {
-        ir_version: Some(8),
-        opset_import: vec![OperatorSetIdProto {
-            domain: Some(String::new()),
-            version: Some(opset),
-        }],
-        graph: Some(graph),
-        ..Default::default()
-    }
-    .encode_to_vec()
+    tensor_i(&[v.len()], v)
 }
 
 fn x_input() -> Tensor {

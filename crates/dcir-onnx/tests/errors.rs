@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use dcir_onnx::{ImportError, ImportOptions, import_bytes, import_file};
 use proptest::prelude::*;
 
+mod common;
+
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
@@ -168,47 +170,19 @@ fn decode_tensor_reads_a_tensor_proto() {
 
 #[test]
 fn an_unsupported_element_type_is_not_an_invalid_model() {
-    use dcir_onnx::proto::{
-        GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto, TypeProto,
-        ValueInfoProto, type_proto,
-    };
-    use prost::Message;
-    let input = |name: &str, elem: i32| ValueInfoProto {
-        name: Some(name.into()),
-        r#type: Some(TypeProto {
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: Some(elem),
-                shape: Some(TensorShapeProto { dim: Vec::new() }),
-            })),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    // FLOAT8E4M3FN (17) and STRING (8): valid ONNX that dcir leaves out.
-    for (elem, name) in [(17, "FLOAT8E4M3FN"), (8, "STRING")] {
-        let model = ModelProto {
-            ir_version: Some(9),
-            opset_import: vec![OperatorSetIdProto {
-                domain: Some(String::new()),
-                version: Some(19),
-            }],
-            graph: Some(GraphProto {
-                name: Some("g".into()),
-                node: vec![NodeProto {
-                    op_type: Some("Identity".into()),
-                    input: vec!["x".into()],
-                    output: vec!["y".into()],
-                    ..Default::default()
-                }],
-                input: vec![input("x", elem)],
-                output: vec![input("y", elem)],
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        let err = import_bytes(&model.encode_to_vec(), &ImportOptions::default()).unwrap_err();
+    // Valid ONNX that dcir leaves out.
+    for (elem, name) in [
+        (common::FLOAT8E4M3FN, "FLOAT8E4M3FN"),
+        (common::STRING, "STRING"),
+    ] {
+        let nodes = vec![common::node("Identity", &["x"], "y", vec![])];
+        let bytes = common::model_typed(19, nodes, &[("x", elem, &[])], &[("y", elem, &[])]);
+        let err = import_bytes(&bytes, &ImportOptions::default()).unwrap_err();
         let msg = err.to_string();
         assert!(matches!(err, ImportError::NotSupported { .. }), "{msg}");
-        assert!(msg.contains(name) && !msg.contains("invalid model"), "{msg}");
+        assert!(
+            msg.contains(name) && !msg.contains("invalid model"),
+            "{msg}"
+        );
     }
 }

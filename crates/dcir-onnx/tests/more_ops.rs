@@ -6,130 +6,11 @@
 use dcir_interp::io::bind_inputs;
 use dcir_interp::{Tensor, run_graph};
 use dcir_ir::{DType, TensorType, verify_module};
-use dcir_onnx::proto::{
-    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
-    TensorShapeProto, TypeProto, ValueInfoProto, tensor_shape_proto, type_proto,
-};
+use dcir_onnx::proto::AttributeProto;
 use dcir_onnx::{ImportOptions, import_bytes};
-use prost::Message;
 
-const FLOAT: i32 = 1;
-const INT64: i32 = 7;
-
-fn value_info(name: &str, elem: i32, dims: &[usize]) -> ValueInfoProto {
-    let dim = dims
-        .iter()
-        .map(|&d| tensor_shape_proto::Dimension {
-            value: Some(tensor_shape_proto::dimension::Value::DimValue(d as i64)),
-            ..Default::default()
-        })
-        .collect();
-    ValueInfoProto {
-        name: Some(name.to_string()),
-        r#type: Some(TypeProto {
-            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: Some(elem),
-                shape: Some(TensorShapeProto { dim }),
-            })),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-fn tensor_f(dims: &[usize], v: &[f32]) -> TensorProto {
-    TensorProto {
-        dims: dims.iter().map(|&d| d as i64).collect(),
-        data_type: Some(FLOAT),
-        float_data: v.to_vec(),
-        ..Default::default()
-    }
-}
-
-fn tensor_i(dims: &[usize], v: &[i64]) -> TensorProto {
-    TensorProto {
-        dims: dims.iter().map(|&d| d as i64).collect(),
-        data_type: Some(INT64),
-        int64_data: v.to_vec(),
-        ..Default::default()
-    }
-}
-
-fn a_str(name: &str, v: &str) -> AttributeProto {
-    AttributeProto {
-        name: Some(name.to_string()),
-        r#type: Some(3),
-        s: Some(v.as_bytes().to_vec()),
-        ..Default::default()
-    }
-}
-
-fn a_int(name: &str, v: i64) -> AttributeProto {
-    AttributeProto {
-        name: Some(name.to_string()),
-        r#type: Some(2),
-        i: Some(v),
-        ..Default::default()
-    }
-}
-
-fn a_ints(name: &str, v: &[i64]) -> AttributeProto {
-    AttributeProto {
-        name: Some(name.to_string()),
-        r#type: Some(7),
-        ints: v.to_vec(),
-        ..Default::default()
-    }
-}
-
-fn node(op: &str, inputs: &[&str], output: &str, attrs: Vec<AttributeProto>) -> NodeProto {
-    NodeProto {
-        op_type: Some(op.to_string()),
-        name: Some(format!("{op}_{output}")),
-        input: inputs.iter().map(|s| s.to_string()).collect(),
-        output: vec![output.to_string()],
-        attribute: attrs,
-        ..Default::default()
-    }
-}
-
-fn constant(output: &str, t: TensorProto) -> NodeProto {
-    let attr = AttributeProto {
-        name: Some("value".to_string()),
-        r#type: Some(4),
-        t: Some(t),
-        ..Default::default()
-    };
-    node("Constant", &[], output, vec![attr])
-}
-
-fn model(
-    opset: i64,
-    nodes: Vec<NodeProto>,
-    inputs: &[(&str, &[usize])],
-    out: (&str, &[usize]),
-) -> Vec<u8> {
-    let graph = GraphProto {
-        name: Some("g".to_string()),
-        node: nodes,
-        input: inputs
-            .iter()
-            .map(|(n, d)| value_info(n, FLOAT, d))
-            .collect(),
-        output: vec![value_info(out.0, FLOAT, out.1)],
-        ..Default::default()
-    };
-    ModelProto {
-        ir_version: Some(8),
-        opset_import: vec![OperatorSetIdProto {
-            domain: Some(String::new()),
-            version: Some(opset),
-        }],
-        graph: Some(graph),
-        ..Default::default()
-    }
-    .encode_to_vec()
-}
+mod common;
+use common::*;
 
 /// Imports `bytes`, runs it on `inputs` (f32, in graph input order) and
 /// returns the single output.
@@ -618,26 +499,13 @@ fn comparisons_logic_and_where_run_on_run_time_values() {
 }
 
 #[test]
-fn integer_mod_follows_fmod() {
-    // The ONNX operator document's example, on run-time values.
+fn integer_mod_on_run_time_values_follows_fmod() {
+    // The ONNX operator document's example, on run-time values (the folded
+    // form is in dropout_mod.rs).
     let int_model = |fmod: i64| {
-        let graph = GraphProto {
-            name: Some("g".to_string()),
-            node: vec![node("Mod", &["x", "y"], "out", vec![a_int("fmod", fmod)])],
-            input: vec![value_info("x", INT64, &[6]), value_info("y", INT64, &[6])],
-            output: vec![value_info("out", INT64, &[6])],
-            ..Default::default()
-        };
-        ModelProto {
-            ir_version: Some(8),
-            opset_import: vec![OperatorSetIdProto {
-                domain: Some(String::new()),
-                version: Some(17),
-            }],
-            graph: Some(graph),
-            ..Default::default()
-        }
-        .encode_to_vec()
+        let nodes = vec![node("Mod", &["x", "y"], "out", vec![a_int("fmod", fmod)])];
+        let io = [("x", INT64, &[6][..]), ("y", INT64, &[6][..])];
+        model_typed(17, nodes, &io, &[("out", INT64, &[6])])
     };
     for (fmod, expected) in [(0, [0, -2, 5, 0, 2, 3]), (1, [0, 1, 5, 0, -1, 3])] {
         let imported = import_bytes(&int_model(fmod), &ImportOptions::default()).unwrap();
@@ -655,12 +523,6 @@ fn integer_mod_follows_fmod() {
 
 #[test]
 fn activations_follow_their_onnx_formulas() {
-    let a_float = |name: &str, v: f32| AttributeProto {
-        name: Some(name.to_string()),
-        r#type: Some(1),
-        f: Some(v),
-        ..Default::default()
-    };
     let x = ramp(12, 0.75);
     let softplus = |x: f64| (x.exp() + 1.0).ln();
     type Case = (&'static str, Vec<AttributeProto>, Box<dyn Fn(f64) -> f64>);
@@ -787,23 +649,8 @@ fn derived_reductions() {
         close(&out, &[3], &expected);
     }
     // An integer minimum keeps the dtype's minimum (no overflow on the way).
-    let graph = GraphProto {
-        name: Some("g".to_string()),
-        node: vec![node("ReduceMin", &["x"], "out", vec![a_int("keepdims", 0)])],
-        input: vec![value_info("x", INT64, &[4])],
-        output: vec![value_info("out", INT64, &[])],
-        ..Default::default()
-    };
-    let bytes = ModelProto {
-        ir_version: Some(8),
-        opset_import: vec![OperatorSetIdProto {
-            domain: Some(String::new()),
-            version: Some(18),
-        }],
-        graph: Some(graph),
-        ..Default::default()
-    }
-    .encode_to_vec();
+    let nodes = vec![node("ReduceMin", &["x"], "out", vec![a_int("keepdims", 0)])];
+    let bytes = model_typed(18, nodes, &[("x", INT64, &[4])], &[("out", INT64, &[])]);
     let imported = import_bytes(&bytes, &ImportOptions::default()).unwrap();
     let g = &imported.module.graphs[0];
     let xs = Tensor::from_i64(TensorType::new(DType::I64, vec![4]), &[5, i64::MIN, 7, -3]).unwrap();
@@ -929,36 +776,23 @@ fn instance_and_group_normalization() {
     );
     close(&out, &[2, 4, 3], &reference(4, false));
     // Opset 21: scale and bias per channel; opset 18: per group.
-    let nodes = vec![
-        constant("s", tensor_f(&[4], &scale)),
-        constant("b", tensor_f(&[4], &bias)),
-        node(
-            "GroupNormalization",
-            &["x", "s", "b"],
-            "out",
-            vec![a_int("num_groups", 2)],
-        ),
-    ];
-    let out = run(
-        &model(21, nodes, &[("x", &[2, 4, 3])], ("out", &[2, 4, 3])),
-        &[("x", &[2, 4, 3], x.clone())],
-    );
-    close(&out, &[2, 4, 3], &reference(2, false));
-    let nodes = vec![
-        constant("s", tensor_f(&[2], &scale[..2])),
-        constant("b", tensor_f(&[2], &bias[..2])),
-        node(
-            "GroupNormalization",
-            &["x", "s", "b"],
-            "out",
-            vec![a_int("num_groups", 2)],
-        ),
-    ];
-    let out = run(
-        &model(18, nodes, &[("x", &[2, 4, 3])], ("out", &[2, 4, 3])),
-        &[("x", &[2, 4, 3], x.clone())],
-    );
-    close(&out, &[2, 4, 3], &reference(2, true));
+    for (opset, len, per_group) in [(21, 4, false), (18, 2, true)] {
+        let nodes = vec![
+            constant("s", tensor_f(&[len], &scale[..len])),
+            constant("b", tensor_f(&[len], &bias[..len])),
+            node(
+                "GroupNormalization",
+                &["x", "s", "b"],
+                "out",
+                vec![a_int("num_groups", 2)],
+            ),
+        ];
+        let out = run(
+            &model(opset, nodes, &[("x", &[2, 4, 3])], ("out", &[2, 4, 3])),
+            &[("x", &[2, 4, 3], x.clone())],
+        );
+        close(&out, &[2, 4, 3], &reference(2, per_group));
+    }
 }
 
 #[test]
@@ -1073,20 +907,11 @@ fn resize_nearest_and_linear() {
     let x = ramp(12, 1.0); // [1, 1, 3, 4]
     let at = |r: i64, c: i64| f64::from(x[(r.clamp(0, 2) * 4 + c.clamp(0, 3)) as usize]);
     let f32s = |name: &str, v: &[f32]| constant(name, tensor_f(&[v.len()], v));
-    let s = |name: &str| AttributeProto {
-        name: Some(name.to_string()),
-        r#type: Some(3),
-        s: Some(match name {
-            "mode" => b"linear".to_vec(),
-            _ => b"align_corners".to_vec(),
-        }),
-        ..Default::default()
-    };
     // Bilinear by sizes, half_pixel (the default) and align_corners.
     for align in [false, true] {
-        let mut attrs = vec![s("mode")];
+        let mut attrs = vec![a_str("mode", "linear")];
         if align {
-            attrs.push(s("coordinate_transformation_mode"));
+            attrs.push(a_str("coordinate_transformation_mode", "align_corners"));
         }
         let nodes = vec![
             constant("sizes", tensor_i(&[4], &[1, 1, 5, 7])),
