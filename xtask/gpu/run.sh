@@ -19,6 +19,10 @@
 #   zoo-peers PyTorch eager (or torch.compile with ZOO_COMPILE=1, ZOO_PEERS_JOBS
 #             compiling at once, 8) on the zoo models, batch 1, f32 and f16
 #             (ZOO_PEERS_DTYPES), ZOO_ONLY for some (zoo_peers.py) into zoo_peers.log
+#   onnx-node the passing ONNX node tests (the bundle's onnx-node/, written by
+#             the node-test harness) through dcir-run --backend cuda --check
+#             on the tests' own inputs, NODE_JOBS at once (8); one line per
+#             test in onnx_node.log
 #   variants  hand-set kernel variants (examples/data/variants_*.dcir) checked
 #             and timed, to fit the cost model
 #   profile   per-kernel times of ResNet-50 f16, MobileNetV2 f16, the BERT
@@ -122,6 +126,28 @@ zoo() {
     summary+=("zoo: $(grep -c ' PASS' "$OUT/zoo.log") PASS, $(grep -c ' FAIL' "$OUT/zoo.log") FAIL (zoo.log)")
 }
 
+# One node test: `node_one NAME` prints `NAME PASS` or `NAME FAIL first error line`.
+node_one() {
+    local n=$1 log=$OUT/onnx_node/$1.log
+    if timeout 120 "$B/dcir-run" "$B/onnx-node/$n.dcir" --inputs "$B/onnx-node/$n.safetensors" \
+        --backend cuda --check >"$log" 2>&1; then
+        echo "$n PASS"
+    else
+        echo "$n FAIL $(grep -m1 -iE 'error|mismatch|fail' "$log" | head -c 200)"
+    fi
+}
+
+onnx_node() {
+    mkdir -p "$OUT/onnx_node"
+    builtin export -f node_one
+    builtin export B OUT
+    ls "$B/onnx-node" | sed -n 's/\.dcir$//p' |
+        xargs -P "${NODE_JOBS:-8}" -L 1 bash -c 'node_one "$0"' | sort >"$OUT/onnx_node.log"
+    grep -q FAIL "$OUT/onnx_node.log" && status=1
+    summary+=("onnx-node: $(grep -c ' PASS' "$OUT/onnx_node.log") PASS, $(grep -c ' FAIL' "$OUT/onnx_node.log") FAIL (onnx_node.log)")
+    grep ' FAIL' "$OUT/onnx_node.log" | head -20
+}
+
 zoo_peers() {
     # shellcheck disable=SC2046 # the flag is one word or none
     timeout "${ZOO_PEERS_TIMEOUT:-540}" python3 "$B/zoo_peers.py" $([ "${ZOO_COMPILE:-0}" = 1 ] && echo --compile) \
@@ -202,6 +228,7 @@ for step in "$@"; do
     case $step in
         kernels|examples|export|models|zoo|variants|profile|ncu|perf|peers|suite|sanitize|test) $step ;;
         zoo-peers) zoo_peers ;;
+        onnx-node) onnx_node ;;
         *) echo "unknown step $step"; exit 2 ;;
     esac
 done

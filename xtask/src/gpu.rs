@@ -3,7 +3,8 @@
 //! The device machine has CUDA but no Rust: this builds the release drivers
 //! and `kernel_check` here, strips them (the device tool carries at most
 //! 64 MiB), and copies them with the scripts of `xtask/gpu/` into
-//! `target/gpu/`, with the GPU test binary `gpu_check`. Then, with the device tool, from the repository root:
+//! `target/gpu/`, with the GPU test binary `gpu_check` and the passing ONNX
+//! node tests (`onnx-node/`, graphs and inputs; needs `onnx` installed). Then, with the device tool, from the repository root:
 //! `run(carry = ["target/gpu"], command = "bash target/gpu/run.sh kernels examples perf peers")`.
 
 use std::fs;
@@ -60,6 +61,17 @@ pub fn run() -> Result<()> {
     let to = bundle.join("gpu_check");
     fs::copy(&executable, &to).with_context(|| format!("cannot copy {executable}"))?;
     crate::run_checked(Command::new("strip").arg(&to))?;
+    // The passing ONNX node tests, as graphs and inputs for `run.sh onnx-node`.
+    let nodes = bundle.join("onnx-node");
+    if nodes.exists() {
+        fs::remove_dir_all(&nodes).with_context(|| format!("cannot clear {}", nodes.display()))?;
+    }
+    crate::run_checked(
+        crate::cargo()
+            .args(["test", "--release", "-p", "dcir-cli", "--test", "onnx_node"])
+            .env("DCIR_ONNX_NODE_EXPORT", &nodes)
+            .env("DCIR_REQUIRE_ONNX_TESTS", "1"),
+    )?;
     for script in SCRIPTS {
         let from = crate::workspace_root().join("xtask/gpu").join(script);
         fs::copy(&from, bundle.join(script))

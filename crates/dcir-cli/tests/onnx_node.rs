@@ -25,6 +25,12 @@
 //! `SKIP: ...`, and fails under `CI=true` or `DCIR_REQUIRE_ONNX_TESTS=1`.
 //! `DCIR_ONNX_NODE_ONLY=substring` runs only the tests whose name contains it
 //! (a quicker look; the document is then not checked).
+//!
+//! `DCIR_ONNX_NODE_EXPORT=DIR` also writes each passing test's graph as
+//! `DIR/NAME.dcir` and its parameters' values (the test's inputs and the
+//! model's initializers) as `DIR/NAME.safetensors`, for the GPU machine's
+//! `run.sh onnx-node` step (`dcir-run NAME.dcir --inputs NAME.safetensors
+//! --backend cuda --check`); `cargo xtask gpu-bundle` sets it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -365,9 +371,40 @@ fn run_case(dir: &Path) -> Ran {
         }
     }
     match lower(graph) {
-        Ok(kernels) => (Outcome::Pass, String::new(), kernels),
+        Ok(kernels) => match export(dir, &imported.module, &args) {
+            Ok(()) => (Outcome::Pass, String::new(), kernels),
+            Err(e) => (Outcome::Crash, format!("export: {e}"), Vec::new()),
+        },
         Err(e) => (Outcome::EmitFail, e, Vec::new()),
     }
+}
+
+/// Under `DCIR_ONNX_NODE_EXPORT=DIR`, writes the test's module to
+/// `DIR/NAME.dcir` and the values of its graph's parameters (`args`, in
+/// parameter order) to `DIR/NAME.safetensors`, under the parameters' names.
+fn export(dir: &Path, module: &dcir_ir::Module, args: &[Tensor]) -> Result<(), String> {
+    let Some(out) = std::env::var_os("DCIR_ONNX_NODE_EXPORT") else {
+        return Ok(());
+    };
+    let out = PathBuf::from(out);
+    let name = file_name(dir);
+    let graph = &module.graphs[0];
+    let named: Vec<(String, Tensor)> = graph
+        .params()
+        .iter()
+        .map(|&p| graph.value(p).name.clone())
+        .zip(args.iter().cloned())
+        .collect();
+    let values = dcir_interp::io::write_safetensors(&named).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let write = |file: PathBuf, bytes: &[u8]| {
+        std::fs::write(&file, bytes).map_err(|e| format!("{}: {e}", file.display()))
+    };
+    write(
+        out.join(format!("{name}.dcir")),
+        dcir_ir::print_module(module).as_bytes(),
+    )?;
+    write(out.join(format!("{name}.safetensors")), &values)
 }
 
 /// Fuses `graph` for the CUDA target and lowers every group.
