@@ -896,6 +896,7 @@ pub(super) fn is_anchor(kind: OpKind) -> bool {
             | ReduceSum
             | ReduceMean
             | ReduceMax
+            | ReduceProd
             | GlobalAvgpool
             | Maxpool2d
             | Avgpool2d

@@ -120,7 +120,7 @@ impl Depthwise {
             c,
             channels,
             mult: channels / c,
-            win: Window::new(&data.attrs, [kh, kw], true, [h, wi], [oh, ow]),
+            win: Window::new(&data.attrs, [kh, kw], [h, wi], [oh, ow]),
         })
     }
 

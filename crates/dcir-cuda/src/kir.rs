@@ -364,6 +364,8 @@ pub enum Helper {
     Gelu,
     /// `dcir_sigmoid`.
     Sigmoid,
+    /// `dcir_ipow`: integer `a ^ b` (wrapping; the truncated real result for `b < 0`).
+    IntPow,
     /// Shared-memory addressing and asynchronous copies (inline PTX):
     /// `dcir_smem_u32` (a shared pointer's 32-bit address), `dcir_st_shared16`
     /// (a 16-byte store at one), `dcir_cp_async16` (`cp.async.cg` of 16 bytes,

@@ -726,6 +726,10 @@ impl<'g> Lower<'g> {
                 Ok(call(name, vec![typed(a), typed(b)]))
             }
             OpKind::Pow if float => Ok(call("powf", vec![a, b])),
+            OpKind::Pow => {
+                self.helpers.insert(Helper::IntPow);
+                Ok(call("dcir_ipow", vec![a, b]))
+            }
             other => Err(self.unsupported(Reason::DType { op: other, dtype })),
         }
     }
@@ -1366,6 +1370,7 @@ fn find_reduction(l: &Lower, op: OpId) -> Result<(OpId, Rows)> {
                     | OpKind::ReduceSum
                     | OpKind::ReduceMean
                     | OpKind::ReduceMax
+                    | OpKind::ReduceProd
                     | OpKind::GlobalAvgpool
             )
         })
@@ -1385,19 +1390,27 @@ fn find_reduction(l: &Lower, op: OpId) -> Result<(OpId, Rows)> {
     Ok((r, rows))
 }
 
-/// What a reduction pass accumulates over elements of `dtype`: a sum or a
-/// maximum, in `f32` (floats) or `long long` (integers, wrapping as the
-/// interpreter does).
+/// How a reduction pass combines elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Combine {
+    Sum,
+    Max,
+    Prod,
+}
+
+/// What a reduction pass accumulates over elements of `dtype`: a sum, a
+/// maximum or a product, in `f32` (floats) or `long long` (integers,
+/// wrapping as the interpreter does).
 #[derive(Clone, Copy, Debug)]
 struct Accumulator {
-    max: bool,
+    combine: Combine,
     dtype: DType,
 }
 
 impl Accumulator {
-    fn float(max: bool) -> Accumulator {
+    fn float(combine: Combine) -> Accumulator {
         Accumulator {
-            max,
+            combine,
             dtype: DType::F32,
         }
     }
@@ -1414,25 +1427,34 @@ impl Accumulator {
     /// The identity of the combination (an empty maximum is the dtype's
     /// lowest value, as the interpreter's).
     fn init(self) -> Expr {
-        match (self.max, self.ty()) {
-            (true, Ty::F32) => Expr::F32(f32::NEG_INFINITY),
-            (false, Ty::F32) => Expr::F32(0.0),
-            (true, _) if self.dtype == DType::I32 => int(i64::from(i32::MIN)),
-            (true, _) => int(i64::MIN),
-            (false, _) => int(0),
+        let float = self.ty() == Ty::F32;
+        match self.combine {
+            Combine::Max if float => Expr::F32(f32::NEG_INFINITY),
+            Combine::Max if self.dtype == DType::I32 => int(i64::from(i32::MIN)),
+            Combine::Max => int(i64::MIN),
+            Combine::Sum if float => Expr::F32(0.0),
+            Combine::Sum => int(0),
+            Combine::Prod if float => Expr::F32(1.0),
+            Combine::Prod => int(1),
         }
     }
 
     /// `a` combined with `b` (NaN-propagating for a float maximum).
     fn combine(self, l: &mut Lower, a: Expr, b: Expr) -> Expr {
-        match (self.max, self.ty()) {
-            (true, Ty::F32) => {
+        let ty = self.ty();
+        let b = if ty == Ty::F32 {
+            b
+        } else {
+            Expr::Cast(ty, Box::new(b))
+        };
+        match self.combine {
+            Combine::Max if ty == Ty::F32 => {
                 l.helpers.insert(Helper::NanMinMax);
                 call("dcir_max", vec![a, b])
             }
-            (false, Ty::F32) => bin(BinOp::Add, a, b),
-            (true, ty) => call("max", vec![a, Expr::Cast(ty, Box::new(b))]),
-            (false, ty) => bin(BinOp::Add, a, Expr::Cast(ty, Box::new(b))),
+            Combine::Max => call("max", vec![a, b]),
+            Combine::Sum => bin(BinOp::Add, a, b),
+            Combine::Prod => bin(BinOp::Mul, a, b),
         }
     }
 }
@@ -1657,7 +1679,7 @@ fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
                 l,
                 &mut body,
                 "row_max",
-                Accumulator::float(true),
+                Accumulator::float(Combine::Max),
                 &identity,
                 false,
             )?;
@@ -1668,7 +1690,7 @@ fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
                 l,
                 &mut body,
                 "row_sum",
-                Accumulator::float(false),
+                Accumulator::float(Combine::Sum),
                 &sub_exp,
                 false,
             )?;
@@ -1689,7 +1711,7 @@ fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
                 l,
                 &mut body,
                 "row_sum",
-                Accumulator::float(false),
+                Accumulator::float(Combine::Sum),
                 &identity,
                 false,
             )?;
@@ -1709,7 +1731,7 @@ fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
                 l,
                 &mut body,
                 "row_sq",
-                Accumulator::float(false),
+                Accumulator::float(Combine::Sum),
                 &centered,
                 false,
             )?;
@@ -1735,7 +1757,11 @@ fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
         }
         _ => {
             let how = Accumulator {
-                max: rkind == OpKind::ReduceMax,
+                combine: match rkind {
+                    OpKind::ReduceMax => Combine::Max,
+                    OpKind::ReduceProd => Combine::Prod,
+                    _ => Combine::Sum,
+                },
                 dtype: g.ty(x).dtype,
             };
             pass(l, &mut body, "row_acc", how, &identity, true)?;

@@ -25,7 +25,7 @@ use dcir_fusion::Reason;
 use dcir_ir::{Attr, Attrs, OpId, OpKind, ValueId};
 
 use super::{
-    Accumulator, EmitError, Index, Lower, Reduced, attr_int, global_thread, grid_stride,
+    Accumulator, Combine, EmitError, Index, Lower, Reduced, attr_int, global_thread, grid_stride,
     kernel_name, params, store, yields,
 };
 use crate::kir::{
@@ -54,15 +54,9 @@ pub(super) struct Window {
 }
 
 impl Window {
-    /// The window of an op with `stride`, `pad` and (when `dilated`)
-    /// `dilation` attributes (defaults where absent).
-    pub fn new(
-        attrs: &Attrs,
-        kernel: [usize; 2],
-        dilated: bool,
-        input: [usize; 2],
-        output: [usize; 2],
-    ) -> Window {
+    /// The window of an op with `stride`, `pad` and `dilation` attributes
+    /// (defaults where absent).
+    pub fn new(attrs: &Attrs, kernel: [usize; 2], input: [usize; 2], output: [usize; 2]) -> Window {
         let pair = |name: &str, default: usize| -> [usize; 2] {
             match attrs.ints(name) {
                 Some(v) if v.len() >= 2 => [v[0].max(0) as usize, v[1].max(0) as usize],
@@ -73,7 +67,7 @@ impl Window {
             kernel,
             stride: pair("stride", 1),
             pad: pair("pad", 0),
-            dilation: if dilated { pair("dilation", 1) } else { [1, 1] },
+            dilation: pair("dilation", 1),
             input,
             output,
         }
@@ -273,7 +267,7 @@ pub(super) fn pool(l: &mut Lower, op: OpId) -> Result<Kernel> {
     let (x_dims, out_dims) = (g.ty(x).dims().to_vec(), g.ty(pooled).dims().to_vec());
     // Maximum over integers in `long long` (the verifier allows no integer average).
     let how = Accumulator {
-        max: maxpool,
+        combine: if maxpool { Combine::Max } else { Combine::Sum },
         dtype,
     };
     let (&[_, c, h, w], &[n, _, oh, ow]) = (&x_dims[..], &out_dims[..]) else {
@@ -283,8 +277,7 @@ pub(super) fn pool(l: &mut Lower, op: OpId) -> Result<Kernel> {
         Some(&[kh, kw]) if kh > 0 && kw > 0 => [kh as usize, kw as usize],
         _ => return Err(l.unsupported("a pool without a [kh, kw] kernel")),
     };
-    // The interpreter dilates max windows only.
-    let win = Window::new(&data.attrs, kernel, maxpool, [h, w], [oh, ow]);
+    let win = Window::new(&data.attrs, kernel, [h, w], [oh, ow]);
     let count_pad = !maxpool && data.attrs.get("count_include_pad") == Some(&Attr::Bool(true));
     let tainted = per_element_after(l, op, pooled, None, data.kind.name())?;
     let total = n * c * oh * ow;
@@ -435,12 +428,14 @@ pub(super) fn pool(l: &mut Lower, op: OpId) -> Result<Kernel> {
         win.stride[1],
         win.pad[0],
         win.pad[1],
-        if maxpool {
-            format!(" dilation {}x{}", win.dilation[0], win.dilation[1])
-        } else if count_pad {
-            ", padding counted".into()
-        } else {
-            String::new()
+        match (maxpool || win.dilation != [1, 1], count_pad) {
+            (true, false) => format!(" dilation {}x{}", win.dilation[0], win.dilation[1]),
+            (true, true) => format!(
+                " dilation {}x{}, padding counted",
+                win.dilation[0], win.dilation[1]
+            ),
+            (false, true) => ", padding counted".into(),
+            (false, false) => String::new(),
         },
     );
     Ok(Kernel {

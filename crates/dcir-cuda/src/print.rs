@@ -82,6 +82,11 @@ __device__ __forceinline__ float dcir_gelu_tanh(float x) {
         Helper::Sigmoid => {
             "__device__ __forceinline__ float dcir_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }\n"
         }
+        Helper::IntPow => {
+            "// a ^ b by squaring, wrapping (unsigned products); for b < 0 the real result\n\
+// truncated toward zero: 0 unless |a| = 1.\n\
+__device__ __forceinline__ long long dcir_ipow(long long a, long long b) {\n  if (b < 0) return a == 1 ? 1 : a == -1 ? ((b & 1) ? -1 : 1) : 0;\n  unsigned long long base = (unsigned long long)a, acc = 1;\n  while (b > 0) {\n    if (b & 1) acc *= base;\n    base *= base;\n    b >>= 1;\n  }\n  return (long long)acc;\n}\n"
+        }
         Helper::CpAsync => {
             "__device__ __forceinline__ unsigned dcir_smem_u32(const void* p) {\n  unsigned a;\n  asm(\"{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }\" : \"=r\"(a) : \"l\"(p));\n  return a;\n}\n\
 __device__ __forceinline__ void dcir_st_shared16(unsigned addr, uint4 v) {\n  asm volatile(\"st.shared.v4.b32 [%0], {%1, %2, %3, %4};\" :: \"r\"(addr), \"r\"(v.x), \"r\"(v.y), \"r\"(v.z), \"r\"(v.w) : \"memory\");\n}\n\

@@ -49,7 +49,7 @@ pub fn mapping(kind: OpKind) -> Mapping {
     match kind {
         Broadcast | Gather => Mapping::OneToMany,
         Conv2d | Matmul | Maxpool2d | Avgpool2d | GlobalAvgpool | ReduceSum | ReduceMean
-        | ReduceMax | Softmax | Layernorm => Mapping::ManyToMany,
+        | ReduceMax | ReduceProd | Softmax | Layernorm => Mapping::ManyToMany,
         Reshape | Slice | Concat | Pad => Mapping::Reorganize,
         Transpose => Mapping::Shuffle,
         Constant => Mapping::Source,
@@ -62,7 +62,9 @@ pub fn role(kind: OpKind) -> Role {
     use OpKind::*;
     match kind {
         Conv2d | Matmul => Role::Contraction,
-        Softmax | Layernorm | ReduceSum | ReduceMean | ReduceMax | GlobalAvgpool => Role::Reduction,
+        Softmax | Layernorm | ReduceSum | ReduceMean | ReduceMax | ReduceProd | GlobalAvgpool => {
+            Role::Reduction
+        }
         Maxpool2d | Avgpool2d => Role::Pool,
         Constant => Role::Constant,
         Fused | Return | Yield => Role::Structural,

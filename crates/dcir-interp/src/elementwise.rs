@@ -214,6 +214,7 @@ pub(crate) fn binary(kind: OpKind, a: &Tensor, b: &Tensor, ty: &TensorType) -> K
         Div => i64::wrapping_div,
         Max => std::cmp::max,
         Min => std::cmp::min,
+        Pow => int_pow,
         _ => unreachable!("{kind:?} is not an integer binary op"),
     };
     // The result of i32 operands computed in i64 and wrapped to 32 bits is
@@ -222,6 +223,29 @@ pub(crate) fn binary(kind: OpKind, a: &Tensor, b: &Tensor, ty: &TensorType) -> K
         ty.clone(),
         TensorData::from_i64(ty.dtype, &zip_map(&x, &y, f)),
     ))
+}
+
+/// `a ^ b` on integers: wrapping; with `b < 0` the real result truncated
+/// toward zero (`0` unless `|a| = 1`; `0` for `a = 0`). The emitter's
+/// `dcir_ipow` computes the same.
+fn int_pow(a: i64, b: i64) -> i64 {
+    if b < 0 {
+        return match a {
+            1 => 1,
+            -1 if b % 2 == 0 => 1,
+            -1 => -1,
+            _ => 0,
+        };
+    }
+    let (mut base, mut e, mut acc) = (a, b, 1i64);
+    while e > 0 {
+        if e & 1 == 1 {
+            acc = acc.wrapping_mul(base);
+        }
+        base = base.wrapping_mul(base);
+        e >>= 1;
+    }
+    acc
 }
 
 /// The unary functions.

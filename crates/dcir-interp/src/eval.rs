@@ -105,7 +105,7 @@ fn kernel(kind: OpKind, attrs: &Attrs, ops: &[&Tensor], ty: &TensorType) -> KRes
         Concat => layout::concat(attrs, ops, ty),
         Pad => layout::pad(attrs, ops[0], ty),
         Gather => layout::gather(attrs, ops[0], ops[1], ty),
-        ReduceSum | ReduceMean | ReduceMax => nn::reduce(kind, attrs, ops[0], ty),
+        ReduceSum | ReduceMean | ReduceMax | ReduceProd => nn::reduce(kind, attrs, ops[0], ty),
         Softmax => nn::softmax(attrs, ops[0], ty),
         Layernorm => nn::layernorm(attrs, ops[0], ops[1], ops[2], ty),
         Batchnorm => nn::batchnorm(attrs, ops, ty),

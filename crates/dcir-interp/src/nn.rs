@@ -38,7 +38,7 @@ fn int_min(dtype: DType) -> i64 {
     }
 }
 
-/// `reduce_sum`, `reduce_mean`, `reduce_max` over `axes`.
+/// `reduce_sum`, `reduce_mean`, `reduce_max`, `reduce_prod` over `axes`.
 pub(crate) fn reduce(kind: OpKind, attrs: &Attrs, x: &Tensor, ty: &TensorType) -> KResult<Tensor> {
     let axes = ints_attr(attrs, "axes")?;
     let dims = x.dims();
@@ -58,6 +58,7 @@ pub(crate) fn reduce(kind: OpKind, attrs: &Attrs, x: &Tensor, ty: &TensorType) -
         let v = x.data().to_i64();
         let (init, f): (i64, fn(i64, i64) -> i64) = match kind {
             OpKind::ReduceMax => (int_min(ty.dtype), std::cmp::max),
+            OpKind::ReduceProd => (1, i64::wrapping_mul),
             _ => (0, i64::wrapping_add),
         };
         let mut acc = vec![init; out_len];
@@ -76,6 +77,12 @@ pub(crate) fn reduce(kind: OpKind, attrs: &Attrs, x: &Tensor, ty: &TensorType) -
             acc[t] = max_nan(acc[t], x);
         }
         acc
+    } else if kind == OpKind::ReduceProd {
+        let mut acc = vec![1.0f64; out_len];
+        for (&t, &x) in target.iter().zip(v.iter()) {
+            acc[t] *= f64::from(x);
+        }
+        acc.iter().map(|&p| p as f32).collect()
     } else {
         let mut acc = vec![0.0f64; out_len];
         for (&t, &x) in target.iter().zip(v.iter()) {
@@ -175,17 +182,13 @@ struct Window {
 }
 
 impl Window {
-    fn new(attrs: &Attrs, dilated: bool) -> KResult<Window> {
-        let (k, s, p) = (
+    fn new(attrs: &Attrs) -> KResult<Window> {
+        let (k, s, p, d) = (
             ints_attr(attrs, "kernel")?,
             ints_attr(attrs, "stride")?,
             ints_attr(attrs, "pad")?,
+            ints_attr(attrs, "dilation")?,
         );
-        let d = if dilated {
-            ints_attr(attrs, "dilation")?
-        } else {
-            vec![1, 1]
-        };
         Ok(Window {
             kernel: [k[0], k[1]],
             stride: [s[0], s[1]],
@@ -212,7 +215,7 @@ impl Window {
 /// `maxpool2d` (padding never wins) and `avgpool2d`.
 pub(crate) fn pool(kind: OpKind, attrs: &Attrs, x: &Tensor, ty: &TensorType) -> KResult<Tensor> {
     let maxpool = kind == OpKind::Maxpool2d;
-    let win = Window::new(attrs, maxpool)?;
+    let win = Window::new(attrs)?;
     let [_, _, h, w] = dims4(x.dims());
     let [n, c, oh, ow] = dims4(ty.dims());
     if !ty.dtype.is_float() {

@@ -276,6 +276,11 @@ const AVGPOOL_ATTRS: &[AttrSpec] = &[
         "[top, left, bottom, right], each >= 0 and < kernel"
     ),
     attr!(
+        "dilation",
+        Ints = AttrDefault::Ints(&[1, 1]),
+        "[dh, dw], each > 0: taps dilation apart"
+    ),
+    attr!(
         "count_include_pad",
         Bool = AttrDefault::Bool(false),
         "divide by the full window, padding included"
@@ -346,7 +351,7 @@ ops! {
     /// Elementwise minimum.
     Min = "min", Exactly(2), Exactly(1), NO_ATTRS, Inferred, "elementwise min(a, b) (same types)";
     /// Elementwise power.
-    Pow = "pow", Exactly(2), Exactly(1), NO_ATTRS, Inferred, "elementwise a ^ b (float types)";
+    Pow = "pow", Exactly(2), Exactly(1), NO_ATTRS, Inferred, "elementwise a ^ b; on integers wrapping, and with b < 0 the truncated real result (0 unless |a| = 1)";
     /// `max(x, 0)`.
     Relu = "relu", Exactly(1), Exactly(1), NO_ATTRS, Inferred, "max(x, 0)";
     /// `min(max(x, min), max)`.
@@ -433,6 +438,8 @@ ops! {
     ReduceMean = "reduce_mean", Exactly(1), Exactly(1), REDUCE_ATTRS, Inferred, "mean over axes";
     /// Maximum over axes.
     ReduceMax = "reduce_max", Exactly(1), Exactly(1), REDUCE_ATTRS, Inferred, "maximum over axes";
+    /// Product over axes (an integer product wraps).
+    ReduceProd = "reduce_prod", Exactly(1), Exactly(1), REDUCE_ATTRS, Inferred, "product over axes";
     /// Softmax along one axis.
     Softmax = "softmax", Exactly(1), Exactly(1), SOFTMAX_ATTRS, Inferred, "exp(x - max) / sum(exp(x - max)) along axis";
     /// Layer normalization over the trailing dims.

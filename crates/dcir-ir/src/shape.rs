@@ -236,11 +236,7 @@ fn infer(kind: OpKind, attrs: &Attrs, ops: &[&TensorType]) -> Result<Vec<TensorT
     match kind {
         Add | Sub | Mul | Div | Max | Min | Pow => {
             same_operands(kind, ops[0], ops[1])?;
-            if kind == Pow {
-                need_float(ops[0], kind)?;
-            } else {
-                need_numeric(ops[0], kind)?;
-            }
+            need_numeric(ops[0], kind)?;
             one(ops[0].clone())
         }
         Mod => {
@@ -377,7 +373,7 @@ fn infer(kind: OpKind, attrs: &Attrs, ops: &[&TensorType]) -> Result<Vec<TensorT
             dims.extend_from_slice(&data.dims()[axis + 1..]);
             one(TensorType::new(data.dtype, dims))
         }
-        ReduceSum | ReduceMean | ReduceMax => {
+        ReduceSum | ReduceMean | ReduceMax | ReduceProd => {
             need_numeric(ops[0], kind)?;
             if kind == ReduceMean {
                 need_float(ops[0], kind)?;
@@ -615,11 +611,7 @@ fn infer_pool(kind: OpKind, attrs: &Attrs, x: &TensorType) -> Result<Vec<TensorT
     all_positive(kernel, "kernel")?;
     all_positive(stride, "stride")?;
     all_non_negative(pad, "pad")?;
-    let dilation: &[i64] = if kind == OpKind::Maxpool2d {
-        ints(attrs, "dilation")?
-    } else {
-        &[1, 1]
-    };
+    let dilation = ints(attrs, "dilation")?;
     list_len(dilation, 2, "dilation")?;
     all_positive(dilation, "dilation")?;
     for (i, &p) in pad.iter().enumerate() {
@@ -725,12 +717,14 @@ impl Rows {
         let rank = dims.len();
         let index = |v: i64| usize::try_from(v).ok().filter(|&a| a < rank);
         let reduced: Vec<usize> = match kind {
-            OpKind::ReduceSum | OpKind::ReduceMean | OpKind::ReduceMax => attrs
-                .ints("axes")
-                .unwrap_or(&[])
-                .iter()
-                .filter_map(|&a| index(a))
-                .collect(),
+            OpKind::ReduceSum | OpKind::ReduceMean | OpKind::ReduceMax | OpKind::ReduceProd => {
+                attrs
+                    .ints("axes")
+                    .unwrap_or(&[])
+                    .iter()
+                    .filter_map(|&a| index(a))
+                    .collect()
+            }
             OpKind::Softmax => index(attrs.int("axis").unwrap_or(0)).into_iter().collect(),
             OpKind::Layernorm => {
                 let axis = usize::try_from(attrs.int("axis").unwrap_or(0)).unwrap_or(0);

@@ -155,8 +155,10 @@ fn elementwise_binary() {
     let x = t(BF16, &[4]);
     assert_eq!(infer(OpKind::Pow, &[x.clone(), x.clone()], []), x);
     let i = t(I32, &[4]);
-    let g = single(OpKind::Pow, &[i.clone(), i.clone()], [], i);
-    assert_invalid(&g, "`pow` needs a float operand, found i32[4]");
+    assert_eq!(infer(OpKind::Pow, &[i.clone(), i.clone()], []), i);
+    let p = t(Bool, &[4]);
+    let g = single(OpKind::Pow, &[p.clone(), p.clone()], [], p);
+    assert_invalid(&g, "`pow` needs a numeric operand, found bool[4]");
 
     let (a, b) = (t(F32, &[2, 3]), t(F32, &[3, 2]));
     let g = single(OpKind::Add, &[a.clone(), b], [], a.clone());
@@ -1080,12 +1082,20 @@ fn avgpool2d() {
         x.with_dtype(I32),
     );
     assert_invalid(&g, "`avgpool2d` needs a float operand");
+    // Dilated: each window spans (k - 1) * d + 1 inputs.
     let dilated = [("kernel", ints([2, 2])), ("dilation", ints([2, 2]))];
-    let g = single(OpKind::Avgpool2d, &[x.clone()], dilated, x.clone());
-    assert_invalid(
-        &g,
-        "`avgpool2d` has no attribute `dilation` (it has: kernel, stride, pad, count_include_pad)",
+    let out = t(
+        F16,
+        &[x.dims()[0], x.dims()[1], x.dims()[2] - 2, x.dims()[3] - 2],
     );
+    assert_eq!(infer(OpKind::Avgpool2d, &[x.clone()], dilated), out);
+    let g = single(
+        OpKind::Avgpool2d,
+        &[x.clone()],
+        [("kernel", ints([2, 2])), ("dilation", ints([0, 1]))],
+        out,
+    );
+    assert_invalid(&g, "dilation");
     let g = single(
         OpKind::Avgpool2d,
         &[x.clone()],

@@ -281,6 +281,7 @@ const GENERATORS: &[Gen] = {
         Reduce(K::ReduceSum),
         Reduce(K::ReduceMean),
         Reduce(K::ReduceMax),
+        Reduce(K::ReduceProd),
         Softmax,
         Layernorm,
         Batchnorm,
@@ -298,8 +299,8 @@ const GENERATORS: &[Gen] = {
 fn takes(kind: OpKind, dtype: DType) -> bool {
     use OpKind::*;
     match kind {
-        Pow | Gelu | Erf | Tanh | Sigmoid | Exp | Log | Sqrt | Rsqrt | Floor | Ceil | Round
-        | Sin | Cos | IsNan | IsInf => dtype.is_float(),
+        Gelu | Erf | Tanh | Sigmoid | Exp | Log | Sqrt | Rsqrt | Floor | Ceil | Round | Sin
+        | Cos | IsNan | IsInf => dtype.is_float(),
         Equal => true,
         And | Or | Xor | Not => dtype == DType::Bool,
         _ => dtype != DType::Bool,
@@ -385,11 +386,11 @@ struct Window {
 
 /// A window over `extent` with padding smaller than the kernel; a kernel
 /// that would not fit the padded extent becomes 1.
-fn window(p: &mut Picks, extent: usize, dilated: bool) -> Window {
+fn window(p: &mut Picks, extent: usize) -> Window {
     let kernel = p.range(1, 3);
     let (lo, hi) = (p.below(kernel), p.below(kernel));
     let stride = p.range(1, 2);
-    let dilation = if dilated { p.range(1, 2) } else { 1 };
+    let dilation = p.range(1, 2);
     if extent + lo + hi < dilation * (kernel - 1) + 1 {
         return Window {
             kernel: 1,
@@ -534,7 +535,7 @@ impl Generator {
             p.item(&divisors)
         };
         let out = groups * p.range(1, 3);
-        let (wh, ww) = (window(p, h, true), window(p, w, true));
+        let (wh, ww) = (window(p, h), window(p, w));
         let wt = TensorType::new(xt.dtype, vec![out, c / groups, wh.kernel, ww.kernel]);
         let weights = self.operand(p, &wt)?;
         let attrs = Attrs::new()
@@ -769,14 +770,13 @@ impl Generator {
             return Ok(Vec::new());
         };
         let xt = self.ty(x);
-        let (wh, ww) = (window(p, xt.dims()[2], max), window(p, xt.dims()[3], max));
+        let (wh, ww) = (window(p, xt.dims()[2]), window(p, xt.dims()[3]));
         let mut attrs = Attrs::new()
             .with("kernel", ints([wh.kernel, ww.kernel]))
             .with("stride", ints([wh.stride, ww.stride]))
-            .with("pad", ints([wh.lo, ww.lo, wh.hi, ww.hi]));
-        if max {
-            attrs.set("dilation", ints([wh.dilation, ww.dilation]));
-        } else {
+            .with("pad", ints([wh.lo, ww.lo, wh.hi, ww.hi]))
+            .with("dilation", ints([wh.dilation, ww.dilation]));
+        if !max {
             attrs.set("count_include_pad", Attr::Bool(p.flag()));
         }
         self.op(kind, &[x], attrs)

@@ -25,14 +25,14 @@ fn allowed(kind: OpKind) -> Vec<DType> {
     use OpKind::*;
     let float = [DType::F32, DType::F16, DType::BF16];
     match kind {
-        Pow | Gelu | Erf | Tanh | Sigmoid | Exp | Log | Sqrt | Rsqrt | Conv2d | ReduceMean
-        | Softmax | Layernorm | Batchnorm | Avgpool2d | GlobalAvgpool | Floor | Ceil | Round
-        | Sin | Cos | IsNan | IsInf => float.to_vec(),
+        Gelu | Erf | Tanh | Sigmoid | Exp | Log | Sqrt | Rsqrt | Conv2d | ReduceMean | Softmax
+        | Layernorm | Batchnorm | Avgpool2d | GlobalAvgpool | Floor | Ceil | Round | Sin | Cos
+        | IsNan | IsInf => float.to_vec(),
         // The first operand of `select` is its bool condition.
         And | Or | Xor | Not | Select => vec![DType::Bool],
-        Add | Sub | Mul | Div | Max | Min | Relu | Clip | Neg | Abs | Matmul | ReduceSum
-        | ReduceMax | Maxpool2d | Fused | Yield | Mod | Sign | Less | LessEqual | Greater
-        | GreaterEqual => DType::ALL
+        Add | Sub | Mul | Div | Max | Min | Pow | Relu | Clip | Neg | Abs | Matmul | ReduceSum
+        | ReduceMax | ReduceProd | Maxpool2d | Fused | Yield | Mod | Sign | Less | LessEqual
+        | Greater | GreaterEqual => DType::ALL
             .into_iter()
             .filter(|&d| d != DType::Bool)
             .collect(),

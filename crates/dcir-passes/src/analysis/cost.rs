@@ -94,7 +94,7 @@ fn flops(graph: &Graph, op: OpId) -> u64 {
             let w = input(1).dims();
             2 * out() * (w[1] * w[2] * w[3]) as u64
         }
-        ReduceSum | ReduceMean | ReduceMax => elems(input(0)),
+        ReduceSum | ReduceMean | ReduceMax | ReduceProd => elems(input(0)),
         // max, subtract, exp, sum, divide.
         Softmax => 5 * elems(input(0)),
         // mean, subtract, square, mean, rsqrt, multiply, scale, shift.
