@@ -1,6 +1,6 @@
 //! The translation of an ONNX graph into a dcir graph, node by node.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::Path;
 
 use dcir_ir::{Attr, Attrs, BuildError, DType, GraphBuilder, OpKind, TensorType, ValueId};
@@ -92,6 +92,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "ReduceMax",
     "ReduceMean",
     "ReduceMin",
+    "ReduceProd",
     "ReduceSum",
     "ReduceSumSquare",
     "Relu",
@@ -1169,8 +1170,10 @@ impl<'m> Importer<'m> {
                 let a = axis(at.int_or("axis", 0), x.dims.len())?;
                 self.cst(node, tensor::gather_elements(&x, &i, a)?)
             }
-            "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceL1" | "ReduceL2"
-            | "ReduceSumSquare" | "ReduceLogSum" | "ReduceLogSumExp" => self.reduce(node, &at),
+            "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1"
+            | "ReduceL2" | "ReduceSumSquare" | "ReduceLogSum" | "ReduceLogSumExp" => {
+                self.reduce(node, &at)
+            }
             "Softmax" => self.softmax(node, &at),
             "LogSoftmax" | "Hardmax" => self.log_softmax_or_hardmax(node, op, &at),
             "RMSNormalization" => self.rms_norm(node, &at),
@@ -1690,6 +1693,7 @@ impl<'m> Importer<'m> {
         let kind = match op {
             "ReduceMean" => OpKind::ReduceMean,
             "ReduceMax" | "ReduceMin" => OpKind::ReduceMax,
+            "ReduceProd" => OpKind::ReduceProd,
             _ => OpKind::ReduceSum,
         };
         // The others as a function before and after a sum or a maximum:
@@ -1830,101 +1834,271 @@ impl<'m> Importer<'m> {
         self.out(node, v)
     }
 
-    /// `Einsum` of the batched-matmul forms `<batch> i k, <batch> k j -> <batch> i j`,
-    /// with the last two letters of either operand or of the output possibly swapped.
+    /// `Einsum` of one or two operands, with an explicit or implicit output
+    /// and `...` for leading dims. A letter of one operand that is neither
+    /// in the other nor in the output is summed out first; one operand is
+    /// then a transpose; two are one batched matmul `[batch, free_a,
+    /// contracted] × [batch, contracted, free_b]` between transposes and
+    /// reshapes. A letter repeated within an operand (a diagonal) is refused.
     fn einsum(&mut self, node: &'m NodeProto, at: &At<'_>) -> R<()> {
         let eq = at.string("equation").ok_or("Einsum needs `equation`")?;
-        let unsupported = |why: &str| {
-            format!(
-                "Einsum equation `{eq}` is not supported ({why}); only batched matrix products \
-                 `<batch> i k, <batch> k j -> <batch> i j` (the last two letters of an operand or \
-                 of the output possibly swapped) are"
+        let unsupported = |why: &str| format!("Einsum equation `{eq}` is not supported: {why}");
+        let compact: String = eq.chars().filter(|c| !c.is_whitespace()).collect();
+        let (lhs, rhs) = match compact.split_once("->") {
+            Some((l, r)) => (l.to_string(), Some(r.to_string())),
+            None => (compact.clone(), None),
+        };
+        let terms: Vec<&str> = lhs.split(',').collect();
+        if !(1..=2).contains(&terms.len()) || terms.len() != node.input.len() {
+            return Err(unsupported(&format!(
+                "{} operand(s) in the equation, {} inputs (one or two are supported)",
+                terms.len(),
+                node.input.len()
+            )));
+        }
+        let vals: Vec<Val> = (0..terms.len())
+            .map(|k| self.req(node, k))
+            .collect::<R<_>>()?;
+        let dtype = match vals.iter().find_map(|v| match v {
+            Val::Ir(v) => Some(*v),
+            Val::Const(_) => None,
+        }) {
+            Some(v) => self.b.ty(v).dtype,
+            None => self.dtype_of(&vals[0]),
+        };
+        // Each operand's letters, `...` spelled out as private letters
+        // (aligned right across operands, as numpy broadcasts).
+        let ellipsis = |k: usize| char::from_u32(0xE000 + k as u32).unwrap_or('\u{E000}');
+        let spell = |term: &str, rank: usize, lead: usize| -> R<Vec<char>> {
+            let letters = |t: &str| -> R<Vec<char>> {
+                if let Some(c) = t.chars().find(|c| !c.is_ascii_alphabetic()) {
+                    return Err(unsupported(&format!("`{c}` is not a letter")));
+                }
+                Ok(t.chars().collect())
+            };
+            match term.split_once("...") {
+                None => letters(term),
+                Some((before, after)) => {
+                    let (before, after) = (letters(before)?, letters(after)?);
+                    let e = rank
+                        .checked_sub(before.len() + after.len())
+                        .ok_or_else(|| unsupported("an operand has fewer dims than letters"))?;
+                    let mut out = before;
+                    out.extend((lead - e..lead).map(ellipsis));
+                    out.extend(after);
+                    Ok(out)
+                }
+            }
+        };
+        let ranks: Vec<usize> = vals.iter().map(|v| self.dims_of(v).len()).collect();
+        // The most dims any `...` stands for.
+        let lead = terms
+            .iter()
+            .zip(&ranks)
+            .filter(|(t, _)| t.contains("..."))
+            .map(|(t, &r)| r.saturating_sub(t.replace("...", "").len()))
+            .max()
+            .unwrap_or(0);
+        let mut spelled = Vec::new();
+        for (t, &r) in terms.iter().zip(&ranks) {
+            let letters = spell(t, r, lead)?;
+            if letters.len() != r {
+                return Err(unsupported(&format!(
+                    "term `{t}` has {} letters for an operand of rank {r}",
+                    letters.len()
+                )));
+            }
+            let mut sorted = letters.clone();
+            sorted.sort_unstable();
+            if sorted.windows(2).any(|w| w[0] == w[1]) {
+                return Err(unsupported(
+                    "a letter repeats within an operand (a diagonal)",
+                ));
+            }
+            spelled.push(letters);
+        }
+        let out: Vec<char> = match &rhs {
+            Some(r) => spell(r, lead + r.replace("...", "").len(), lead)?,
+            None => {
+                // Implicit: the `...` dims, then the letters used once, sorted.
+                let all: Vec<char> = spelled.iter().flatten().copied().collect();
+                let mut once: Vec<char> = all
+                    .iter()
+                    .copied()
+                    .filter(|c| {
+                        c.is_ascii_alphabetic() && all.iter().filter(|d| *d == c).count() == 1
+                    })
+                    .collect();
+                once.sort_unstable();
+                (0..lead).map(ellipsis).chain(once).collect()
+            }
+        };
+        // Every letter's extent, the same wherever it appears.
+        let mut extent: BTreeMap<char, usize> = BTreeMap::new();
+        for (letters, v) in spelled.iter().zip(&vals) {
+            for (&c, &d) in letters.iter().zip(&self.dims_of(v)) {
+                if *extent.entry(c).or_insert(d) != d {
+                    return Err(format!(
+                        "Einsum `{eq}`: a letter has extents {} and {d}",
+                        extent[&c]
+                    ));
+                }
+            }
+        }
+        let mut seen = BTreeSet::new();
+        if let Some(c) = out
+            .iter()
+            .find(|c| !extent.contains_key(c) || !seen.insert(**c))
+        {
+            return Err(unsupported(&format!(
+                "output letter `{c}` is repeated or in no operand"
+            )));
+        }
+        let mut ops = Vec::new();
+        for (k, v) in vals.iter().enumerate() {
+            let dims = self.dims_of(v);
+            let x = self.operand(Self::in_name(node, k), v, dtype, &dims)?;
+            // Sum out the letters of this operand only.
+            let others: Vec<char> = spelled
+                .iter()
+                .enumerate()
+                .filter(|&(j, _)| j != k)
+                .flat_map(|(_, l)| l.clone())
+                .collect();
+            let (kept, summed): (Vec<usize>, Vec<usize>) = (0..dims.len())
+                .partition(|&d| out.contains(&spelled[k][d]) || others.contains(&spelled[k][d]));
+            let x = if summed.is_empty() {
+                x
+            } else {
+                let attrs = Attrs::new()
+                    .with("axes", ints(&summed))
+                    .with("keepdims", Attr::Bool(false));
+                self.b.op(OpKind::ReduceSum, &[x], attrs).map_err(b)?
+            };
+            ops.push((
+                x,
+                kept.iter().map(|&d| spelled[k][d]).collect::<Vec<char>>(),
+            ));
+        }
+        let v = match &ops[..] {
+            [(x, letters)] => self.permute(*x, letters, &out)?,
+            [a, bv] => self.einsum_product(a, bv, &out, &extent)?,
+            _ => unreachable!("one or two operands"),
+        };
+        self.out(node, v)
+    }
+
+    /// The product of two Einsum operands (each a value and its dims'
+    /// letters, every letter in the other operand or in `out`), as one
+    /// `matmul` `[batch, free_a, contracted] × [batch, contracted, free_b]`.
+    /// With one letter in each of free_a, free_b and contracted the operands
+    /// keep their dims and a transposed one is read through `transpose_a/b`
+    /// (and the operands swap when `out` ends `free_b, free_a`); otherwise
+    /// each group is `reshape`d into one dim.
+    fn einsum_product(
+        &mut self,
+        (a, la): &(ValueId, Vec<char>),
+        (bv, lb): &(ValueId, Vec<char>),
+        out: &[char],
+        extent: &BTreeMap<char, usize>,
+    ) -> R<ValueId> {
+        let in_order = |keep: &dyn Fn(char) -> bool, order: &[char]| -> Vec<char> {
+            order.iter().copied().filter(|&c| keep(c)).collect()
+        };
+        let batch = in_order(&|c| la.contains(&c) && lb.contains(&c), out);
+        let contracted = in_order(&|c| lb.contains(&c) && !out.contains(&c), la);
+        let free_a = in_order(&|c| la.contains(&c) && !lb.contains(&c), out);
+        let free_b = in_order(&|c| lb.contains(&c) && !la.contains(&c), out);
+        let joined = |parts: &[&[char]]| parts.concat();
+        if free_a.len() == 1 && free_b.len() == 1 && contracted.len() == 1 {
+            // out[.., i, j] = a[.., i, k] b[.., k, j]; out[.., j, i] = b[.., j, k] a[.., k, i].
+            let swap = out == joined(&[&batch, &free_b, &free_a]).as_slice();
+            let ((x, lx, fx), (y, ly, fy)) = if swap {
+                ((*bv, lb, &free_b), (*a, la, &free_a))
+            } else {
+                ((*a, la, &free_a), (*bv, lb, &free_b))
+            };
+            let (x, tx) = self.matmul_operand(x, lx, &batch, fx, &contracted)?;
+            let (y, ty) = self.matmul_operand(y, ly, &batch, &contracted, fy)?;
+            let mut attrs = Attrs::new();
+            if tx {
+                attrs.set("transpose_a", Attr::Bool(true));
+            }
+            if ty {
+                attrs.set("transpose_b", Attr::Bool(true));
+            }
+            let product = self.b.op(OpKind::Matmul, &[x, y], attrs).map_err(b)?;
+            return self.permute(product, &joined(&[&batch, fx, fy]), out);
+        }
+        let size = |cs: &[char]| cs.iter().map(|c| extent[c]).product::<usize>();
+        let (bs, m, kk, n) = (
+            size(&batch),
+            size(&free_a),
+            size(&contracted),
+            size(&free_b),
+        );
+        let lhs = self.permute(*a, la, &joined(&[&batch, &free_a, &contracted]))?;
+        let rhs = self.permute(*bv, lb, &joined(&[&batch, &contracted, &free_b]))?;
+        let (lhs, rhs) = if batch.is_empty() {
+            (
+                self.b.reshape(lhs, &[m, kk]).map_err(b)?,
+                self.b.reshape(rhs, &[kk, n]).map_err(b)?,
+            )
+        } else {
+            (
+                self.b.reshape(lhs, &[bs, m, kk]).map_err(b)?,
+                self.b.reshape(rhs, &[bs, kk, n]).map_err(b)?,
             )
         };
-        let compact: String = eq.chars().filter(|c| !c.is_whitespace()).collect();
-        let (lhs, rhs) = compact
-            .split_once("->")
-            .ok_or_else(|| unsupported("no explicit output"))?;
-        let terms: Vec<Vec<char>> = lhs.split(',').map(|t| t.chars().collect()).collect();
-        let outl: Vec<char> = rhs.chars().collect();
-        if terms.len() != 2 || node.input.len() != 2 {
-            return Err(unsupported("it needs exactly two operands"));
+        let product = self
+            .b
+            .op(OpKind::Matmul, &[lhs, rhs], Attrs::new())
+            .map_err(b)?;
+        let order = joined(&[&batch, &free_a, &free_b]);
+        let dims: Vec<usize> = order.iter().map(|c| extent[c]).collect();
+        let product = self.b.reshape(product, &dims).map_err(b)?;
+        self.permute(product, &order, out)
+    }
+
+    /// A matmul operand whose dims (`letters`) should read `[batch, rows,
+    /// cols]`: itself when they do, itself read transposed (`true`) when they
+    /// read `[batch, cols, rows]`, else transposed into order.
+    fn matmul_operand(
+        &mut self,
+        x: ValueId,
+        letters: &[char],
+        batch: &[char],
+        rows: &[char],
+        cols: &[char],
+    ) -> R<(ValueId, bool)> {
+        let plain = [batch, rows, cols].concat();
+        if letters == [batch, cols, rows].concat().as_slice() && letters != plain.as_slice() {
+            return Ok((x, true));
         }
-        let (ta, tb) = (&terms[0], &terms[1]);
-        let all = ta.iter().chain(tb).chain(&outl);
-        if all.clone().any(|c| !c.is_ascii_alphabetic()) {
-            return Err(unsupported("only letters are allowed (no `...`)"));
+        Ok((self.permute(x, letters, &plain)?, false))
+    }
+
+    /// `x`, whose dims are named `from`, transposed so that they read `to`
+    /// (the same letters); `x` itself when they already do.
+    fn permute(&mut self, x: ValueId, from: &[char], to: &[char]) -> R<ValueId> {
+        if from == to {
+            return Ok(x);
         }
-        let r = outl.len();
-        if r < 2 || ta.len() != r || tb.len() != r {
-            return Err(unsupported("operands and output need one rank >= 2"));
-        }
-        let batch = &outl[..r - 2];
-        if &ta[..r - 2] != batch || &tb[..r - 2] != batch {
-            return Err(unsupported(
-                "the leading batch letters must be the same, in order",
-            ));
-        }
-        let (a2, b2, o2) = (&ta[r - 2..], &tb[r - 2..], &outl[r - 2..]);
-        let mut distinct: Vec<char> = outl.clone();
-        distinct.sort_unstable();
-        distinct.dedup();
-        if distinct.len() != r || a2[0] == a2[1] || b2[0] == b2[1] {
-            return Err(unsupported("a letter repeats"));
-        }
-        // The contracted letter is the one both operands share in their last two.
-        let k = *a2
+        let perm: Vec<usize> = to
             .iter()
-            .find(|c| b2.contains(c) && !o2.contains(c) && !batch.contains(c))
-            .ok_or_else(|| unsupported("no contracted letter"))?;
-        let i = *a2.iter().find(|&&c| c != k).unwrap_or(&k);
-        let j = *b2.iter().find(|&&c| c != k).unwrap_or(&k);
-        if i == j
-            || !o2.contains(&i)
-            || !o2.contains(&j)
-            || batch.contains(&i)
-            || batch.contains(&j)
-        {
-            return Err(unsupported(
-                "the output's last two letters must be the free letters",
-            ));
-        }
-        let (x, y) = (self.req(node, 0)?, self.req(node, 1)?);
-        let dtype = match (&x, &y) {
-            (Val::Ir(v), _) | (_, Val::Ir(v)) => self.b.ty(*v).dtype,
-            _ => self.dtype_of(&x),
-        };
-        let (ad, bd) = (self.dims_of(&x), self.dims_of(&y));
-        if ad.len() != r || bd.len() != r {
-            return Err(format!(
-                "Einsum `{eq}`: operands have shapes {ad:?} and {bd:?}, expected rank {r}"
-            ));
-        }
-        let a = self.operand(Self::in_name(node, 0), &x, dtype, &ad)?;
-        let bb = self.operand(Self::in_name(node, 1), &y, dtype, &bd)?;
-        let bshape = tensor::broadcast_shapes(&ad[..r - 2], &bd[..r - 2])?;
-        let full = |d: &[usize]| {
-            let mut s = bshape.clone();
-            s.extend_from_slice(&d[r - 2..]);
-            s
-        };
-        let a = self.broadcast_to(a, &full(&ad))?;
-        let bb = self.broadcast_to(bb, &full(&bd))?;
-        // out[i, j] = a[i, k] b[k, j]; out[j, i] = b[j, k] a[k, i].
-        let (lhs, lt, rhs, rt) = if o2[0] == i {
-            (a, a2[0] == k, bb, b2[1] == k)
-        } else {
-            (bb, b2[0] == k, a, a2[1] == k)
-        };
-        let mut attrs = Attrs::new();
-        if lt {
-            attrs.set("transpose_a", Attr::Bool(true));
-        }
-        if rt {
-            attrs.set("transpose_b", Attr::Bool(true));
-        }
-        let v = self.b.op(OpKind::Matmul, &[lhs, rhs], attrs).map_err(b)?;
-        self.out(node, v)
+            .map(|c| {
+                from.iter()
+                    .position(|d| d == c)
+                    .ok_or_else(|| "Einsum: a letter is missing".to_string())
+            })
+            .collect::<R<_>>()?;
+        self.b
+            .op(
+                OpKind::Transpose,
+                &[x],
+                Attrs::new().with("perm", ints(&perm)),
+            )
+            .map_err(b)
     }
 
     /// `ScatterND` (`reduction = none`) with known indices and updates: folded
@@ -2147,29 +2321,32 @@ impl<'m> Importer<'m> {
         self.out(node, v)
     }
 
-    /// Pads [top, left, bottom, right] from `pads`/`auto_pad`.
+    /// Pads `[begin_0, .., begin_n-1, end_0, .., end_n-1]` of an
+    /// `n`-D window (`n = input.len()`) from `pads`/`auto_pad`.
     fn pads(
         at: &At<'_>,
         input: &[usize],
         kernel: &[i64],
         stride: &[i64],
         dilation: &[i64],
-    ) -> R<[i64; 4]> {
+    ) -> R<Vec<i64>> {
+        let n = input.len();
         let auto = at
             .string("auto_pad")
             .unwrap_or_else(|| "NOTSET".to_string());
         match auto.as_str() {
             "NOTSET" | "" => match at.ints("pads") {
-                None => Ok([0; 4]),
-                Some(p) if p.len() == 4 => Ok([p[0], p[1], p[2], p[3]]),
+                None => Ok(vec![0; 2 * n]),
+                Some(p) if p.len() == 2 * n => Ok(p.to_vec()),
                 Some(p) => Err(format!(
-                    "`pads` needs 4 entries for a 2-D window, found {p:?}"
+                    "`pads` needs {} entries for a {n}-D window, found {p:?}",
+                    2 * n
                 )),
             },
-            "VALID" => Ok([0; 4]),
+            "VALID" => Ok(vec![0; 2 * n]),
             "SAME_UPPER" | "SAME_LOWER" => {
-                let mut p = [0; 4];
-                for d in 0..2 {
+                let mut p = vec![0; 2 * n];
+                for d in 0..n {
                     let i = i64::try_from(input[d])
                         .ok()
                         .filter(|&i| i <= 1 << 40)
@@ -2180,10 +2357,10 @@ impl<'m> Importer<'m> {
                     let (small, big) = (total / 2, total - total / 2);
                     if auto == "SAME_UPPER" {
                         p[d] = small;
-                        p[d + 2] = big;
+                        p[d + n] = big;
                     } else {
                         p[d] = big;
-                        p[d + 2] = small;
+                        p[d + n] = small;
                     }
                 }
                 Ok(p)
@@ -2192,44 +2369,67 @@ impl<'m> Importer<'m> {
         }
     }
 
-    fn two(at: &At<'_>, name: &str, d: i64) -> R<[i64; 2]> {
+    /// A per-spatial-dim attribute of an `n`-D window (`d` each when absent).
+    fn window_attr(at: &At<'_>, name: &str, n: usize, d: i64) -> R<Vec<i64>> {
         match at.ints(name) {
-            None | Some([]) => Ok([d, d]),
-            Some([a, b]) => Ok([*a, *b]),
+            None | Some([]) => Ok(vec![d; n]),
+            Some(v) if v.len() == n => Ok(v.to_vec()),
             Some(v) => Err(format!(
-                "`{name}` needs 2 entries for a 2-D op, found {v:?}"
+                "`{name}` needs {n} entries for a {n}-D window, found {v:?}"
             )),
         }
     }
 
+    /// Conv over 1 or 2 spatial dims; a 1-D convolution is the 2-D op over
+    /// `[N, C, 1, L]` with a `[O, C/g, 1, K]` weight.
     fn conv(&mut self, node: &'m NodeProto, at: &At<'_>) -> R<()> {
         let x = self.ir_in(node, 0)?;
         let xt = self.b.ty(x).clone();
-        if xt.rank() != 4 {
+        let n = xt.rank().saturating_sub(2);
+        if !(1..=2).contains(&n) {
             return Err(format!(
-                "only 2-D convolution (4-D input) is supported, found {xt}"
+                "only 1-D and 2-D convolution (3-D or 4-D input) is supported, found {xt}"
             ));
         }
         let wv = self.req(node, 1)?;
         let wd = self.dims_of(&wv);
         let w = self.operand(Self::in_name(node, 1), &wv, xt.dtype, &wd)?;
-        if wd.len() != 4 {
-            return Err(format!("weight must be 4-D, found {wd:?}"));
+        if wd.len() != n + 2 {
+            return Err(format!(
+                "weight must be {}-D for a {n}-D convolution, found {wd:?}",
+                n + 2
+            ));
         }
-        let kernel = [wd[2] as i64, wd[3] as i64];
-        let stride = Self::two(at, "strides", 1)?;
-        let dilation = Self::two(at, "dilations", 1)?;
+        let kernel: Vec<i64> = wd[2..].iter().map(|&k| k as i64).collect();
+        let stride = Self::window_attr(at, "strides", n, 1)?;
+        let dilation = Self::window_attr(at, "dilations", n, 1)?;
         check_window(&kernel, "kernel", 1)?;
         check_window(&stride, "strides", 1)?;
         check_window(&dilation, "dilations", 1)?;
         let pad = Self::pads(at, &xt.dims()[2..], &kernel, &stride, &dilation)?;
         check_window(&pad, "pads", 0)?;
+        let (x, w, stride, pad, dilation) = if n == 1 {
+            let d = xt.dims();
+            (
+                self.b.reshape(x, &[d[0], d[1], 1, d[2]]).map_err(b)?,
+                self.b.reshape(w, &[wd[0], wd[1], 1, wd[2]]).map_err(b)?,
+                vec![1, stride[0]],
+                vec![0, pad[0], 0, pad[1]],
+                vec![1, dilation[0]],
+            )
+        } else {
+            (x, w, stride, pad, dilation)
+        };
         let attrs = Attrs::new()
-            .with("stride", Attr::Ints(stride.to_vec()))
-            .with("pad", Attr::Ints(pad.to_vec()))
-            .with("dilation", Attr::Ints(dilation.to_vec()))
+            .with("stride", Attr::Ints(stride))
+            .with("pad", Attr::Ints(pad))
+            .with("dilation", Attr::Ints(dilation))
             .with("groups", Attr::Int(at.int_or("group", 1)));
         let mut v = self.b.op(OpKind::Conv2d, &[x, w], attrs).map_err(b)?;
+        if n == 1 {
+            let d = self.b.ty(v).dims().to_vec();
+            v = self.b.reshape(v, &[d[0], d[1], d[3]]).map_err(b)?;
+        }
         if let Some(bias) = self.get(node, 2)? {
             let out = self.b.ty(v).dims().to_vec();
             let bias = self.operand(Self::in_name(node, 2), &bias, xt.dtype, &[out[1]])?;
@@ -2240,35 +2440,51 @@ impl<'m> Importer<'m> {
     }
 
     fn pool(&mut self, node: &'m NodeProto, at: &At<'_>) -> R<()> {
-        let op = node.op_type.as_deref().unwrap_or("");
+        let maxpool = node.op_type.as_deref() == Some("MaxPool");
+        if maxpool && at.int_or("storage_order", 0) != 0 {
+            return Err("storage_order = 1 is not supported".to_string());
+        }
         let x = self.ir_in(node, 0)?;
+        let include_pad = at.int_or("count_include_pad", 0) != 0;
+        let v = self.pool_nd(x, at, maxpool, include_pad)?;
+        self.out(node, v)
+    }
+
+    /// A max (`maxpool`) or average pool of `x` over 1, 2 or 3 spatial dims,
+    /// its window from the node's `kernel_shape`, `strides`, `dilations`,
+    /// `pads`/`auto_pad` and `ceil_mode`. A 1-D pool is the 2-D op over
+    /// `[N, C, 1, L]`; a 3-D pool is two 2-D ops, one over (H, W) and one
+    /// over D, since a max, a sum and the count of taps inside the input are
+    /// all products of their per-axis parts.
+    fn pool_nd(&mut self, x: ValueId, at: &At<'_>, maxpool: bool, include_pad: bool) -> R<ValueId> {
         let xt = self.b.ty(x).clone();
-        if xt.rank() != 4 {
+        let n = xt.rank().saturating_sub(2);
+        if !(1..=3).contains(&n) {
             return Err(format!(
-                "only 2-D pooling (4-D input) is supported, found {xt}"
+                "only 1-D, 2-D and 3-D pooling (3-D to 5-D input) is supported, found {xt}"
             ));
         }
-        let kernel = Self::two(at, "kernel_shape", 0)?;
+        let spatial = &xt.dims()[2..];
+        let kernel = Self::window_attr(at, "kernel_shape", n, 0)?;
         if kernel.contains(&0) {
             return Err("`kernel_shape` is required".to_string());
         }
-        let stride = Self::two(at, "strides", 1)?;
-        let dilation = Self::two(at, "dilations", 1)?;
+        let stride = Self::window_attr(at, "strides", n, 1)?;
+        let dilation = Self::window_attr(at, "dilations", n, 1)?;
         check_window(&kernel, "kernel_shape", 1)?;
         check_window(&stride, "strides", 1)?;
         check_window(&dilation, "dilations", 1)?;
-        if xt.dims()[2..].iter().any(|&d| d as u64 > MAX_WINDOW as u64) {
+        if spatial.iter().any(|&d| d as u64 > MAX_WINDOW as u64) {
             return Err(format!("input {xt} is too large to pool"));
         }
-        let mut pad = Self::pads(at, &xt.dims()[2..], &kernel, &stride, &dilation)?;
+        let mut pad = Self::pads(at, spatial, &kernel, &stride, &dilation)?;
         check_window(&pad, "pads", 0)?;
         let ceil = at.int_or("ceil_mode", 0) != 0;
-        let include_pad = at.int_or("count_include_pad", 0) != 0;
         if ceil {
-            for d in 0..2 {
-                let i = xt.dims()[2 + d] as i64;
+            for d in 0..n {
+                let i = spatial[d] as i64;
                 let span = dilation[d] * (kernel[d] - 1) + 1;
-                let padded = i + pad[d] + pad[d + 2];
+                let padded = i + pad[d] + pad[d + n];
                 if padded < span {
                     return Err("the window does not fit the padded input".to_string());
                 }
@@ -2280,37 +2496,70 @@ impl<'m> Importer<'m> {
                 }
                 if ceil_out > floor_out {
                     let extra = (ceil_out - 1) * stride[d] + span - padded;
-                    if op == "AveragePool" && include_pad {
+                    if !maxpool && include_pad {
                         return Err("ceil_mode = 1 that adds a partial window, with count_include_pad = 1, is not supported".to_string());
                     }
-                    pad[d + 2] += extra;
+                    pad[d + n] += extra;
                 }
             }
         }
-        if pad.iter().enumerate().any(|(i, &p)| p >= kernel[i % 2]) {
+        if pad.iter().enumerate().any(|(i, &p)| p >= kernel[i % n]) {
             return Err(format!(
                 "pads {pad:?} must each be smaller than the kernel {kernel:?} (after ceil_mode)"
             ));
         }
-        let mut attrs = Attrs::new()
-            .with("kernel", Attr::Ints(kernel.to_vec()))
-            .with("stride", Attr::Ints(stride.to_vec()))
-            .with("pad", Attr::Ints(pad.to_vec()));
-        let kind = if op == "MaxPool" {
-            if at.int_or("storage_order", 0) != 0 {
-                return Err("storage_order = 1 is not supported".to_string());
-            }
-            attrs.set("dilation", Attr::Ints(dilation.to_vec()));
-            OpKind::Maxpool2d
-        } else {
-            if dilation != [1, 1] {
-                return Err("AveragePool with dilations is not supported".to_string());
-            }
-            attrs.set("count_include_pad", Attr::Bool(include_pad));
-            OpKind::Avgpool2d
+        // The 2-D op over the axes `axes` of the window (the other axis of
+        // the pair, if any, is a 1-wide window).
+        let pool2d = |this: &mut Self, v: ValueId, axes: [Option<usize>; 2]| -> R<ValueId> {
+            let pick = |d: Option<usize>, of: &[i64], none: i64| d.map_or(none, |d| of[d]);
+            let pair =
+                |of: &[i64], none: i64| vec![pick(axes[0], of, none), pick(axes[1], of, none)];
+            let mut attrs = Attrs::new()
+                .with("kernel", Attr::Ints(pair(&kernel, 1)))
+                .with("stride", Attr::Ints(pair(&stride, 1)))
+                .with(
+                    "pad",
+                    Attr::Ints(vec![
+                        pick(axes[0], &pad, 0),
+                        pick(axes[1], &pad, 0),
+                        pick(axes[0].map(|d| d + n), &pad, 0),
+                        pick(axes[1].map(|d| d + n), &pad, 0),
+                    ]),
+                )
+                .with("dilation", Attr::Ints(pair(&dilation, 1)));
+            let kind = if maxpool {
+                OpKind::Maxpool2d
+            } else {
+                attrs.set("count_include_pad", Attr::Bool(include_pad));
+                OpKind::Avgpool2d
+            };
+            this.b.op(kind, &[v], attrs).map_err(b)
         };
-        let v = self.b.op(kind, &[x], attrs).map_err(b)?;
-        self.out(node, v)
+        let d = xt.dims();
+        Ok(match n {
+            1 => {
+                let v = self.b.reshape(x, &[d[0], d[1], 1, d[2]]).map_err(b)?;
+                let v = pool2d(self, v, [None, Some(0)])?;
+                let l = self.b.ty(v).dims()[3];
+                self.b.reshape(v, &[d[0], d[1], l]).map_err(b)?
+            }
+            2 => pool2d(self, x, [Some(0), Some(1)])?,
+            _ => {
+                let v = self
+                    .b
+                    .reshape(x, &[d[0], d[1] * d[2], d[3], d[4]])
+                    .map_err(b)?;
+                let v = pool2d(self, v, [Some(1), Some(2)])?;
+                let (oh, ow) = (self.b.ty(v).dims()[2], self.b.ty(v).dims()[3]);
+                let v = self
+                    .b
+                    .reshape(v, &[d[0] * d[1], 1, d[2], oh * ow])
+                    .map_err(b)?;
+                let v = pool2d(self, v, [Some(0), None])?;
+                let od = self.b.ty(v).dims()[2];
+                self.b.reshape(v, &[d[0], d[1], od, oh, ow]).map_err(b)?
+            }
+        })
     }
 }
 

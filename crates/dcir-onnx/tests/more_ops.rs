@@ -114,6 +114,16 @@ fn einsum_batched_matmul_forms() {
         ("bik,bkj->bji", &[3, 4, 5], &[3, 5, 2]),
         ("bki,bjk->bji", &[3, 5, 4], &[3, 2, 5]),
         ("ik,kj->ij", &[4, 5], &[5, 3]),
+        // Beyond matrix products: contractions over several letters, free
+        // letters in any place, outer products, letters summed out of one
+        // operand, a scalar result.
+        ("abc,abd->cd", &[2, 3, 4], &[2, 3, 5]),
+        ("bij,jk->bik", &[2, 3, 4], &[4, 5]),
+        ("bhqd,bkhd->bhqk", &[2, 3, 4, 5], &[2, 6, 3, 5]),
+        ("i,j->ij", &[3], &[4]),
+        ("ij,kl->ik", &[2, 3], &[4, 5]),
+        ("ij,ij->", &[3, 4], &[3, 4]),
+        ("bn,anm->bam", &[2, 3], &[4, 3, 5]),
     ];
     for &(eq, ad, bd) in cases {
         let (na, nb) = (ad.iter().product(), bd.iter().product());
@@ -136,11 +146,11 @@ fn einsum_batched_matmul_forms() {
 }
 
 #[test]
-fn einsum_other_equations_are_refused_by_name() {
-    for (eq, ad, bd) in [
-        ("abc,abd->cd", [2, 3, 4], [2, 3, 5]),
-        ("bij,bjk", [2, 3, 4], [2, 4, 5]),
-        ("bij,bjk->bik", [2, 3, 4], [2, 5, 5]),
+fn einsum_diagonals_and_mismatched_extents_are_refused_by_name() {
+    for (eq, ad, bd, why) in [
+        ("ii,ij->ij", [3, 3], [3, 4], "diagonal"),
+        ("ij,jk->ik", [2, 3], [4, 5], "extents 3 and 4"),
+        ("ij,jk,kl->il", [2, 3], [3, 4], "one or two are supported"),
     ] {
         let bytes = model(
             17,
@@ -151,13 +161,51 @@ fn einsum_other_equations_are_refused_by_name() {
                 vec![a_str("equation", eq)],
             )],
             &[("a", &ad), ("b", &bd)],
-            ("y", &[2, 3, 5]),
+            ("y", &[2, 5]),
         );
         let msg = import_err(&bytes);
-        assert!(msg.contains("Einsum"), "{eq}: {msg}");
-        if eq != "bij,bjk->bik" {
-            assert!(msg.contains(eq), "{eq}: {msg}");
-        }
+        assert!(msg.contains("Einsum") && msg.contains(eq), "{eq}: {msg}");
+        assert!(msg.contains(why), "{eq}: {msg}");
+    }
+}
+
+#[test]
+fn einsum_of_one_operand_and_implicit_outputs() {
+    // (equation, input dims, output dims, reference from the input).
+    type Reference = fn(&[f32]) -> Vec<f64>;
+    let cases: &[(&str, &[usize], &[usize], Reference)] = &[
+        ("ij->ji", &[2, 3], &[3, 2], |x| {
+            (0..6).map(|k| f64::from(x[(k % 2) * 3 + k / 2])).collect()
+        }),
+        ("ij->i", &[2, 3], &[2], |x| {
+            (0..2)
+                .map(|i| (0..3).map(|j| f64::from(x[i * 3 + j])).sum())
+                .collect()
+        }),
+        // Implicit output: the letters used once, sorted (`ji` -> `ij`).
+        ("ji", &[2, 3], &[3, 2], |x| {
+            (0..6).map(|k| f64::from(x[(k % 2) * 3 + k / 2])).collect()
+        }),
+        ("...ij->...j", &[2, 2, 3], &[2, 3], |x| {
+            (0..6)
+                .map(|k| {
+                    (0..2)
+                        .map(|i| f64::from(x[(k / 3) * 6 + i * 3 + k % 3]))
+                        .sum()
+                })
+                .collect()
+        }),
+    ];
+    for &(eq, xd, od, reference) in cases {
+        let xv = ramp(xd.iter().product(), 0.5);
+        let bytes = model(
+            17,
+            vec![node("Einsum", &["x"], "y", vec![a_str("equation", eq)])],
+            &[("x", xd)],
+            ("y", od),
+        );
+        let got = run(&bytes, &[("x", xd, xv.clone())]);
+        close(&got, od, &reference(&xv));
     }
 }
 

@@ -867,26 +867,7 @@ impl<'m> Importer<'m> {
         use OpKind as K;
         let x = self.ir_in(node, 0)?;
         let xt = self.b.ty(x).clone();
-        if xt.rank() != 4 {
-            return Err(format!(
-                "only 2-D LpPool (4-D input) is supported, found {xt}"
-            ));
-        }
-        if at
-            .ints("dilations")
-            .is_some_and(|d| d.iter().any(|&d| d != 1))
-        {
-            return Err("LpPool with dilations is not supported".to_string());
-        }
-        let kernel = Self::two(at, "kernel_shape", 0)?;
-        if kernel.iter().any(|&k| k <= 0) {
-            return Err("LpPool needs `kernel_shape`".to_string());
-        }
-        let stride = Self::two(at, "strides", 1)?;
-        let pad = Self::pads(at, &xt.dims()[2..], &kernel, &stride, &[1, 1])?;
-        if at.int_or("ceil_mode", 0) != 0 {
-            return Err("LpPool with ceil_mode = 1 is not supported".to_string());
-        }
+        let kernel = Self::window_attr(at, "kernel_shape", xt.rank().saturating_sub(2), 0)?;
         let p = at.int_or("p", 2);
         if p < 1 {
             return Err(format!("LpPool with p = {p}"));
@@ -898,13 +879,8 @@ impl<'m> Importer<'m> {
         } else {
             self.ew(K::Pow, &[a, pv])?
         };
-        let attrs = Attrs::new()
-            .with("kernel", Attr::Ints(kernel.to_vec()))
-            .with("stride", Attr::Ints(stride.to_vec()))
-            .with("pad", Attr::Ints(pad.to_vec()))
-            .with("count_include_pad", Attr::Bool(true));
-        let mean = self.b.op(K::Avgpool2d, &[powered], attrs).map_err(b)?;
-        let count = self.splat_like(mean, (kernel[0] * kernel[1]) as f64)?;
+        let mean = self.pool_nd(powered, at, false, true)?;
+        let count = self.splat_like(mean, kernel.iter().product::<i64>() as f64)?;
         let sum = self.ew(K::Mul, &[mean, count])?;
         let v = if p == 1 {
             sum
