@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use dcir_artifact::Artifact;
 use dcir_fusion::{CostModel, DeviceSpec, LiveDevice, apply_plan, plan_graph, plan_unfused};
 use dcir_interp::Tensor;
+use dcir_interp::memory::human_bytes;
 use dcir_ir::{Graph, Module, OpKind, verify_module};
 use dcir_passes::{Instrumentation, PassManager, build_pipeline};
 use dcir_runtime::Executor;
@@ -354,7 +355,22 @@ pub(crate) fn execute(
     graph: &Graph,
     inputs: &[Tensor],
     bench: Option<(usize, bool)>,
+    budget: Option<u64>,
 ) -> Result<CudaRun, String> {
+    // Checked before the driver is touched: a budget the plan exceeds is
+    // an error with or without a GPU (the device's free memory is checked
+    // by the executor).
+    let planned = dcir_runtime::plan_memory(artifact).peak_bytes();
+    if let Some(budget) = budget
+        && planned > budget
+    {
+        return Err(format!(
+            "@{} needs {} of device memory (the intermediates' arena, inputs, outputs and constants), more than the budget of {} (--memory-budget)",
+            graph.name(),
+            human_bytes(u128::from(planned)),
+            human_bytes(u128::from(budget))
+        ));
+    }
     let mut ex = Executor::new(artifact, 0).map_err(|e| e.to_string())?;
     let tensors = dcir_tune::measure::run_outputs(&mut ex, graph, inputs)?;
     let bench = match bench {

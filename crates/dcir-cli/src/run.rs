@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
-use dcir_interp::{InterpError, Tensor, io};
+use dcir_interp::{InterpError, Tensor, io, memory};
 use dcir_ir::{Graph, Module, verify_module};
 use dcir_reader::{Diagnostic, read_bytes, render};
 
@@ -80,6 +80,12 @@ pub struct RunArgs {
     /// (cuda) The device the fusion cost model plans for: `live` (GPU 0, queried) or a preset (h200, h100, a100, v100, rtx2080).
     #[arg(long, value_name = "NAME", default_value = "live")]
     pub device: String,
+    /// The most memory the run may hold, e.g. `512M`, `16G` (binary units). The interpreter
+    /// (the cpu backend, and --check) refuses a graph whose values would exceed it before
+    /// allocating, as the cuda backend does for the device memory its plan needs. Default:
+    /// the memory available on this machine (host) and the device's free memory (GPU).
+    #[arg(long, value_name = "SIZE", value_parser = dcir_interp::memory::parse_size)]
+    pub memory_budget: Option<u64>,
     /// (cuda) Tuning before compiling.
     #[command(flatten)]
     pub tune: crate::gpu::TuneArgs,
@@ -143,6 +149,32 @@ fn run(name: &str, args: &RunArgs) -> Result<(), Reported> {
         return Err(fail("--per-kernel needs --bench N".to_string()));
     }
 
+    // Host memory: the interpreter's values when it runs the graph (the
+    // cpu backend, --check), else the inputs and outputs; before any
+    // allocation.
+    let (host_budget, budget_source) = match args.memory_budget {
+        Some(b) => (Some(b), "--memory-budget"),
+        None => (
+            memory::available_memory(),
+            "the memory available on this machine; --memory-budget sets another",
+        ),
+    };
+    if let Some(budget) = host_budget {
+        let (needed, what) = if args.backend == Backend::Cpu || args.check {
+            (
+                memory::peak_bytes(graph).bytes,
+                "for its values on the interpreter",
+            )
+        } else {
+            (
+                memory::io_bytes(graph),
+                "for its inputs and outputs on the host",
+            )
+        };
+        memory::check_budget(graph, needed, what, budget, budget_source)
+            .map_err(|e| fail(e.to_string()))?;
+    }
+
     let t = Instant::now();
     let mut given = Vec::new();
     for path in [&args.weights, &args.inputs].into_iter().flatten() {
@@ -179,7 +211,9 @@ fn run(name: &str, args: &RunArgs) -> Result<(), Reported> {
             timings.push(("compile", t.elapsed()));
             let t = Instant::now();
             let bench = args.bench.map(|reps| (reps, args.per_kernel));
-            let run = crate::gpu::execute(&artifact, graph, &bound.inputs, bench).map_err(fail)?;
+            let run =
+                crate::gpu::execute(&artifact, graph, &bound.inputs, bench, args.memory_budget)
+                    .map_err(fail)?;
             timings.push(("run", t.elapsed()));
             report_cuda(&run);
             if args.check {

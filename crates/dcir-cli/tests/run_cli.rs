@@ -342,3 +342,54 @@ fn cuda_backend_errors_cleanly_or_passes_the_check() {
         println!("SKIP: no GPU: {}", stderr.lines().last().unwrap_or(""));
     }
 }
+
+/// A graph whose input and output are `ty`.
+fn relu_of(ty: &str) -> Vec<u8> {
+    format!("graph @g(%x: {ty}) -> ({ty}) {{\n  %y = relu %x : {ty}\n  return %y\n}}\n")
+        .into_bytes()
+}
+
+#[test]
+fn a_shape_whose_size_overflows_is_a_verifier_error() {
+    let started = std::time::Instant::now();
+    let big = relu_of("f32[4294967296,4294967296,4294967296]");
+    let out = dcir_run(&["-"], Some(&big));
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("value %x of type f32[4294967296,4294967296,4294967296] is too large")
+            && err.contains("<stdin>:1:1"),
+        "{err}"
+    );
+    assert!(started.elapsed().as_secs() < 5);
+}
+
+#[test]
+fn a_graph_larger_than_the_memory_budget_is_refused_before_allocating() {
+    let started = std::time::Instant::now();
+    // 3.6 PiB an input: more than any machine's memory, the default budget.
+    let big = relu_of("f32[100000,100000,100000]");
+    let out = dcir_run(&["-"], Some(&big));
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("@g needs 7.1 PiB of memory for its values on the interpreter")
+            && err.contains("the largest value is %x: f32[100000,100000,100000] (3.6 PiB)"),
+        "{err}"
+    );
+    // A set budget: 2 × 4 KiB fit 8K, not 6K.
+    let small = relu_of("f32[1024]");
+    let out = dcir_run(&["-", "--memory-budget", "6K"], Some(&small));
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("more than the budget of 6.0 KiB (--memory-budget)"),
+        "{err}"
+    );
+    let out = dcir_run(&["-", "--memory-budget", "8K"], Some(&small));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = dcir_run(&["-", "--memory-budget", "lots"], Some(&small));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("`lots` is not a size"));
+    assert!(started.elapsed().as_secs() < 10);
+}

@@ -40,6 +40,7 @@ mod gemm;
 pub mod io;
 mod layout;
 mod linalg;
+pub mod memory;
 mod nn;
 pub mod random;
 pub mod tensor;

@@ -29,4 +29,4 @@ pub use graph::{
 pub use op::{Arity, AttrDefault, AttrError, AttrSpec, OpInfo, OpKind, ResultTypes};
 pub use print::{print_graph, print_module};
 pub use types::{DType, Shape, TensorType};
-pub use verify::{VerifyError, verify_graph, verify_module};
+pub use verify::{MAX_TENSOR_BYTES, VerifyError, verify_graph, verify_module};

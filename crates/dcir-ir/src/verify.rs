@@ -4,7 +4,9 @@
 //!
 //! 1. **Names.** Graph names are non-empty identifiers, unique in the module;
 //!    value names are non-empty, made of `[A-Za-z0-9_.]`, unique in their graph;
-//!    attribute names are identifiers.
+//!    attribute names are identifiers. Every value's size in bytes is at
+//!    most [`MAX_TENSOR_BYTES`] (its element count and byte size never
+//!    overflow).
 //! 2. **Blocks.** Every block is non-empty and ends in its terminator — `return`
 //!    for a graph body, `yield` for a `fused` region — and holds no other
 //!    terminator. Every listed op names that block as its parent.
@@ -104,6 +106,11 @@ pub fn verify_graph(graph: &Graph) -> Result<(), Vec<VerifyError>> {
     }
 }
 
+/// The most bytes a tensor may hold (`isize::MAX`, the most one allocation
+/// can have): the verifier rejects a value whose size exceeds it or whose
+/// element count overflows, so sizes computed from verified types never wrap.
+pub const MAX_TENSOR_BYTES: usize = isize::MAX as usize;
+
 /// True for `[A-Za-z_][A-Za-z0-9_.]*`.
 pub fn is_identifier(s: &str) -> bool {
     let mut chars = s.chars();
@@ -157,6 +164,20 @@ impl Verifier<'_> {
             }
             if !seen.insert(data.name.as_str()) {
                 self.error(owner, format!("value %{} is defined twice", data.name));
+            }
+            let ty = self.g.ty(id);
+            if ty.size_bytes().is_none_or(|b| b > MAX_TENSOR_BYTES) {
+                self.error(
+                    owner,
+                    format!(
+                        "value %{} of type {ty} is too large: {} bytes, more than the {MAX_TENSOR_BYTES} bytes (2^63 - 1) a tensor may hold",
+                        data.name,
+                        ty.shape
+                            .dims()
+                            .iter()
+                            .fold(ty.dtype.size_bytes() as u128, |n, &d| n.saturating_mul(d as u128))
+                    ),
+                );
             }
         }
     }

@@ -45,6 +45,18 @@ pub enum RuntimeError {
         /// Bytes the device allows (opt-in maximum).
         limit: u64,
     },
+    /// The planned run needs more device memory than is free.
+    #[error(
+        "the compiled graph needs {needed} bytes of device memory (the intermediates' arena, inputs, outputs and constants); device {ordinal} has {free} bytes free"
+    )]
+    DeviceMemory {
+        /// The device index.
+        ordinal: usize,
+        /// Bytes the memory plan holds.
+        needed: u64,
+        /// Bytes the driver reports free.
+        free: u64,
+    },
     /// An allocation failed (usually out of memory).
     #[error("cannot allocate {bytes} bytes for {what}: {error}")]
     Alloc {
