@@ -13,16 +13,54 @@ pub fn default_registry() -> dcir_passes::PassRegistry {
     registry
 }
 
+/// dcir's version and the commit it was built from (`git describe` at build
+/// time; `unknown` outside a git checkout).
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("DCIR_COMMIT"), ")");
+
+/// What `--version` prints: the tool and dcir's version; with `-v` (or
+/// `--verbose`) also the NVRTC and CUDA driver found on this machine.
+pub fn version_text(name: &str, verbose: bool) -> String {
+    let mut text = format!("{name} {VERSION}\n");
+    if verbose {
+        let nvrtc = match dcir_cuda::nvrtc::version() {
+            Some((major, minor)) => format!("{major}.{minor}"),
+            None => {
+                dcir_cuda::nvrtc::unavailable_reason().unwrap_or_else(|| "not found".to_string())
+            }
+        };
+        let driver = match dcir_runtime::driver_version() {
+            Some((major, minor)) => format!("supports CUDA {major}.{minor}"),
+            None => "not found (no libcuda.so)".to_string(),
+        };
+        text.push_str(&format!("nvrtc: {nvrtc}\ncuda driver: {driver}\n"));
+    }
+    text
+}
+
 /// Parses a driver's command line with the tool's own `name` in usage and
 /// help; on `--help`, `--version` or a usage error, prints the message and
-/// gives the exit code to return (0 for help, 1 for an error).
+/// gives the exit code to return (0 for help and version, 1 for an error).
 pub fn parse_args<T: clap::Parser>(
     name: &str,
     args: impl IntoIterator<Item = std::ffi::OsString>,
 ) -> Result<T, std::process::ExitCode> {
+    let args: Vec<std::ffi::OsString> = args.into_iter().collect();
+    let flag = |names: &[&str]| args.iter().skip(1).any(|a| names.iter().any(|n| a == n));
+    if flag(&["--version", "-V"]) {
+        print!("{}", version_text(name, flag(&["-v", "--verbose"])));
+        return Err(std::process::ExitCode::SUCCESS);
+    }
     let command = T::command()
         .name(name.to_string())
-        .bin_name(name.to_string());
+        .bin_name(name.to_string())
+        .disable_version_flag(true)
+        .arg(
+            clap::Arg::new("version")
+                .short('V')
+                .long("version")
+                .action(clap::ArgAction::SetTrue)
+                .help("Print dcir's version and commit (with -v also the NVRTC and CUDA driver found)"),
+        );
     command
         .try_get_matches_from(args)
         .and_then(|m| T::from_arg_matches(&m))

@@ -70,8 +70,17 @@ pub struct OptArgs {
     /// Print the IR after every pass that changed it.
     #[arg(long)]
     pub print_ir_after_change: bool,
-    /// Verify the IR after every pass, naming the pass that broke it.
-    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    /// Verify the IR after every pass, naming the pass that broke it (on by default;
+    /// `--verify-each=false` turns it off, `--verify-each` alone keeps it on).
+    #[arg(
+        long,
+        value_name = "BOOL",
+        default_value_t = true,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
     pub verify_each: bool,
     /// Report the time each pass took (to standard error).
     #[arg(long)]

@@ -336,3 +336,44 @@ fn no_fuse_gives_one_kernel_per_op() {
         count(&unfused)
     );
 }
+
+#[test]
+fn verify_each_is_a_flag_or_takes_a_value_after_an_equals_sign() {
+    let file = "ir-examples/conv_bias_relu.dcir";
+    for args in [
+        &["--verify-each", file][..],
+        &[file, "--verify-each"],
+        &["--verify-each=true", file],
+        &["--verify-each=false", file],
+    ] {
+        let out = dcir_opt(args, None);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+        assert!(text(&out.stdout).contains("conv2d"), "{args:?}");
+    }
+}
+
+#[test]
+fn every_driver_prints_its_version_and_with_v_what_it_found() {
+    for (name, exe) in [
+        ("dcir-opt", env!("CARGO_BIN_EXE_dcir-opt")),
+        ("dcir-run", env!("CARGO_BIN_EXE_dcir-run")),
+        ("dcir-import", env!("CARGO_BIN_EXE_dcir-import")),
+    ] {
+        for flag in ["--version", "-V"] {
+            let out = run_tool(exe, &[flag], None);
+            assert!(out.status.success(), "{name} {flag}");
+            let stdout = text(&out.stdout);
+            assert!(
+                stdout.starts_with(&format!("{name} {} (", env!("CARGO_PKG_VERSION"))),
+                "{stdout}"
+            );
+            assert_eq!(stdout.lines().count(), 1, "{stdout}");
+        }
+        let out = run_tool(exe, &["--version", "-v"], None);
+        let stdout = text(&out.stdout);
+        assert!(
+            stdout.contains("\nnvrtc: ") && stdout.contains("\ncuda driver: "),
+            "{stdout}"
+        );
+    }
+}

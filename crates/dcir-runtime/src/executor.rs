@@ -130,6 +130,17 @@ pub fn driver_present() -> bool {
     }
 }
 
+/// The CUDA version the installed driver supports, `(major, minor)`; `None`
+/// without a driver.
+pub fn driver_version() -> Option<(i32, i32)> {
+    if !driver_present() {
+        return None;
+    }
+    driver_version_code()
+        .ok()
+        .map(|v| (v / 1000, v % 1000 / 10))
+}
+
 /// FNV-1a of `text`: the module cache's key.
 fn content_hash(text: &str) -> u64 {
     text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
@@ -190,6 +201,17 @@ impl Executor {
         }
 
         let plan = plan_memory(artifact);
+        // Refused before the first allocation, rather than failing halfway.
+        let (free, _) = ctx
+            .mem_get_info()
+            .map_err(driver("reading the free memory"))?;
+        if plan.peak_bytes() > free as u64 {
+            return Err(RuntimeError::DeviceMemory {
+                ordinal,
+                needed: plan.peak_bytes(),
+                free: free as u64,
+            });
+        }
         let alloc = |what: &str, bytes: u64| {
             stream
                 .alloc_zeros::<u8>(bytes.max(1) as usize)
@@ -564,14 +586,15 @@ fn device_info(ctx: &Arc<CudaContext>) -> Result<DeviceInfo> {
         l2_bytes: attr(A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as u64,
         clock_hz: attr(A::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)? as f64 * 1e3,
         theoretical_bandwidth: memory_clock_hz * bus_bytes * 2.0,
-        driver_version: driver_version()?,
+        driver_version: driver_version_code()?,
     })
 }
 
-/// `cuDriverGetVersion`.
-fn driver_version() -> Result<i32> {
+/// `cuDriverGetVersion` (`1000 * major + 10 * minor`).
+fn driver_version_code() -> Result<i32> {
     let mut version = 0;
-    // SAFETY: the driver is loaded (a context exists) and writes one int.
+    // SAFETY: the driver library is loaded (callers check), the call needs no
+    // context, and it writes one int through the pointer.
     #[allow(unsafe_code)]
     unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut version) }
         .result()

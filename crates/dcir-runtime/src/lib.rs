@@ -12,5 +12,5 @@ mod executor;
 mod plan;
 
 pub use error::RuntimeError;
-pub use executor::{DeviceInfo, Executor, Timing, driver_present, query_device};
+pub use executor::{DeviceInfo, Executor, Timing, driver_present, driver_version, query_device};
 pub use plan::{ALIGN, MemoryPlan, plan_memory};
