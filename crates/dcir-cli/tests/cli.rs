@@ -377,3 +377,28 @@ fn every_driver_prints_its_version_and_with_v_what_it_found() {
         );
     }
 }
+
+#[test]
+fn emitted_cuda_of_many_kernels_is_one_translation_unit() {
+    // Unfused, the BERT layer is many kernels sharing helpers (dcir_max, ...).
+    let out = dcir_opt(
+        &["--no-fuse", "--emit", "cuda", "ir-examples/bert_encoder_layer.dcir"],
+        None,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let source = text(&out.stdout);
+    assert!(source.matches("// ===== kernel").count() > 10);
+    for helper in ["// max/min/relu that propagate NaN", "float dcir_sigmoid("] {
+        assert!(source.matches(helper).count() <= 1, "{helper} defined twice");
+    }
+    if let Some(reason) = dcir_cuda::nvrtc::unavailable_reason() {
+        assert!(
+            std::env::var("DCIR_REQUIRE_NVRTC").as_deref() != Ok("1"),
+            "DCIR_REQUIRE_NVRTC=1 but {reason}"
+        );
+        println!("SKIP: NVRTC: {reason}");
+        return;
+    }
+    dcir_cuda::nvrtc::compile(&source, "bert_layer", dcir_cuda::nvrtc::DEFAULT_ARCH)
+        .unwrap_or_else(|e| panic!("the emitted file does not compile: {e}"));
+}

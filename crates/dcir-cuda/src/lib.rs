@@ -28,16 +28,24 @@ pub use lower::{EmitError, kernel_name, lower_fused, lower_graph};
 pub use print::print_kernel;
 pub use target::{CudaTarget, FUSE};
 
-/// The CUDA source of every kernel of every graph of `module`, each under a
-/// `// ===== kernel <name> =====` line (what `dcir-opt --emit cuda` prints).
+/// The CUDA source of every kernel of every graph of `module` as one
+/// translation unit (what `dcir-opt --emit cuda` prints): the helpers any
+/// kernel uses, once, then each kernel under a `// ===== kernel <name> =====`
+/// line. It compiles with NVRTC as one program.
 pub fn emit_module_source(module: &Module) -> Result<String, EmitError> {
-    let mut out = String::new();
+    let mut kernels = Vec::new();
     for graph in &module.graphs {
-        for kernel in lower_graph(graph)? {
-            out.push_str(&format!("// ===== kernel {} =====\n", kernel.name));
-            out.push_str(&print_kernel(&kernel));
-            out.push('\n');
-        }
+        kernels.extend(lower_graph(graph)?);
+    }
+    let helpers: std::collections::BTreeSet<kir::Helper> = kernels
+        .iter()
+        .flat_map(|k| k.helpers.iter().copied())
+        .collect();
+    let mut out = print::print_helpers(&helpers);
+    for kernel in &kernels {
+        out.push_str(&format!("// ===== kernel {} =====\n", kernel.name));
+        out.push_str(&print::print_kernel_only(kernel));
+        out.push('\n');
     }
     Ok(out)
 }

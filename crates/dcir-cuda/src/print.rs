@@ -127,15 +127,30 @@ __device__ __forceinline__ void dcir_mma_bf16(float& d0, float& d1, float& d2, f
     }
 }
 
-/// Prints one kernel as a translation unit.
+/// Prints one kernel as a translation unit: its helpers, then the kernel.
 pub fn print_kernel(k: &Kernel) -> String {
+    let mut out = print_helpers(&k.helpers);
+    out.push_str(&print_kernel_only(k));
+    out
+}
+
+/// The source of `helpers` (in their fixed order), followed by a blank
+/// line when there are any: what kernels that use them need above them.
+pub fn print_helpers<'a>(helpers: impl IntoIterator<Item = &'a Helper>) -> String {
     let mut out = String::new();
-    for h in &k.helpers {
+    for h in helpers {
         out.push_str(helper_source(*h));
     }
-    if !k.helpers.is_empty() {
+    if !out.is_empty() {
         out.push('\n');
     }
+    out
+}
+
+/// Prints one kernel without its helpers (which [`print_helpers`] gives once
+/// for several kernels).
+pub fn print_kernel_only(k: &Kernel) -> String {
+    let mut out = String::new();
     let _ = writeln!(out, "// {}", k.summary);
     if k.dynamic_shared > 0 {
         let _ = writeln!(
