@@ -7,7 +7,9 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use dcir_fusion::{CostModel, DeviceSpec, apply_plan, explain, plan_graph, plan_unfused};
+use dcir_fusion::{
+    CostModel, DeviceSpec, FUSE_NAME, apply_plan, explain, plan_graph, plan_unfused,
+};
 use dcir_ir::{Module, OpKind, print_module, verify_module};
 use dcir_passes::{Instrumentation, PassManager, PassRegistry, PipelineFailure, build_pipeline};
 use dcir_reader::{Diagnostic, read_bytes, render};
@@ -204,39 +206,64 @@ fn run(name: &str, registry: &PassRegistry, args: &OptArgs) -> Result<(), Report
     check(&module, &file_name, source)?;
     timings.push(("verify", t.elapsed()));
 
+    let mut log = std::io::stderr().lock();
+    let instrumentation_failed = |failure| report_failure(name, &file_name, &source(), failure);
     if let Some(manager) = &mut manager {
         let t = Instant::now();
-        let mut log = std::io::stderr().lock();
         manager
-            .run(&mut module, &mut log)
-            .map_err(|failure| report_failure(name, &file_name, &source(), failure))?;
+            .run_passes(&mut module, &mut log)
+            .map_err(instrumentation_failed)?;
         timings.push(("passes", t.elapsed()));
     }
 
+    // Fusion runs as a step of the pass manager: `--print-ir-after fuse`,
+    // `--time-passes`, `--dump-dir` and `--verify-each` see it like a pass.
+    let mut emitted = None;
     if let Some(model) = &model {
         let t = Instant::now();
-        let emitted = fuse(name, args, model, &mut module)?;
+        let mut step = |m: &mut Module| {
+            emitted = fuse(args, model, m)?;
+            // Planning (--emit plan, dot) leaves the IR as it is.
+            Ok::<bool, String>(!matches!(args.emit, Emit::Plan | Emit::Dot))
+        };
+        let fused = match &mut manager {
+            Some(manager) => manager
+                .run_step(FUSE_NAME, &mut module, &mut log, step)
+                .map_err(instrumentation_failed)?,
+            None => step(&mut module).map(|_| ()),
+        };
+        fused.map_err(|e| {
+            eprintln!("{name}: error: {e}");
+            Reported
+        })?;
         timings.push(("fuse", t.elapsed()));
-        if args.emit == Emit::Artifact {
-            return write_artifacts(name, args, &module);
-        }
-        if let Some(text) = emitted {
-            write_output(name, args.output.as_ref(), &text)?;
-            return Ok(());
-        }
     }
+    if let Some(manager) = &mut manager {
+        manager.finish(&mut log).map_err(instrumentation_failed)?;
+    }
+    drop(log);
 
-    let t = Instant::now();
-    let text = print_module(&module);
-    timings.push(("print", t.elapsed()));
-
-    if args.verify_roundtrip {
+    if args.emit == Emit::Artifact {
         let t = Instant::now();
-        verify_roundtrip(name, &module, &text)?;
-        timings.push(("roundtrip", t.elapsed()));
+        write_artifacts(name, args, &module)?;
+        timings.push(("artifact", t.elapsed()));
+    } else {
+        let text = match emitted {
+            Some(text) => text,
+            None => {
+                let t = Instant::now();
+                let text = print_module(&module);
+                timings.push(("print", t.elapsed()));
+                if args.verify_roundtrip {
+                    let t = Instant::now();
+                    verify_roundtrip(name, &module, &text)?;
+                    timings.push(("roundtrip", t.elapsed()));
+                }
+                text
+            }
+        };
+        write_output(name, args.output.as_ref(), &text)?;
     }
-
-    write_output(name, args.output.as_ref(), &text)?;
     timings.push(("total", started.elapsed()));
     if args.timing {
         for (phase, d) in timings {
@@ -265,21 +292,11 @@ fn cost_model(name: &str, device: &str) -> Result<CostModel, Reported> {
 /// Plans every graph; explains rejections if asked; returns the plan text
 /// for `--emit plan|dot`, the kernels' source for `--emit cuda` (a graph that
 /// already has `fused` ops is emitted as it is), or rewrites the module into
-/// fused ops for `--emit ir`.
-fn fuse(
-    name: &str,
-    args: &OptArgs,
-    model: &CostModel,
-    module: &mut Module,
-) -> Result<Option<String>, Reported> {
+/// fused ops for `--emit ir`. An error is the message to print.
+fn fuse(args: &OptArgs, model: &CostModel, module: &mut Module) -> Result<Option<String>, String> {
     let mut emitted = String::new();
     let mut session = match args.tune.tune {
-        true => Some(
-            crate::gpu::TuneSession::open(&args.device, &args.tune).map_err(|e| {
-                eprintln!("{name}: error: {e}");
-                Reported
-            })?,
-        ),
+        true => Some(crate::gpu::TuneSession::open(&args.device, &args.tune)?),
         false => None,
     };
     for graph in &mut module.graphs {
@@ -291,7 +308,7 @@ fn fuse(
             continue;
         }
         let plan = match &mut session {
-            Some(s) if s.fusion => s.plan(graph),
+            Some(s) if s.fusion => s.plan(graph)?,
             _ => {
                 let plan = if args.no_fuse {
                     plan_unfused
@@ -299,13 +316,9 @@ fn fuse(
                     plan_graph
                 };
                 plan(graph, model, &dcir_cuda::CudaTarget)
-                    .map_err(|e| format!("cannot fuse @{}: {e}", graph.name()))
+                    .map_err(|e| format!("cannot fuse @{}: {e}", graph.name()))?
             }
-        }
-        .map_err(|e| {
-            eprintln!("{name}: error: {e}");
-            Reported
-        })?;
+        };
         if args.explain_fusion {
             eprint!("{}", explain::explain(graph, &plan));
         }
@@ -313,36 +326,28 @@ fn fuse(
             Emit::Plan => emitted.push_str(&explain::plan_table(graph, &plan)),
             Emit::Dot => emitted.push_str(&explain::plan_dot(graph, &plan)),
             Emit::Ir | Emit::Cuda | Emit::Artifact => {
-                *graph = apply_plan(graph, &plan).map_err(|e| {
-                    eprintln!("{name}: error: cannot fuse @{}: {e}", graph.name());
-                    Reported
-                })?;
+                *graph = apply_plan(graph, &plan)
+                    .map_err(|e| format!("cannot fuse @{}: {e}", graph.name()))?;
             }
         }
     }
     if matches!(args.emit, Emit::Ir | Emit::Cuda | Emit::Artifact) {
         verify_module(module).map_err(|errors| {
-            eprintln!("{name}: error: the fused IR does not verify (a fusion bug):");
-            for e in errors {
-                eprintln!("  {e}");
-            }
-            Reported
+            let listed: Vec<String> = errors.iter().map(|e| format!("  {e}")).collect();
+            format!(
+                "the fused IR does not verify (a fusion bug):\n{}",
+                listed.join("\n")
+            )
         })?;
         if let Some(s) = &mut session {
             for graph in &mut module.graphs {
-                *graph = s.tune(graph).map_err(|e| {
-                    eprintln!("{name}: error: {e}");
-                    Reported
-                })?;
+                *graph = s.tune(graph)?;
             }
         }
         if matches!(args.emit, Emit::Ir | Emit::Artifact) {
             return Ok(None);
         }
-        emitted = dcir_cuda::emit_module_source(module).map_err(|e| {
-            eprintln!("{name}: error: {e}");
-            Reported
-        })?;
+        emitted = dcir_cuda::emit_module_source(module).map_err(|e| e.to_string())?;
     }
     Ok(Some(emitted))
 }

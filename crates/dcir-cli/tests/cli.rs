@@ -382,14 +382,22 @@ fn every_driver_prints_its_version_and_with_v_what_it_found() {
 fn emitted_cuda_of_many_kernels_is_one_translation_unit() {
     // Unfused, the BERT layer is many kernels sharing helpers (dcir_max, ...).
     let out = dcir_opt(
-        &["--no-fuse", "--emit", "cuda", "ir-examples/bert_encoder_layer.dcir"],
+        &[
+            "--no-fuse",
+            "--emit",
+            "cuda",
+            "ir-examples/bert_encoder_layer.dcir",
+        ],
         None,
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
     let source = text(&out.stdout);
     assert!(source.matches("// ===== kernel").count() > 10);
     for helper in ["// max/min/relu that propagate NaN", "float dcir_sigmoid("] {
-        assert!(source.matches(helper).count() <= 1, "{helper} defined twice");
+        assert!(
+            source.matches(helper).count() <= 1,
+            "{helper} defined twice"
+        );
     }
     if let Some(reason) = dcir_cuda::nvrtc::unavailable_reason() {
         assert!(
@@ -401,4 +409,46 @@ fn emitted_cuda_of_many_kernels_is_one_translation_unit() {
     }
     dcir_cuda::nvrtc::compile(&source, "bert_layer", dcir_cuda::nvrtc::DEFAULT_ARCH)
         .unwrap_or_else(|e| panic!("the emitted file does not compile: {e}"));
+}
+
+#[test]
+fn fusion_is_a_pass_to_every_instrumentation_flag() {
+    let file = "ir-examples/ln_gelu.dcir";
+    let out = dcir_opt(&["--fuse", "--time-passes", file], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    let fuse_line = err.lines().find(|l| l.trim_end().ends_with(" fuse"));
+    assert!(fuse_line.is_some(), "{err}");
+    assert_eq!(
+        err.matches("Pass execution timing report").count(),
+        1,
+        "{err}"
+    );
+
+    let out = dcir_opt(&["--fuse", "--print-ir-after", "fuse", file], None);
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("// -----// IR Dump After fuse //----- //") && err.contains("= fused @g0("),
+        "{err}"
+    );
+    let out = dcir_opt(&["--fuse", "--print-ir-after-all", file], None);
+    assert!(text(&out.stderr).contains("IR Dump After fuse"));
+
+    let dir = std::env::temp_dir().join(format!("dcir-opt-dump-fuse-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = dcir_opt(&["--fuse", "--dump-dir", dir.to_str().unwrap(), file], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let fused = std::fs::read_to_string(dir.join("04-fuse.dcir")).expect("the fused IR is dumped");
+    assert!(fused.contains("= fused @g0("));
+    let _ = std::fs::remove_dir_all(&dir);
+
+    for emit in ["plan", "dot", "cuda", "ir"] {
+        let out = dcir_opt(&["--fuse", "--emit", emit, "--timing", file], None);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let err = text(&out.stderr);
+        assert!(
+            err.contains("timing: fuse") && err.contains("timing: total"),
+            "{emit}: {err}"
+        );
+    }
 }

@@ -6,26 +6,6 @@ use std::path::Path;
 use dcir_ir::verify_module;
 use dcir_reader::{parse_module, render};
 
-fn dcir_blocks(markdown: &str) -> Vec<String> {
-    let mut blocks = Vec::new();
-    let mut current: Option<String> = None;
-    for line in markdown.lines() {
-        match &mut current {
-            None if line.trim_start() == "```dcir" => current = Some(String::new()),
-            Some(block) if line.trim_start() == "```" => {
-                blocks.push(std::mem::take(block));
-                current = None;
-            }
-            Some(block) => {
-                block.push_str(line);
-                block.push('\n');
-            }
-            None => {}
-        }
-    }
-    blocks
-}
-
 #[test]
 fn dcir_blocks_in_docs_verify() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
@@ -40,7 +20,7 @@ fn dcir_blocks_in_docs_verify() {
     let mut checked = 0;
     for page in pages {
         let text = std::fs::read_to_string(&page).expect("readable page");
-        for block in dcir_blocks(&text) {
+        for block in blocks_of(&text, "dcir") {
             let name = page.display().to_string();
             let module =
                 parse_module(&block).unwrap_or_else(|d| panic!("{}", render(&name, &block, &d)));
@@ -52,4 +32,68 @@ fn dcir_blocks_in_docs_verify() {
         }
     }
     assert!(checked >= 2, "expected dcir blocks in docs/ir.md");
+}
+
+/// The ```LANG code blocks of `markdown`.
+fn blocks_of(markdown: &str, lang: &str) -> Vec<String> {
+    let fence = format!("```{lang}");
+    let mut blocks = Vec::new();
+    let mut current: Option<String> = None;
+    for line in markdown.lines() {
+        match &mut current {
+            None if line.trim_start() == fence => current = Some(String::new()),
+            Some(block) if line.trim_start() == "```" => {
+                blocks.push(std::mem::take(block));
+                current = None;
+            }
+            Some(block) => {
+                block.push_str(line);
+                block.push('\n');
+            }
+            None => {}
+        }
+    }
+    blocks
+}
+
+/// `docs/writing-a-pass.md` shows compiled code: each line of each ```rust
+/// block is a line of the `examples/my-opt` sources (which CI builds and
+/// tests), in order, and the `path` dependencies of its ```toml block name
+/// dcir's crates.
+#[test]
+fn writing_a_pass_shows_the_example_crate_verbatim() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let page = std::fs::read_to_string(root.join("docs/writing-a-pass.md")).expect("the page");
+    let source: String = ["lib.rs", "main.rs"]
+        .iter()
+        .map(|f| std::fs::read_to_string(root.join("examples/my-opt/src").join(f)).expect("source"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let rust = blocks_of(&page, "rust");
+    assert!(rust.len() >= 3, "{} rust blocks", rust.len());
+    for block in &rust {
+        let mut lines = source.lines();
+        for line in block.lines().filter(|l| !l.trim().is_empty()) {
+            assert!(
+                lines.any(|s| s == line),
+                "this line of a block of docs/writing-a-pass.md is not in examples/my-opt (in order):\n{line}\n\nblock:\n{block}"
+            );
+        }
+    }
+    let toml = blocks_of(&page, "toml");
+    assert_eq!(toml.len(), 1);
+    let mut named = 0;
+    for line in toml[0].lines() {
+        if let Some((_, rest)) = line.split_once("path = \"../dcir/") {
+            let path = rest.split('"').next().unwrap_or_default();
+            assert!(
+                root.join(path).join("Cargo.toml").is_file(),
+                "{path} is no crate"
+            );
+            let krate = line.split_whitespace().next().unwrap_or_default();
+            assert!(path.ends_with(krate), "{line}");
+            named += 1;
+        }
+    }
+    assert_eq!(named, 3, "{}", toml[0]);
 }

@@ -78,6 +78,10 @@ pub enum PipelineFailure {
 pub struct PassManager {
     passes: Vec<Box<dyn Pass>>,
     instrumentation: Instrumentation,
+    /// The passes and steps run so far, for the timing report.
+    records: Vec<PassRecord>,
+    /// Files written to the dump directory so far (the next one's number).
+    dumped: usize,
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> PipelineFailure {
@@ -91,26 +95,37 @@ impl PassManager {
         PassManager {
             passes,
             instrumentation,
+            records: Vec::new(),
+            dumped: 0,
         }
     }
 
-    /// Runs every pass on `module` in order. IR dumps, bisect lines and the
-    /// timing report go to `log` (standard error, for the drivers).
+    /// Runs every pass on `module` in order, then writes the timing report
+    /// (`time_passes`). IR dumps, bisect lines and the report go to `log`
+    /// (standard error, for the drivers).
     pub fn run(
         &mut self,
         module: &mut Module,
         log: &mut dyn Write,
     ) -> Result<Vec<PassRecord>, PipelineFailure> {
+        self.run_passes(module, log)?;
+        self.finish(log)
+    }
+
+    /// Runs every pass on `module` in order, without the timing report: a
+    /// driver that runs [`PassManager::run_step`]s after the passes calls
+    /// [`PassManager::finish`] once they are done.
+    pub fn run_passes(
+        &mut self,
+        module: &mut Module,
+        log: &mut dyn Write,
+    ) -> Result<(), PipelineFailure> {
         let ins = &self.instrumentation;
         let mut analyses = AnalysisManager::new();
-        let mut records = Vec::new();
+        let records = &mut self.records;
         let mut bisect_count = 0;
-        if let Some(dir) = &ins.dump_dir {
-            std::fs::create_dir_all(dir).map_err(io(dir.display().to_string()))?;
-            let path = dir.join("00-input.dcir");
-            std::fs::write(&path, print_module(module)).map_err(io(path.display().to_string()))?;
-        }
-        for (index, pass) in self.passes.iter_mut().enumerate() {
+        dump_input(ins, &mut self.dumped, module)?;
+        for pass in self.passes.iter_mut() {
             let name = pass.name();
             if !pass.is_required() {
                 bisect_count += 1;
@@ -160,17 +175,100 @@ impl PassManager {
             if asked || (ins.print_after_change && result.changed) {
                 dump(log, "After", name, module)?;
             }
-            if let Some(dir) = &ins.dump_dir {
-                let path = dir.join(format!("{:02}-{name}.dcir", index + 1));
-                std::fs::write(&path, print_module(module))
-                    .map_err(io(path.display().to_string()))?;
-            }
+            dump_after(ins, &mut self.dumped, name, module)?;
         }
-        if ins.time_passes {
+        Ok(())
+    }
+
+    /// Runs `step`, a transformation that is no registered pass (the
+    /// drivers' fusion, which plans with options a pipeline cannot hold),
+    /// under the instrumentation of a pass named `name`: printed before and
+    /// after, verified, dumped and timed like one. `step` says whether it
+    /// changed the module; its own error is the inner `Err`.
+    pub fn run_step<E>(
+        &mut self,
+        name: &'static str,
+        module: &mut Module,
+        log: &mut dyn Write,
+        step: impl FnOnce(&mut Module) -> Result<bool, E>,
+    ) -> Result<Result<(), E>, PipelineFailure> {
+        let ins = &self.instrumentation;
+        dump_input(ins, &mut self.dumped, module)?;
+        if ins.print_before.iter().any(|p| p == name) {
+            dump(log, "Before", name, module)?;
+        }
+        let start = Instant::now();
+        let changed = match step(module) {
+            Ok(changed) => changed,
+            Err(e) => return Ok(Err(e)),
+        };
+        self.records.push(PassRecord {
+            name,
+            ran: true,
+            changed,
+            time: start.elapsed(),
+        });
+        if ins.verify_each
+            && let Err(errors) = verify_module(module)
+        {
+            return Err(PipelineFailure::Verify {
+                pass: name,
+                errors,
+                ir: print_module(module),
+            });
+        }
+        let asked = ins.print_after_all || ins.print_after.iter().any(|p| p == name);
+        if asked || (ins.print_after_change && changed) {
+            dump(log, "After", name, module)?;
+        }
+        dump_after(ins, &mut self.dumped, name, module)?;
+        Ok(Ok(()))
+    }
+
+    /// Writes the timing report of every pass and step run so far (with
+    /// `time_passes`) and returns their records.
+    pub fn finish(&mut self, log: &mut dyn Write) -> Result<Vec<PassRecord>, PipelineFailure> {
+        let records = std::mem::take(&mut self.records);
+        if self.instrumentation.time_passes {
             write_timing(log, &records).map_err(io("the log"))?;
         }
         Ok(records)
     }
+}
+
+/// Writes the input to the dump directory (`00-input.dcir`), once.
+fn dump_input(
+    ins: &Instrumentation,
+    dumped: &mut usize,
+    module: &Module,
+) -> Result<(), PipelineFailure> {
+    let Some(dir) = &ins.dump_dir else {
+        return Ok(());
+    };
+    if *dumped > 0 {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir).map_err(io(dir.display().to_string()))?;
+    let path = dir.join("00-input.dcir");
+    std::fs::write(&path, print_module(module)).map_err(io(path.display().to_string()))?;
+    *dumped = 1;
+    Ok(())
+}
+
+/// Writes the IR after pass `name` to the dump directory, numbered in run order.
+fn dump_after(
+    ins: &Instrumentation,
+    dumped: &mut usize,
+    name: &str,
+    module: &Module,
+) -> Result<(), PipelineFailure> {
+    let Some(dir) = &ins.dump_dir else {
+        return Ok(());
+    };
+    let path = dir.join(format!("{:02}-{name}.dcir", *dumped));
+    std::fs::write(&path, print_module(module)).map_err(io(path.display().to_string()))?;
+    *dumped += 1;
+    Ok(())
 }
 
 fn dump(
