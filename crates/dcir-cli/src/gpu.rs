@@ -58,18 +58,26 @@ const TUNE_REPS: usize = 20;
 /// Fuses `graph` (cleanup pipeline, then the planner with `device`'s cost
 /// model, or with measured times under `--tune-fusion`; every op its own
 /// kernel with `no_fuse`) unless it already has `fused` ops, tunes it under
-/// `--tune`, and builds its artifact with NVRTC.
+/// `--tune`, and builds its artifact with NVRTC for GPU `gpu`'s architecture.
 pub(crate) fn compile(
     graph: &Graph,
     device: &str,
     tune: &TuneArgs,
     no_fuse: bool,
+    gpu: usize,
 ) -> Result<Artifact, String> {
+    // The driver first: without a GPU nothing else matters.
+    let info = dcir_runtime::query_device(gpu).map_err(|e| e.to_string())?;
     if let Some(reason) = dcir_cuda::nvrtc::unavailable_reason() {
         return Err(format!("the cuda backend compiles with NVRTC: {reason}"));
     }
+    let arch = format!(
+        "sm_{}{}",
+        info.compute_capability.0, info.compute_capability.1
+    );
+    dcir_cuda::nvrtc::check_arch(&arch)?;
     let mut session = match tune.tune {
-        true => Some(TuneSession::open(device, tune)?),
+        true => Some(TuneSession::open(device, tune, gpu)?),
         false => None,
     };
     let mut module = Module::new();
@@ -89,7 +97,7 @@ pub(crate) fn compile(
         let plan = match &mut session {
             Some(s) if s.fusion && !no_fuse => s.plan(g)?,
             _ => {
-                let model = CostModel::new(device_spec(device)?);
+                let model = CostModel::new(device_spec(device, gpu)?);
                 let plan = if no_fuse { plan_unfused } else { plan_graph };
                 plan(g, &model, &dcir_cuda::CudaTarget)
                     .map_err(|e| format!("cannot fuse @{}: {e}", g.name()))?
@@ -103,7 +111,11 @@ pub(crate) fn compile(
         let g = &mut module.graphs[0];
         *g = s.tune(g)?;
     }
-    dcir_cuda::build_artifact(&module.graphs[0], &dcir_cuda::BuildOptions::default())
+    let options = dcir_cuda::BuildOptions {
+        arch,
+        compile: true,
+    };
+    dcir_cuda::build_artifact(&module.graphs[0], &options)
 }
 
 /// A tuning session on GPU 0: the measurer, the cache and the progress
@@ -119,12 +131,15 @@ pub(crate) struct TuneSession {
 }
 
 impl TuneSession {
-    /// Opens GPU 0 and the cache `tune` names, the candidates ranked by
-    /// `device`'s cost model (`live` or a preset).
-    pub(crate) fn open(device: &str, tune: &TuneArgs) -> Result<TuneSession, String> {
-        let mut options = dcir_tune::TuneOptions::new(device_spec(device)?);
+    /// Opens GPU `gpu` and the cache `tune` names, the candidates ranked by
+    /// `device`'s cost model (`live`: that GPU, or a preset) and compiled
+    /// for that GPU's architecture.
+    pub(crate) fn open(device: &str, tune: &TuneArgs, gpu: usize) -> Result<TuneSession, String> {
+        let measure = dcir_tune::GpuMeasure::new(TUNE_REPS, gpu)?;
+        let mut options = dcir_tune::TuneOptions::new(device_spec(device, gpu)?);
         options.top_k = tune.tune_top_k.max(1);
-        let measure = dcir_tune::GpuMeasure::new(TUNE_REPS)?;
+        let (major, minor) = measure.device().compute_capability;
+        options.arch = format!("sm_{major}{minor}");
         let path = match &tune.tune_cache {
             Some(p) if p.as_os_str() == "none" => None,
             Some(p) => Some(p.clone()),
@@ -277,9 +292,9 @@ fn default_cache() -> Option<PathBuf> {
 
 /// The cost model's device: `live` reads GPU 0 (`DeviceSpec::from_live`),
 /// anything else names a preset.
-fn device_spec(device: &str) -> Result<DeviceSpec, String> {
+fn device_spec(device: &str, gpu: usize) -> Result<DeviceSpec, String> {
     if device == "live" {
-        let d = dcir_runtime::query_device(0).map_err(|e| e.to_string())?;
+        let d = dcir_runtime::query_device(gpu).map_err(|e| e.to_string())?;
         let live = LiveDevice {
             name: d.name.clone(),
             compute_capability: (d.compute_capability.0 * 10 + d.compute_capability.1) as u32,
@@ -356,6 +371,7 @@ pub(crate) fn execute(
     inputs: &[Tensor],
     bench: Option<(usize, bool)>,
     budget: Option<u64>,
+    gpu: usize,
 ) -> Result<CudaRun, String> {
     // Checked before the driver is touched: a budget the plan exceeds is
     // an error with or without a GPU (the device's free memory is checked
@@ -371,7 +387,7 @@ pub(crate) fn execute(
             human_bytes(u128::from(budget))
         ));
     }
-    let mut ex = Executor::new(artifact, 0).map_err(|e| e.to_string())?;
+    let mut ex = Executor::new(artifact, gpu).map_err(|e| e.to_string())?;
     let tensors = dcir_tune::measure::run_outputs(&mut ex, graph, inputs)?;
     let bench = match bench {
         None => None,

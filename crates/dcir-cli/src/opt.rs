@@ -45,9 +45,10 @@ pub struct OptArgs {
     /// What to print: the IR, the fusion plan (a table per graph), Graphviz of the plan, or CUDA.
     #[arg(long, value_enum, default_value_t = Emit::Ir)]
     pub emit: Emit,
-    /// GPU architecture NVRTC compiles for with `--emit artifact`.
-    #[arg(long, value_name = "ARCH", default_value = dcir_cuda::nvrtc::DEFAULT_ARCH)]
-    pub arch: String,
+    /// GPU architecture NVRTC compiles for with `--emit artifact` (default: the --device
+    /// preset's, e.g. sm_90 for h200, sm_80 for a100).
+    #[arg(long, value_name = "ARCH")]
+    pub arch: Option<String>,
     /// Device preset the fusion cost model uses (h200, h100, a100, v100, rtx2080).
     #[arg(long, value_name = "NAME", default_value = "h200")]
     pub device: String,
@@ -180,6 +181,12 @@ fn run(name: &str, registry: &PassRegistry, args: &OptArgs) -> Result<(), Report
         true => Some(cost_model(name, &args.device)?),
         false => None,
     };
+    if args.emit == Emit::Artifact {
+        dcir_cuda::nvrtc::check_arch(&artifact_arch(args)).map_err(|e| {
+            eprintln!("{name}: error: {e}");
+            Reported
+        })?;
+    }
     let pipeline = match (&args.pipeline, fusing) {
         (Some(text), _) => Some(text.as_str()),
         (None, true) => Some(FUSION_CLEANUP),
@@ -296,7 +303,7 @@ fn cost_model(name: &str, device: &str) -> Result<CostModel, Reported> {
 fn fuse(args: &OptArgs, model: &CostModel, module: &mut Module) -> Result<Option<String>, String> {
     let mut emitted = String::new();
     let mut session = match args.tune.tune {
-        true => Some(crate::gpu::TuneSession::open(&args.device, &args.tune)?),
+        true => Some(crate::gpu::TuneSession::open(&args.device, &args.tune, 0)?),
         false => None,
     };
     for graph in &mut module.graphs {
@@ -360,7 +367,7 @@ fn write_artifacts(name: &str, args: &OptArgs, module: &Module) -> Result<(), Re
         return Err(Reported);
     };
     let options = dcir_cuda::BuildOptions {
-        arch: args.arch.clone(),
+        arch: artifact_arch(args),
         compile: true,
     };
     for graph in &module.graphs {
@@ -386,6 +393,17 @@ fn write_artifacts(name: &str, args: &OptArgs, module: &Module) -> Result<(), Re
         );
     }
     Ok(())
+}
+
+/// The architecture of `--emit artifact`: `--arch`, else the `--device`
+/// preset's compute capability.
+fn artifact_arch(args: &OptArgs) -> String {
+    args.arch.clone().unwrap_or_else(|| {
+        DeviceSpec::preset(&args.device).map_or_else(
+            || dcir_cuda::nvrtc::DEFAULT_ARCH.to_string(),
+            |d| format!("sm_{}", d.compute_capability),
+        )
+    })
 }
 
 fn instrumentation(args: &OptArgs) -> Instrumentation {

@@ -77,7 +77,10 @@ pub struct RunArgs {
     /// (cuda) Run the artifact in DIR (from `dcir-opt --emit artifact -o DIR`) instead of compiling FILE's graph.
     #[arg(long, value_name = "DIR")]
     pub artifact: Option<PathBuf>,
-    /// (cuda) The device the fusion cost model plans for: `live` (GPU 0, queried) or a preset (h200, h100, a100, v100, rtx2080).
+    /// (cuda) The GPU to run on, numbered among those CUDA_VISIBLE_DEVICES leaves visible.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub gpu: usize,
+    /// (cuda) The device the fusion cost model plans for: `live` (the --gpu, queried) or a preset (h200, h100, a100, v100, rtx2080).
     #[arg(long, value_name = "NAME", default_value = "live")]
     pub device: String,
     /// The most memory the run may hold, e.g. `512M`, `16G` (binary units). The interpreter
@@ -205,15 +208,23 @@ fn run(name: &str, args: &RunArgs) -> Result<(), Reported> {
         Backend::Cuda => {
             let artifact = match &args.artifact {
                 Some(dir) => crate::gpu::load(dir, graph),
-                None => crate::gpu::compile(graph, &args.device, &args.tune, args.no_fuse),
+                None => {
+                    crate::gpu::compile(graph, &args.device, &args.tune, args.no_fuse, args.gpu)
+                }
             }
             .map_err(fail)?;
             timings.push(("compile", t.elapsed()));
             let t = Instant::now();
             let bench = args.bench.map(|reps| (reps, args.per_kernel));
-            let run =
-                crate::gpu::execute(&artifact, graph, &bound.inputs, bench, args.memory_budget)
-                    .map_err(fail)?;
+            let run = crate::gpu::execute(
+                &artifact,
+                graph,
+                &bound.inputs,
+                bench,
+                args.memory_budget,
+                args.gpu,
+            )
+            .map_err(fail)?;
             timings.push(("run", t.elapsed()));
             report_cuda(&run);
             if args.check {

@@ -452,3 +452,70 @@ fn fusion_is_a_pass_to_every_instrumentation_flag() {
         );
     }
 }
+
+#[test]
+fn the_device_preset_sets_the_artifact_architecture_and_a_bad_one_is_named() {
+    let out = dcir_opt(
+        &[
+            "--emit",
+            "artifact",
+            "-o",
+            "/nonexistent/x",
+            "--arch",
+            "sm_9x",
+            "ir-examples/ln_gelu.dcir",
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("`sm_9x` is not a GPU architecture"),
+        "{}",
+        text(&out.stderr)
+    );
+    if let Some(reason) = dcir_cuda::nvrtc::unavailable_reason() {
+        assert!(
+            std::env::var("DCIR_REQUIRE_NVRTC").as_deref() != Ok("1"),
+            "DCIR_REQUIRE_NVRTC=1 but {reason}"
+        );
+        println!("SKIP: NVRTC: {reason}");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("dcir-opt-arch-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = dcir_opt(
+        &[
+            "--device",
+            "a100",
+            "--emit",
+            "artifact",
+            "-o",
+            dir.to_str().unwrap(),
+            "ir-examples/ln_gelu.dcir",
+        ],
+        None,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("sm_80"), "{}", text(&out.stderr));
+    let _ = std::fs::remove_dir_all(&dir);
+    // CUDA 13's NVRTC no longer targets Volta.
+    let out = dcir_opt(
+        &[
+            "--device",
+            "v100",
+            "--emit",
+            "artifact",
+            "-o",
+            dir.to_str().unwrap(),
+            "ir-examples/ln_gelu.dcir",
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("cannot compile for `sm_70`; it supports sm_75"),
+        "{err}"
+    );
+    assert!(!dir.exists(), "nothing is written");
+}

@@ -393,3 +393,23 @@ fn a_graph_larger_than_the_memory_budget_is_refused_before_allocating() {
     assert!(text(&out.stderr).contains("`lots` is not a size"));
     assert!(started.elapsed().as_secs() < 10);
 }
+
+#[test]
+fn without_a_driver_the_cuda_backend_says_so_first() {
+    if dcir_runtime::driver_present() {
+        println!("SKIP: a CUDA driver is present");
+        return;
+    }
+    for extra in [&[][..], &["--gpu", "1"], &["--tune"]] {
+        let mut args = vec!["ir-examples/ln_gelu.dcir", "--backend", "cuda"];
+        args.extend_from_slice(extra);
+        let out = dcir_run(&args, None);
+        assert_eq!(out.status.code(), Some(1));
+        let stderr = text(&out.stderr);
+        let error = stderr.lines().find(|l| l.contains("error:")).unwrap_or("");
+        assert!(
+            error.contains("no CUDA driver (libcuda.so not found)"),
+            "{stderr}"
+        );
+    }
+}

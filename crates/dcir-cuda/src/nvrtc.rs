@@ -54,6 +54,52 @@ pub fn version() -> Option<(i32, i32)> {
     (status == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS).then_some((major, minor))
 }
 
+/// The compute capabilities NVRTC compiles for (`[75, 80, ..., 120]`),
+/// or `None` when it is unavailable.
+pub fn supported_archs() -> Option<Vec<i32>> {
+    if !available() {
+        return None;
+    }
+    let mut count = 0;
+    // SAFETY: the library is present; the first call writes one int, the
+    // second `count` ints into a buffer of that length.
+    #[allow(unsafe_code)]
+    unsafe {
+        use cudarc::nvrtc::sys::{self, nvrtcResult::NVRTC_SUCCESS};
+        if sys::nvrtcGetNumSupportedArchs(&mut count) != NVRTC_SUCCESS || count <= 0 {
+            return None;
+        }
+        let mut archs = vec![0; count as usize];
+        (sys::nvrtcGetSupportedArchs(archs.as_mut_ptr()) == NVRTC_SUCCESS).then_some(archs)
+    }
+}
+
+/// Checks an architecture name (`sm_90`, `sm_90a`, `compute_80`) and, when
+/// NVRTC is available, that it can compile for it: a clear error naming
+/// what it supports otherwise.
+pub fn check_arch(arch: &str) -> Result<(), String> {
+    let digits = arch
+        .strip_prefix("sm_")
+        .or_else(|| arch.strip_prefix("compute_"))
+        .map(|rest| rest.trim_end_matches(['a', 'f']))
+        .and_then(|d| d.parse::<i32>().ok())
+        .ok_or_else(|| {
+            format!("`{arch}` is not a GPU architecture (sm_XY or compute_XY, e.g. sm_90)")
+        })?;
+    let Some(archs) = supported_archs() else {
+        return Ok(());
+    };
+    if archs.contains(&digits) {
+        return Ok(());
+    }
+    let listed: Vec<String> = archs.iter().map(|a| format!("sm_{a}")).collect();
+    let version = version().map_or(String::new(), |(major, minor)| format!(" {major}.{minor}"));
+    Err(format!(
+        "NVRTC{version} cannot compile for `{arch}`; it supports {}",
+        listed.join(", ")
+    ))
+}
+
 /// What ptxas reported for one kernel.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Resources {

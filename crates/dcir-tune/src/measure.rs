@@ -27,20 +27,23 @@ pub trait Measure {
     ) -> Result<f64, String>;
 }
 
-/// Candidates on GPU 0 through dcir-runtime: outputs poisoned before the
+/// Candidates on one GPU through dcir-runtime: outputs poisoned before the
 /// checked run, then `reps` timed runs each after an L2 flush, so a group
 /// reads its operands from device memory as it does inside a model.
 pub struct GpuMeasure {
     device: DeviceInfo,
+    ordinal: usize,
     reps: usize,
 }
 
 impl GpuMeasure {
-    /// Opens GPU 0; `reps` timed runs per candidate (the median is kept).
-    pub fn new(reps: usize) -> Result<GpuMeasure, String> {
-        let device = dcir_runtime::query_device(0).map_err(|e| e.to_string())?;
+    /// Opens GPU `ordinal` (among the visible ones); `reps` timed runs per
+    /// candidate (the median is kept).
+    pub fn new(reps: usize, ordinal: usize) -> Result<GpuMeasure, String> {
+        let device = dcir_runtime::query_device(ordinal).map_err(|e| e.to_string())?;
         Ok(GpuMeasure {
             device,
+            ordinal,
             reps: reps.max(1),
         })
     }
@@ -70,7 +73,7 @@ impl Measure for GpuMeasure {
         inputs: &[Tensor],
         expected: &[Tensor],
     ) -> Result<f64, String> {
-        let mut ex = Executor::new(artifact, 0).map_err(|e| e.to_string())?;
+        let mut ex = Executor::new(artifact, self.ordinal).map_err(|e| e.to_string())?;
         let outputs = run_outputs(&mut ex, group, inputs)?;
         for (i, (want, got)) in expected.iter().zip(&outputs).enumerate() {
             let tolerance = Tolerance::for_output_of(group, want.dtype());
