@@ -528,10 +528,16 @@ fn reason_key(detail: &str, names: &BTreeSet<String>) -> String {
     {
         s = rest[at + 3..].to_string();
     }
-    if s.starts_with("unsupported ONNX op ") {
-        // The op (and any other unsupported ops), without node names.
-        let ops = s.rsplit_once("of type(s) ").map_or("", |(_, t)| t);
-        return format!("unsupported op {}", ops.trim_end_matches(')'));
+    // The unsupported op types, without node names.
+    if let Some(rest) = s.strip_prefix("unsupported ONNX op `") {
+        return format!("unsupported op {}", rest.split('`').next().unwrap_or(""));
+    }
+    if let Some(rest) = s.strip_prefix("unsupported ONNX ops: ") {
+        let types: Vec<&str> = rest
+            .split("), ")
+            .filter_map(|part| part.split(" (").next())
+            .collect();
+        return format!("unsupported op {}", types.join(", "));
     }
     let s = strip_quoted_names(&s, names);
     if s.chars().count() > 120 {

@@ -162,27 +162,40 @@ pub enum ImportError {
     },
 }
 
+/// One node: `unsupported ONNX op `TopK` (node `a`, #1 of 5)`. Several:
+/// `unsupported ONNX ops: TopK (2 nodes, the first `a`, #1 of 5), NonZero
+/// (1 node, `b`, #3 of 5)`, op types in order of first use.
 fn unsupported_message(nodes: &[NodeRef]) -> String {
-    let Some(first) = nodes.first() else {
-        return "unsupported ops".to_string();
-    };
-    let mut s = format!("unsupported ONNX op {first}");
-    if nodes.len() > 1 {
-        let rest: Vec<String> = nodes[1..].iter().map(|n| n.to_string()).collect();
-        s.push_str(&format!(
-            "; the model also uses these unsupported ops: {}",
-            rest.join(", ")
-        ));
+    match nodes {
+        [] => "unsupported ops".to_string(),
+        [one] => format!("unsupported ONNX op {one}"),
+        _ => {
+            let mut types: Vec<(&str, usize, &NodeRef)> = Vec::new();
+            for n in nodes {
+                match types.iter_mut().find(|(t, _, _)| *t == n.op_type) {
+                    Some((_, count, _)) => *count += 1,
+                    None => types.push((&n.op_type, 1, n)),
+                }
+            }
+            let parts: Vec<String> = types
+                .iter()
+                .map(|(t, count, first)| {
+                    let name = if first.name.is_empty() {
+                        "<unnamed>"
+                    } else {
+                        &first.name
+                    };
+                    let place = format!("`{name}`, #{} of {}", first.index, first.total);
+                    if *count == 1 {
+                        format!("{t} (1 node, {place})")
+                    } else {
+                        format!("{t} ({count} nodes, the first {place})")
+                    }
+                })
+                .collect();
+            format!("unsupported ONNX ops: {}", parts.join(", "))
+        }
     }
-    let mut types: Vec<&str> = nodes.iter().map(|n| n.op_type.as_str()).collect();
-    types.sort_unstable();
-    types.dedup();
-    s.push_str(&format!(
-        " ({} unsupported node(s) of type(s) {})",
-        nodes.len(),
-        types.join(", ")
-    ));
-    s
 }
 
 fn dynamic_message(dims: &[(String, usize, Option<String>)]) -> String {
