@@ -311,7 +311,21 @@ fn fuse(args: &OptArgs, model: &CostModel, module: &mut Module) -> Result<Option
             .all_ops()
             .iter()
             .any(|&o| graph.op(o).kind == OpKind::Fused);
-        if matches!(args.emit, Emit::Cuda | Emit::Artifact) && already_fused {
+        if already_fused {
+            // Left as it is (as the `fuse` pass does); its plan is read back
+            // from its `fused` ops.
+            match args.emit {
+                Emit::Plan | Emit::Dot => {
+                    let (flat, plan) = dcir_fusion::fused_plan(graph, model)
+                        .map_err(|e| format!("cannot read the plan of @{}: {e}", graph.name()))?;
+                    emitted.push_str(&if args.emit == Emit::Plan {
+                        explain::plan_table(&flat, &plan)
+                    } else {
+                        explain::plan_dot(&flat, &plan)
+                    });
+                }
+                Emit::Ir | Emit::Cuda | Emit::Artifact => {}
+            }
             continue;
         }
         let plan = match &mut session {

@@ -519,3 +519,38 @@ fn the_device_preset_sets_the_artifact_architecture_and_a_bad_one_is_named() {
     );
     assert!(!dir.exists(), "nothing is written");
 }
+
+#[test]
+fn the_plan_of_a_fused_graph_is_read_back_from_its_fused_ops() {
+    let file = "ir-examples/resnet50_bottleneck.dcir";
+    let direct = dcir_opt(&["--emit", "plan", file], None);
+    assert!(direct.status.success(), "{}", text(&direct.stderr));
+    let fused = dcir_opt(&["--fuse", file], None);
+    assert!(fused.status.success());
+    let total = |out: &Output| {
+        text(&out.stdout)
+            .lines()
+            .find(|l| l.starts_with("| total"))
+            .map(str::to_string)
+            .unwrap_or_default()
+    };
+    let read_back = dcir_opt(&["--emit", "plan", "-"], Some(&fused.stdout));
+    assert!(read_back.status.success(), "{}", text(&read_back.stderr));
+    // The same kernels, parameters and estimates.
+    assert_eq!(total(&read_back), total(&direct));
+    assert!(
+        total(&direct).contains("in 3 kernels"),
+        "{}",
+        total(&direct)
+    );
+    let dot = dcir_opt(&["--emit", "dot", "-"], Some(&fused.stdout));
+    assert!(
+        text(&dot.stdout).contains("subgraph cluster_g2"),
+        "{}",
+        text(&dot.stderr)
+    );
+    // --fuse leaves fused input as it is, as the `fuse` pass does.
+    let again = dcir_opt(&["--fuse", "-"], Some(&fused.stdout));
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    assert_eq!(text(&again.stdout), text(&fused.stdout));
+}

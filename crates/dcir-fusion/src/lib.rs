@@ -29,6 +29,9 @@ pub mod apply;
 
 pub use apply::apply_plan;
 pub mod explain;
+mod replan;
+
+pub use replan::{GROUP_ATTRS, fused_plan};
 mod pass;
 
 pub use pass::{FUSE_NAME, FUSE_OPTIONS, FUSE_SUMMARY, fuse_pass};

@@ -2,12 +2,11 @@
 
 use std::collections::{HashMap, HashSet};
 
-use dcir_fusion::{Estimate, Group, KernelParams, Plan, PlannedGroup, apply_plan, check_group};
+use dcir_fusion::{
+    Estimate, GROUP_ATTRS, Group, KernelParams, Plan, PlannedGroup, apply_plan, check_group,
+};
 use dcir_ir::print::format_attr;
 use dcir_ir::{Attrs, BuildError, Graph, GraphBuilder, OpId, OpKind, ValueDef, ValueId};
-
-/// The attributes of a `fused` op that are not kernel parameters.
-const GROUP_ATTRS: [&str; 2] = ["kind", "level"];
 
 /// The `fused` ops of `graph`'s body, in body order.
 pub fn fused_ops(graph: &Graph) -> Vec<OpId> {
