@@ -45,6 +45,10 @@ pub struct OptArgs {
     /// What to print: the IR, the fusion plan (a table per graph), Graphviz of the plan, or CUDA.
     #[arg(long, value_enum, default_value_t = Emit::Ir)]
     pub emit: Emit,
+    /// The form of `--emit plan`: markdown tables, or one JSON document (the device, and per
+    /// graph its groups with ops, kind, level, parameters, bytes and estimates).
+    #[arg(long, value_enum, default_value_t = PlanFormat::Markdown)]
+    pub format: PlanFormat,
     /// GPU architecture NVRTC compiles for with `--emit artifact` (default: the --device
     /// preset's, e.g. sm_90 for h200, sm_80 for a100).
     #[arg(long, value_name = "ARCH")]
@@ -119,6 +123,15 @@ pub enum Emit {
     Artifact,
 }
 
+/// The form of `--emit plan`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PlanFormat {
+    /// A markdown table per graph.
+    Markdown,
+    /// One JSON document for the module.
+    Json,
+}
+
 /// A failure already described to the user.
 struct Reported;
 
@@ -181,6 +194,10 @@ fn run(name: &str, registry: &PassRegistry, args: &OptArgs) -> Result<(), Report
         true => Some(cost_model(name, &args.device)?),
         false => None,
     };
+    if args.format == PlanFormat::Json && args.emit != Emit::Plan {
+        eprintln!("{name}: error: --format json is a form of --emit plan");
+        return Err(Reported);
+    }
     if args.emit == Emit::Artifact {
         dcir_cuda::nvrtc::check_arch(&artifact_arch(args)).map_err(|e| {
             eprintln!("{name}: error: {e}");
@@ -301,7 +318,8 @@ fn cost_model(name: &str, device: &str) -> Result<CostModel, Reported> {
 /// already has `fused` ops is emitted as it is), or rewrites the module into
 /// fused ops for `--emit ir`. An error is the message to print.
 fn fuse(args: &OptArgs, model: &CostModel, module: &mut Module) -> Result<Option<String>, String> {
-    let mut emitted = String::new();
+    // Per graph, its plan as printed (a JSON value under --format json).
+    let mut plans: Vec<PlanText> = Vec::new();
     let mut session = match args.tune.tune {
         true => Some(crate::gpu::TuneSession::open(&args.device, &args.tune, 0)?),
         false => None,
@@ -318,11 +336,7 @@ fn fuse(args: &OptArgs, model: &CostModel, module: &mut Module) -> Result<Option
                 Emit::Plan | Emit::Dot => {
                     let (flat, plan) = dcir_fusion::fused_plan(graph, model)
                         .map_err(|e| format!("cannot read the plan of @{}: {e}", graph.name()))?;
-                    emitted.push_str(&if args.emit == Emit::Plan {
-                        explain::plan_table(&flat, &plan)
-                    } else {
-                        explain::plan_dot(&flat, &plan)
-                    });
+                    plans.push(show_plan(args, model, &flat, &plan));
                 }
                 Emit::Ir | Emit::Cuda | Emit::Artifact => {}
             }
@@ -344,13 +358,15 @@ fn fuse(args: &OptArgs, model: &CostModel, module: &mut Module) -> Result<Option
             eprint!("{}", explain::explain(graph, &plan));
         }
         match args.emit {
-            Emit::Plan => emitted.push_str(&explain::plan_table(graph, &plan)),
-            Emit::Dot => emitted.push_str(&explain::plan_dot(graph, &plan)),
+            Emit::Plan | Emit::Dot => plans.push(show_plan(args, model, graph, &plan)),
             Emit::Ir | Emit::Cuda | Emit::Artifact => {
                 *graph = apply_plan(graph, &plan)
                     .map_err(|e| format!("cannot fuse @{}: {e}", graph.name()))?;
             }
         }
+    }
+    if matches!(args.emit, Emit::Plan | Emit::Dot) {
+        return Ok(Some(join_plans(model, plans)));
     }
     if matches!(args.emit, Emit::Ir | Emit::Cuda | Emit::Artifact) {
         verify_module(module).map_err(|errors| {
@@ -368,9 +384,103 @@ fn fuse(args: &OptArgs, model: &CostModel, module: &mut Module) -> Result<Option
         if matches!(args.emit, Emit::Ir | Emit::Artifact) {
             return Ok(None);
         }
-        emitted = dcir_cuda::emit_module_source(module).map_err(|e| e.to_string())?;
+        return dcir_cuda::emit_module_source(module)
+            .map(Some)
+            .map_err(|e| e.to_string());
     }
-    Ok(Some(emitted))
+    Ok(None)
+}
+
+/// One graph's plan as `--emit plan|dot` print it.
+enum PlanText {
+    Text(String),
+    Json(serde_json::Value),
+}
+
+/// The plan of `graph` in the form `args` ask for.
+fn show_plan(
+    args: &OptArgs,
+    model: &CostModel,
+    graph: &dcir_ir::Graph,
+    plan: &dcir_fusion::Plan,
+) -> PlanText {
+    match (args.emit, args.format) {
+        (Emit::Dot, _) => PlanText::Text(explain::plan_dot(graph, plan)),
+        (_, PlanFormat::Markdown) => {
+            PlanText::Text(explain::plan_table(graph, plan, &model.device.name))
+        }
+        (_, PlanFormat::Json) => PlanText::Json(plan_json(graph, plan)),
+    }
+}
+
+/// The printed plans of a module: texts one after the other, or one JSON
+/// document `{"device": .., "graphs": [..]}`.
+fn join_plans(model: &CostModel, plans: Vec<PlanText>) -> String {
+    let mut texts = String::new();
+    let mut graphs = Vec::new();
+    for p in plans {
+        match p {
+            PlanText::Text(t) => texts.push_str(&t),
+            PlanText::Json(j) => graphs.push(j),
+        }
+    }
+    if graphs.is_empty() {
+        return texts;
+    }
+    let doc = serde_json::json!({
+        "device": model.device.name,
+        "graphs": graphs,
+    });
+    format!(
+        "{}\n",
+        serde_json::to_string_pretty(&doc).unwrap_or_default()
+    )
+}
+
+/// One graph's plan as JSON: its groups (the plan table's rows, times in
+/// microseconds, parameters by name) and totals.
+fn plan_json(graph: &dcir_ir::Graph, plan: &dcir_fusion::Plan) -> serde_json::Value {
+    use serde_json::{Value, json};
+    let attr = |a: &dcir_ir::Attr| match a {
+        dcir_ir::Attr::Int(i) => json!(i),
+        dcir_ir::Attr::Float(f) => json!(f),
+        dcir_ir::Attr::Bool(b) => json!(b),
+        dcir_ir::Attr::Str(s) => json!(s),
+        dcir_ir::Attr::Ints(v) => json!(v),
+        dcir_ir::Attr::Floats(v) => json!(v),
+    };
+    let groups: Vec<Value> = explain::plan_rows(graph, plan)
+        .iter()
+        .map(|r| {
+            let params: serde_json::Map<String, Value> = r
+                .params
+                .0
+                .iter()
+                .map(|(name, a)| (name.to_string(), attr(a)))
+                .collect();
+            json!({
+                "symbol": r.symbol,
+                "ops": r.ops,
+                "kind": r.kind,
+                "level": r.level,
+                "params": params,
+                "flops": r.flops,
+                "bytes_in": r.bytes_in,
+                "bytes_out": r.bytes_out,
+                "bound": r.bound,
+                "estimate_us": r.time * 1e6,
+                "unfused_us": r.unfused_time * 1e6,
+                "saved_bytes": r.saved,
+            })
+        })
+        .collect();
+    json!({
+        "graph": graph.name(),
+        "kernels": groups.len(),
+        "estimate_us": plan.total_time() * 1e6,
+        "unfused_us": plan.unfused_time() * 1e6,
+        "groups": groups,
+    })
 }
 
 /// Builds and writes the artifact of every graph of fused `module` into

@@ -554,3 +554,54 @@ fn the_plan_of_a_fused_graph_is_read_back_from_its_fused_ops() {
     assert!(again.status.success(), "{}", text(&again.stderr));
     assert_eq!(text(&again.stdout), text(&fused.stdout));
 }
+
+#[test]
+fn the_plan_names_its_device_and_comes_as_json_too() {
+    let file = "ir-examples/resnet50_bottleneck.dcir";
+    let table = dcir_opt(&["--emit", "plan", "--device", "a100", file], None);
+    assert!(text(&table.stdout).starts_with("plan for @resnet50_bottleneck on NVIDIA A100\n"));
+    let out = dcir_opt(
+        &[
+            "--emit", "plan", "--format", "json", "--device", "a100", file,
+        ],
+        None,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_str(&text(&out.stdout)).expect("JSON");
+    assert_eq!(doc["device"], "NVIDIA A100");
+    let graph = &doc["graphs"][0];
+    assert_eq!(graph["graph"], "resnet50_bottleneck");
+    let groups = graph["groups"].as_array().expect("groups");
+    assert_eq!(groups.len() as u64, graph["kernels"].as_u64().unwrap());
+    let sum: f64 = groups
+        .iter()
+        .map(|g| g["estimate_us"].as_f64().unwrap())
+        .sum();
+    assert!((sum - graph["estimate_us"].as_f64().unwrap()).abs() < 1e-6);
+    assert!(
+        groups[0]["params"]
+            .as_object()
+            .is_some_and(|p| !p.is_empty())
+    );
+    assert!(
+        groups[0]["ops"]
+            .as_array()
+            .is_some_and(|o| o.contains(&"conv2d".into()))
+    );
+    // The same table's numbers.
+    let first = text(&table.stdout)
+        .lines()
+        .nth(3)
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        first.contains(&format!(
+            "{:.2}",
+            groups[0]["estimate_us"].as_f64().unwrap()
+        )),
+        "{first}"
+    );
+    let bad = dcir_opt(&["--format", "json", file], None);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(text(&bad.stderr).contains("--format json is a form of --emit plan"));
+}

@@ -292,7 +292,7 @@ fn fuse_module(module: &Module) -> Result<String, String> {
     let mut fused = module.clone();
     for graph in &mut fused.graphs {
         let plan = plan_graph(graph, &model, &dcir_cuda::CudaTarget)?;
-        out.push_str(&explain::plan_table(graph, &plan));
+        out.push_str(&explain::plan_table(graph, &plan, &model.device.name));
         out.push_str(&explain::explain(graph, &plan));
         let after = apply_plan(graph, &plan)?;
         let inputs = random_inputs(graph, 0);
@@ -556,7 +556,7 @@ fn fusion_plans_of_examples_and_models() {
         let mut text = String::new();
         for graph in &module.graphs {
             match plan_graph(graph, &model, &dcir_cuda::CudaTarget) {
-                Ok(plan) => text.push_str(&explain::plan_table(graph, &plan)),
+                Ok(plan) => text.push_str(&explain::plan_table(graph, &plan, &model.device.name)),
                 Err(e) => failures.push(format!("{name}: {e}")),
             }
         }

@@ -7,7 +7,7 @@ use dcir_ir::{Graph, OpId, ValueId};
 use dcir_passes::analysis::op_cost;
 use rustc_hash::FxHashMap;
 
-use crate::cost::Bound;
+use crate::cost::{Bound, KernelParams};
 use crate::planner::Plan;
 
 fn op_label(graph: &Graph, op: OpId) -> String {
@@ -43,74 +43,125 @@ fn human_bytes(b: u64) -> String {
     }
 }
 
-/// One row per group and a totals row:
-/// ops, kind, level, flops, bytes in/out, intensity, bound, estimated time,
-/// the unfused estimate, and the bytes fusion keeps out of device memory.
-pub fn plan_table(graph: &Graph, plan: &Plan) -> String {
+/// One group of a plan as the plan table and its JSON show it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlanRow {
+    /// The group's symbol in the fused graph (`g0`).
+    pub symbol: String,
+    /// Its ops' kinds, in body order.
+    pub ops: Vec<&'static str>,
+    /// Kernel shape and fusion level.
+    pub kind: &'static str,
+    /// The deepest level an internal edge needs.
+    pub level: &'static str,
+    /// The chosen kernel parameters.
+    pub params: KernelParams,
+    /// Arithmetic, flop.
+    pub flops: u64,
+    /// Bytes of the values it reads and writes.
+    pub bytes_in: u64,
+    /// Bytes of the values it writes.
+    pub bytes_out: u64,
+    /// What limits it: `memory`, `compute`, `launch` or `latency`.
+    pub bound: &'static str,
+    /// Estimated time, seconds.
+    pub time: f64,
+    /// The estimate with each op its own kernel, seconds.
+    pub unfused_time: f64,
+    /// Device-memory bytes fusion saves (the ops' traffic apart, less the group's).
+    pub saved: u64,
+}
+
+/// The rows of `plan` over `graph`, in plan order.
+pub fn plan_rows(graph: &Graph, plan: &Plan) -> Vec<PlanRow> {
     let users = users(graph);
-    let mut out = format!("plan for @{}\n", graph.name());
+    plan.groups
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            let inputs = g.group.inputs(graph);
+            let outputs = g
+                .group
+                .outputs(graph, |v| users.get(&v).cloned().unwrap_or_default());
+            let (bytes_in, bytes_out) = (bytes_of(graph, &inputs), bytes_of(graph, &outputs));
+            let unfused_bytes: u64 = g
+                .group
+                .ops
+                .iter()
+                .map(|&o| {
+                    let c = op_cost(graph, o, None);
+                    c.bytes_read + c.bytes_written
+                })
+                .sum();
+            PlanRow {
+                symbol: format!("g{i}"),
+                ops: g
+                    .group
+                    .ops
+                    .iter()
+                    .map(|&o| graph.op(o).kind.name())
+                    .collect(),
+                kind: g.group.kind.name(),
+                level: g.group.level.name(),
+                params: g.estimate.params.clone(),
+                flops: g.estimate.flops,
+                bytes_in,
+                bytes_out,
+                bound: match g.estimate.bound {
+                    Bound::Memory => "memory",
+                    Bound::Compute => "compute",
+                    Bound::Launch => "launch",
+                    Bound::Latency => "latency",
+                },
+                time: g.estimate.time,
+                unfused_time: g.unfused_time,
+                saved: unfused_bytes.saturating_sub(bytes_in + bytes_out),
+            }
+        })
+        .collect()
+}
+
+/// One row per group and a totals row, under a title naming the graph and
+/// the device (`device`) the estimates are for: ops, kind, level, flops,
+/// bytes in/out, intensity, bound, estimated time, the unfused estimate, and
+/// the bytes fusion keeps out of device memory.
+pub fn plan_table(graph: &Graph, plan: &Plan, device: &str) -> String {
+    let rows = plan_rows(graph, plan);
+    let mut out = format!("plan for @{} on {device}\n", graph.name());
     out.push_str("| group | ops | kind | level | GFLOP | in | out | flop/B | bound | est us | unfused us | saved |\n");
     out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    let (mut total_saved, mut total_flops) = (0u64, 0u64);
-    for (i, g) in plan.groups.iter().enumerate() {
-        let inputs = g.group.inputs(graph);
-        let outputs = g
-            .group
-            .outputs(graph, |v| users.get(&v).cloned().unwrap_or_default());
-        let (bin, bout) = (bytes_of(graph, &inputs), bytes_of(graph, &outputs));
-        let unfused_bytes: u64 = g
-            .group
-            .ops
-            .iter()
-            .map(|&o| {
-                let c = op_cost(graph, o, None);
-                c.bytes_read + c.bytes_written
-            })
-            .sum();
-        let saved = unfused_bytes.saturating_sub(bin + bout);
-        total_saved += saved;
-        total_flops += g.estimate.flops;
-        let ops: Vec<&str> = g
-            .group
-            .ops
-            .iter()
-            .map(|&o| graph.op(o).kind.name())
-            .collect();
-        let bound = match g.estimate.bound {
-            Bound::Memory => "memory",
-            Bound::Compute => "compute",
-            Bound::Launch => "launch",
-            Bound::Latency => "latency",
-        };
-        let intensity = if bin + bout == 0 {
+    for r in &rows {
+        let moved = r.bytes_in + r.bytes_out;
+        let intensity = if moved == 0 {
             0.0
         } else {
-            g.estimate.flops as f64 / (bin + bout) as f64
+            r.flops as f64 / moved as f64
         };
         let _ = writeln!(
             out,
-            "| @g{i} | {} | {} | {} | {:.3} | {} | {} | {:.1} | {bound} | {:.2} | {:.2} | {} |",
-            ops.join("+"),
-            g.group.kind.name(),
-            g.group.level.name(),
-            g.estimate.flops as f64 / 1e9,
-            human_bytes(bin),
-            human_bytes(bout),
-            intensity,
-            g.estimate.time * 1e6,
-            g.unfused_time * 1e6,
-            human_bytes(saved),
+            "| @{} | {} | {} | {} | {:.3} | {} | {} | {intensity:.1} | {} | {:.2} | {:.2} | {} |",
+            r.symbol,
+            r.ops.join("+"),
+            r.kind,
+            r.level,
+            r.flops as f64 / 1e9,
+            human_bytes(r.bytes_in),
+            human_bytes(r.bytes_out),
+            r.bound,
+            r.time * 1e6,
+            r.unfused_time * 1e6,
+            human_bytes(r.saved),
         );
     }
-    let ops: usize = plan.groups.iter().map(|g| g.group.ops.len()).sum();
+    let ops: usize = rows.iter().map(|r| r.ops.len()).sum();
     let _ = writeln!(
         out,
         "| total | {ops} ops in {} kernels | | | {:.3} | | | | | {:.2} | {:.2} | {} |",
-        plan.groups.len(),
-        total_flops as f64 / 1e9,
+        rows.len(),
+        rows.iter().map(|r| r.flops).sum::<u64>() as f64 / 1e9,
         plan.total_time() * 1e6,
         plan.unfused_time() * 1e6,
-        human_bytes(total_saved),
+        human_bytes(rows.iter().map(|r| r.saved).sum()),
     );
     out
 }
