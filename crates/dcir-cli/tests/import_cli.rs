@@ -95,7 +95,7 @@ fn refusals_exit_with_1() {
     ]);
     assert_eq!(o.status.code(), Some(1));
     assert!(
-        stderr(&o).contains("`NonZero` (node `my_nonzero`, #3 of 5)"),
+        stderr(&o).contains("NonZero (1 node, `my_nonzero`, #3 of 5)"),
         "{}",
         stderr(&o)
     );

@@ -981,7 +981,7 @@ fn params(l: &mut Lower, op: OpId) -> Vec<Param> {
     let region = g.op(op).region.expect("a fused op has a region");
     let mut params = Vec::new();
     for &arg in &g.block(region).args {
-        let name = sanitize(&g.value(arg).name);
+        let name = param_name(&g.value(arg).name, "_in");
         let name = unique(&mut l.used_names, name);
         l.inputs.insert(arg, name.clone());
         let dtype = g.ty(arg).dtype;
@@ -993,7 +993,7 @@ fn params(l: &mut Lower, op: OpId) -> Vec<Param> {
         });
     }
     for &r in &g.op(op).results {
-        let name = unique(&mut l.used_names, sanitize(&g.value(r).name));
+        let name = unique(&mut l.used_names, param_name(&g.value(r).name, "_out"));
         let dtype = g.ty(r).dtype;
         params.push(Param {
             name,
@@ -1003,6 +1003,23 @@ fn params(l: &mut Lower, op: OpId) -> Vec<Param> {
         });
     }
     params
+}
+
+/// A kernel parameter's C name: the IR name sanitized, ending in `suffix`
+/// (`_in` for inputs, `_out` for outputs), so that no value name (`i`,
+/// `int`, `and`, `threadIdx`) collides with a C++ keyword, a CUDA builtin or
+/// one of the kernel's own locals, none of which end so.
+fn param_name(name: &str, suffix: &str) -> String {
+    let base = sanitize(name);
+    // `x_in` and a renamed copy of it, `x_in_2`, already end so.
+    let numbered = base.rsplit_once('_').is_some_and(|(head, n)| {
+        !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()) && head.ends_with(suffix)
+    });
+    if base.ends_with(suffix) || numbered {
+        base
+    } else {
+        base + suffix
+    }
 }
 
 fn unique(used: &mut BTreeSet<String>, base: String) -> String {

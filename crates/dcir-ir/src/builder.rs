@@ -98,6 +98,11 @@ impl GraphBuilder {
         self.graph.ty(v)
     }
 
+    /// Renames value `v` to `name`, which no other value may have.
+    pub fn rename_value(&mut self, v: ValueId, name: &str) -> Result<(), String> {
+        self.graph.rename_value(v, name)
+    }
+
     /// Adds a parameter named `name`.
     pub fn param(&mut self, name: &str, ty: TensorType) -> Result<ValueId, BuildError> {
         let name = self.graph.fresh_name(name);

@@ -315,6 +315,20 @@ impl Graph {
         self.blocks.len()
     }
 
+    /// Renames value `v` to `name`, which no other value may have.
+    pub fn rename_value(&mut self, v: ValueId, name: &str) -> Result<(), String> {
+        if self.values[v.index()].name == name {
+            return Ok(());
+        }
+        if self.names.contains(name) {
+            return Err(format!("the name %{name} is taken"));
+        }
+        let old = std::mem::replace(&mut self.values[v.index()].name, name.to_string());
+        self.names.remove(&old);
+        self.names.insert(name.to_string());
+        Ok(())
+    }
+
     /// True if `name` is taken by a value of this graph.
     pub fn has_name(&self, name: &str) -> bool {
         self.names.contains(name)
@@ -455,7 +469,20 @@ impl Graph {
     }
 
     /// Replaces every use of `from` by `to` in the live ops of the graph.
+    /// A graph output keeps its name through the rewrite: when `from` is
+    /// returned and `to` is an op result the graph does not return already,
+    /// the two swap names (a parameter keeps its own).
     pub fn replace_all_uses(&mut self, from: ValueId, to: ValueId) {
+        let outputs = self.outputs().unwrap_or_default();
+        if from != to
+            && outputs.contains(&from)
+            && !outputs.contains(&to)
+            && matches!(self.value(to).def, ValueDef::OpResult { .. })
+        {
+            let (a, b) = (from.index(), to.index());
+            let name = std::mem::take(&mut self.values[a].name);
+            self.values[a].name = std::mem::replace(&mut self.values[b].name, name);
+        }
         for op in &mut self.ops {
             if op.parent.is_some() {
                 for v in &mut op.operands {

@@ -1772,3 +1772,24 @@ fn comparisons_logic_select_and_the_new_unary_ops() {
         assert_eq!(infer(kind, &[t(F16, &[3])], []), t(Bool, &[3]));
     }
 }
+
+#[test]
+fn a_replaced_output_keeps_its_name_and_a_renamed_value_its_uniqueness() {
+    let mut b = GraphBuilder::new("g");
+    let x = b.param("x", t(F32, &[4])).unwrap();
+    let y = b.op(OpKind::Relu, &[x], Attrs::new()).unwrap();
+    b.rename_value(y, "y").unwrap();
+    assert!(b.rename_value(y, "x").unwrap_err().contains("%x is taken"));
+    let mut g = b.finish(&[y]).unwrap();
+    // A rewrite puts `neg` in place of the returned `relu`.
+    let ret = *g.block(g.body()).ops.last().unwrap();
+    let mut rw = dcir_ir::Rewriter::before(&mut g, ret);
+    let n = rw.op(OpKind::Neg, &[x], Attrs::new(), "neg").unwrap();
+    g.replace_all_uses(y, n);
+    assert_eq!(g.value(n).name, "y");
+    assert_eq!(g.outputs().unwrap(), &[n]);
+    // A parameter that replaces an output keeps its own name.
+    g.replace_all_uses(n, x);
+    assert_eq!(g.value(x).name, "x");
+    assert_eq!(verify_graph(&g), Ok(()));
+}

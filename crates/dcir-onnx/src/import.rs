@@ -247,8 +247,19 @@ pub(crate) fn import(
                 });
             }
         }
-        outputs.push(v);
+        outputs.push((v, name));
     }
+    // Each output takes the model's name for it (sanitized), where it is a
+    // value this import computed and no other value has that name.
+    let mut named = Vec::with_capacity(outputs.len());
+    for (v, name) in outputs {
+        let computed = !imp.b.graph().params().contains(&v) && !named.contains(&v);
+        if computed {
+            let _ = imp.b.rename_value(v, &sanitize(name));
+        }
+        named.push(v);
+    }
+    let outputs = named;
     let graph = imp.b.finish(&outputs).map_err(|e| ImportError::Invalid {
         message: format!("internal error: {e}"),
     })?;

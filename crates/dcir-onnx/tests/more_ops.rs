@@ -1009,3 +1009,22 @@ fn resize_nearest_and_linear() {
         .collect();
     close(&out, &[1, 1, 6, 6], &expected);
 }
+
+#[test]
+fn inputs_and_outputs_keep_the_model_names() {
+    // `y` is computed by the last of two nodes; `z` is an input passed through.
+    let bytes = model(
+        17,
+        vec![
+            node("Relu", &["x"], "t", vec![]),
+            node("Neg", &["t"], "out.put-1", vec![]),
+        ],
+        &[("x", &[4])],
+        ("out.put-1", &[4]),
+    );
+    let imported = import_bytes(&bytes, &ImportOptions::default()).unwrap();
+    let graph = &imported.module.graphs[0];
+    assert_eq!(graph.value(graph.params()[0]).name, "x");
+    let out = graph.outputs().unwrap()[0];
+    assert_eq!(graph.value(out).name, dcir_onnx::sanitize("out.put-1"));
+}
