@@ -59,6 +59,10 @@ pub struct RunArgs {
     /// Seed of the random values of parameters that no file provides.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub seed: u64,
+    /// Write the inputs the run used (from files or random) to this safetensors file, under the
+    /// parameters' names: `--inputs FILE` replays them (to check a pass on exactly the same values).
+    #[arg(long, value_name = "FILE")]
+    pub save_inputs: Option<PathBuf>,
     /// Write the outputs to this safetensors file, under the returned values' names.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
@@ -198,6 +202,17 @@ fn run(name: &str, args: &RunArgs) -> Result<(), Reported> {
             bound.random.len(),
             graph.params().len()
         );
+    }
+    if let Some(path) = &args.save_inputs {
+        let named: Vec<(String, Tensor)> = graph
+            .params()
+            .iter()
+            .map(|&p| graph.value(p).name.clone())
+            .zip(bound.inputs.iter().cloned())
+            .collect();
+        let bytes = io::write_safetensors(&named).map_err(|e| fail(e.to_string()))?;
+        std::fs::write(path, bytes)
+            .map_err(|e| fail(format!("cannot write `{}`: {e}", path.display())))?;
     }
     timings.push(("inputs", t.elapsed()));
 

@@ -4,9 +4,17 @@
 //! and the FNV-1a hash of the parameter's name (one stream per block of
 //! 65,536 elements, so blocks fill in parallel), so a parameter's values
 //! depend only on (seed, name, type, role): adding, removing or reordering
-//! other parameters changes nothing. The distribution follows the parameter's
-//! role, read from its direct uses (through a `fused` op, from the uses of
-//! the region argument it binds), first match wins:
+//! other parameters changes nothing. The role is what the values must be,
+//! read from the parameter's uses that reach the graph's outputs (dead uses
+//! count for nothing); through a `fused` op from the uses of the region
+//! argument it binds, through a view (`transpose`, `reshape`, `broadcast`,
+//! `slice`, `cast`) from the uses of the view. So the built-in passes keep
+//! every role, and `--seed` draws the same values before and after them
+//! (`crates/dcir-passes/tests/properties.rs`) — except `canonicalize`, whose
+//! identities can bring a parameter to a use with a role (`log(x + 0)` to
+//! `log(x)`), and `fold-batchnorm`, which turns a variance into `var + eps`
+//! and a weight into `w * k`; there, `dcir-run --save-inputs` and `--inputs`
+//! replay the same values. First match wins:
 //!
 //! | role | values |
 //! |---|---|
@@ -20,7 +28,7 @@
 //! Floats are drawn as f64 from 53 random bits, rounded to f32 and then to the
 //! parameter's dtype (f16/bf16 values may round to the interval's end).
 
-use dcir_ir::{DType, Graph, OpId, OpKind, TensorType, ValueId};
+use dcir_ir::{BlockId, DType, Graph, OpId, OpKind, TensorType, ValueId};
 use rayon::prelude::*;
 
 use crate::tensor::{Tensor, TensorData};
@@ -72,21 +80,59 @@ enum Role {
     Plain,
 }
 
-/// Where each value is used: (op, operand position) per value index.
+/// Where each value is used by an op whose result reaches the graph's
+/// outputs: (op, operand position) per value index. Dead uses are left out,
+/// so removing them (`dce`) changes no role.
 fn uses(graph: &Graph) -> Vec<Vec<(OpId, usize)>> {
+    let mut live = vec![false; graph.value_count()];
+    mark_live(graph, graph.body(), &mut live);
     let mut uses = vec![Vec::new(); graph.value_count()];
     for op in graph.all_ops() {
-        for (i, v) in graph.op(op).operands.iter().enumerate() {
-            uses[v.index()].push((op, i));
+        let d = graph.op(op);
+        let reaches = d.kind == OpKind::Return
+            || d.kind == OpKind::Yield
+            || d.results.iter().any(|r| live[r.index()]);
+        if reaches {
+            for (i, v) in d.operands.iter().enumerate() {
+                uses[v.index()].push((op, i));
+            }
         }
     }
     uses
+}
+
+/// Marks the values of `block` that its terminator's operands depend on
+/// (through a live `fused` op, its region's and then its operands).
+fn mark_live(graph: &Graph, block: BlockId, live: &mut [bool]) {
+    for &op in graph.block(block).ops.iter().rev() {
+        let d = graph.op(op);
+        let terminator = matches!(d.kind, OpKind::Return | OpKind::Yield);
+        if !terminator && !d.results.iter().any(|r| live[r.index()]) {
+            continue;
+        }
+        if let Some(region) = d.region {
+            mark_live(graph, region, live);
+            let args = &graph.block(region).args;
+            for (arg, v) in args.iter().zip(&d.operands) {
+                if live[arg.index()] {
+                    live[v.index()] = true;
+                }
+            }
+        } else {
+            for v in &d.operands {
+                live[v.index()] = true;
+            }
+        }
+    }
 }
 
 /// Draws parameters of one graph for one seed.
 pub(crate) struct Sampler<'g> {
     graph: &'g Graph,
     uses: Vec<Vec<(OpId, usize)>>,
+    /// Roles found so far, per value index (a value's role is read once,
+    /// however many paths lead to it).
+    roles: std::cell::RefCell<Vec<Option<Role>>>,
     seed: u64,
 }
 
@@ -95,12 +141,22 @@ impl<'g> Sampler<'g> {
         Sampler {
             graph,
             uses: uses(graph),
+            roles: std::cell::RefCell::new(vec![None; graph.value_count()]),
             seed,
         }
     }
 
-    /// The role of value `v` from its direct uses.
+    /// The role of value `v` from its uses (memoized).
     fn role(&self, v: ValueId) -> Role {
+        if let Some(role) = self.roles.borrow()[v.index()] {
+            return role;
+        }
+        let role = self.role_of_uses(v);
+        self.roles.borrow_mut()[v.index()] = Some(role);
+        role
+    }
+
+    fn role_of_uses(&self, v: ValueId) -> Role {
         let graph = self.graph;
         let mut indices: Option<usize> = None;
         let mut positive = false;
@@ -118,6 +174,15 @@ impl<'g> Sampler<'g> {
                 | (OpKind::Sqrt | OpKind::Rsqrt | OpKind::Log, 0)
                 | (OpKind::Div, 1)
                 | (OpKind::Pow, 0) => Role::Positive,
+                // Through views, to the uses of what they view.
+                (
+                    OpKind::Transpose
+                    | OpKind::Reshape
+                    | OpKind::Broadcast
+                    | OpKind::Slice
+                    | OpKind::Cast,
+                    0,
+                ) => self.role(op.results[0]),
                 (OpKind::Conv2d, 1) => Role::Weight {
                     fan_in: ty(1).dims()[1..].iter().product(),
                 },
