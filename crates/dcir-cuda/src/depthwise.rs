@@ -1290,7 +1290,7 @@ mod tests {
         );
         // 256 threads, two full blocks: no clamp, no store guard.
         assert!(!s.contains("t_raw"), "{s}");
-        assert!(s.contains("reinterpret_cast<float4*>(y)["), "{s}");
+        assert!(s.contains("reinterpret_cast<float4*>(y_out)["), "{s}");
         // No bounds check on the rows: 16 is a multiple of 2.
         assert!(!s.contains("oy0 + 1 < 16"), "{s}");
     }
