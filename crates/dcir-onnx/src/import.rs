@@ -1561,7 +1561,13 @@ impl<'m> Importer<'m> {
         };
         let axes = match axes {
             Some(a) => a.iter().map(|&a| axis(a, rank)).collect::<R<Vec<_>>>()?,
-            None => (0..starts.len()).collect(),
+            None if starts.len() <= rank => (0..starts.len()).collect(),
+            None => {
+                return Err(format!(
+                    "Slice has {} starts for an input of rank {rank}",
+                    starts.len()
+                ));
+            }
         };
         let steps = steps.unwrap_or_else(|| vec![1; starts.len()]);
         if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {

@@ -97,7 +97,18 @@ impl Cache {
                 );
             }
         };
-        match serde_json::from_str::<File>(&text) {
+        Cache::from_text(path, &text)
+    }
+
+    /// The cache of `path` whose file holds `text` (what [`Cache::open`]
+    /// read): a note when `text` is not a cache of this format, which is then
+    /// replaced on save.
+    pub fn from_text(path: &Path, text: &str) -> (Cache, Option<String>) {
+        let mut cache = Cache {
+            path: Some(path.to_path_buf()),
+            ..Cache::in_memory()
+        };
+        match serde_json::from_str::<File>(text) {
             Ok(file) if file.format == FORMAT => {
                 cache.entries = file.entries;
                 (cache, None)
