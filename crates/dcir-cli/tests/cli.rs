@@ -236,11 +236,7 @@ fn emits_an_artifact_directory() {
     let out = dcir_opt(&["--emit", "artifact", "ir-examples/ln_gelu.dcir"], None);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("--emit artifact needs -o DIR"));
-    if let Some(reason) = dcir_cuda::nvrtc::unavailable_reason() {
-        if std::env::var("DCIR_REQUIRE_NVRTC").is_ok_and(|v| v == "1") {
-            panic!("DCIR_REQUIRE_NVRTC=1 but {reason}");
-        }
-        println!("SKIP: --emit artifact compiles with NVRTC: {reason}");
+    if !common::nvrtc_or_skip("--emit artifact compiles with NVRTC") {
         return;
     }
     let dir = std::env::temp_dir().join(format!("dcir-opt-artifact-{}", std::process::id()));
@@ -399,12 +395,7 @@ fn emitted_cuda_of_many_kernels_is_one_translation_unit() {
             "{helper} defined twice"
         );
     }
-    if let Some(reason) = dcir_cuda::nvrtc::unavailable_reason() {
-        assert!(
-            std::env::var("DCIR_REQUIRE_NVRTC").as_deref() != Ok("1"),
-            "DCIR_REQUIRE_NVRTC=1 but {reason}"
-        );
-        println!("SKIP: NVRTC: {reason}");
+    if !common::nvrtc_or_skip("NVRTC") {
         return;
     }
     dcir_cuda::nvrtc::compile(&source, "bert_layer", dcir_cuda::nvrtc::DEFAULT_ARCH)
@@ -473,12 +464,7 @@ fn the_device_preset_sets_the_artifact_architecture_and_a_bad_one_is_named() {
         "{}",
         text(&out.stderr)
     );
-    if let Some(reason) = dcir_cuda::nvrtc::unavailable_reason() {
-        assert!(
-            std::env::var("DCIR_REQUIRE_NVRTC").as_deref() != Ok("1"),
-            "DCIR_REQUIRE_NVRTC=1 but {reason}"
-        );
-        println!("SKIP: NVRTC: {reason}");
+    if !common::nvrtc_or_skip("NVRTC") {
         return;
     }
     let dir = std::env::temp_dir().join(format!("dcir-opt-arch-{}", std::process::id()));

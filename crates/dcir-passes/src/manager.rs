@@ -162,20 +162,7 @@ impl PassManager {
                 changed: result.changed,
                 time,
             });
-            if ins.verify_each
-                && let Err(errors) = verify_module(module)
-            {
-                return Err(PipelineFailure::Verify {
-                    pass: name,
-                    errors,
-                    ir: print_module(module),
-                });
-            }
-            let asked = ins.print_after_all || ins.print_after.iter().any(|p| p == name);
-            if asked || (ins.print_after_change && result.changed) {
-                dump(log, "After", name, module)?;
-            }
-            dump_after(ins, &mut self.dumped, name, module)?;
+            after_pass(ins, &mut self.dumped, log, name, result.changed, module)?;
         }
         Ok(())
     }
@@ -208,20 +195,7 @@ impl PassManager {
             changed,
             time: start.elapsed(),
         });
-        if ins.verify_each
-            && let Err(errors) = verify_module(module)
-        {
-            return Err(PipelineFailure::Verify {
-                pass: name,
-                errors,
-                ir: print_module(module),
-            });
-        }
-        let asked = ins.print_after_all || ins.print_after.iter().any(|p| p == name);
-        if asked || (ins.print_after_change && changed) {
-            dump(log, "After", name, module)?;
-        }
-        dump_after(ins, &mut self.dumped, name, module)?;
+        after_pass(ins, &mut self.dumped, log, name, changed, module)?;
         Ok(Ok(()))
     }
 
@@ -234,6 +208,32 @@ impl PassManager {
         }
         Ok(records)
     }
+}
+
+/// What follows pass (or step) `name`: verification (`verify_each`), the IR
+/// printed after it when asked, and its dump.
+fn after_pass(
+    ins: &Instrumentation,
+    dumped: &mut usize,
+    log: &mut dyn Write,
+    name: &'static str,
+    changed: bool,
+    module: &Module,
+) -> Result<(), PipelineFailure> {
+    if ins.verify_each
+        && let Err(errors) = verify_module(module)
+    {
+        return Err(PipelineFailure::Verify {
+            pass: name,
+            errors,
+            ir: print_module(module),
+        });
+    }
+    let asked = ins.print_after_all || ins.print_after.iter().any(|p| p == name);
+    if asked || (ins.print_after_change && changed) {
+        dump(log, "After", name, module)?;
+    }
+    dump_after(ins, dumped, name, module)
 }
 
 /// Writes the input to the dump directory (`00-input.dcir`), once.

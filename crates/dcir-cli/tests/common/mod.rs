@@ -34,3 +34,18 @@ pub fn run_tool(exe: &str, args: &[&str], stdin: Option<&[u8]>) -> Output {
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
+
+/// Whether NVRTC is here for a test step that compiles (`what`); without it
+/// the step prints `SKIP: ...` and the caller returns, except under
+/// `DCIR_REQUIRE_NVRTC=1` (CI), where a missing NVRTC fails the test.
+pub fn nvrtc_or_skip(what: &str) -> bool {
+    let Some(reason) = dcir_cuda::nvrtc::unavailable_reason() else {
+        return true;
+    };
+    assert!(
+        std::env::var("DCIR_REQUIRE_NVRTC").as_deref() != Ok("1"),
+        "DCIR_REQUIRE_NVRTC=1 but {reason}"
+    );
+    println!("SKIP: {what}: {reason}");
+    false
+}
