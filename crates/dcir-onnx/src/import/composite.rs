@@ -13,6 +13,9 @@ use super::{At, Importer, R, Val, axis, b, ints};
 use crate::proto::NodeProto;
 use crate::tensor;
 
+/// The largest extent a `Resize` may give one dim.
+const MAX_RESIZED_DIM: usize = 1 << 24;
+
 impl<'m> Importer<'m> {
     /// `kind` of `operands` (inferred type).
     pub(super) fn ew(&mut self, kind: OpKind, operands: &[ValueId]) -> R<ValueId> {
@@ -574,6 +577,14 @@ impl<'m> Importer<'m> {
                 scales[a] = s;
                 out[a] = (dims[a] as f64 * s).floor() as usize;
             }
+        }
+        // Each resized dim becomes a table of source indices: bounded, as
+        // any tensor the import builds.
+        if let Some(a) = (0..rank).find(|&a| out[a] > MAX_RESIZED_DIM) {
+            return Err(format!(
+                "{op} output dim {a} would have {} elements, more than the {MAX_RESIZED_DIM} dcir supports",
+                out[a]
+            ));
         }
         let mut v = x;
         for a in 0..rank {
