@@ -36,6 +36,9 @@
 #             in SUITE_ARGS, e.g. "--tune-cache /tmp/t.json --tune-fusion")
 #   sanitize  every ir-example (f32) under compute-sanitizer memcheck and racecheck
 #   test      the GPU test target (crates/dcir-cli/tests/gpu_check.rs)
+#   random    differential testing: RANDOM_CASES (5000) random graphs of
+#             dcir-testgen from RANDOM_SEED through dcir-run --check, failures
+#             shrunk into $OUT/random/ (crates/dcir-cli/tests/gpu_random.rs)
 #
 # Logs go to $OUT (the device tool fetches it); the last lines printed are a
 # summary. Exit code 1 when any check failed.
@@ -224,9 +227,17 @@ test() {
     grep -E "test result|SKIP|FAIL" "$OUT/gpu_check.log" | tail -5
 }
 
+random() {
+    mkdir -p "$OUT/random"
+    DCIR_RUN="$B/dcir-run" DCIR_RANDOM_OUT="$OUT/random" DCIR_PROPTEST_CASES="${RANDOM_CASES:-5000}" \
+        DCIR_PROPTEST_SEED="${RANDOM_SEED:-3700000000}" "$B/gpu_random" --nocapture >"$OUT/random.log" 2>&1 || status=1
+    summary+=("random: $(grep -m1 '^random graphs' "$OUT/random.log")")
+    grep -A3 'FAIL' "$OUT/random.log" | head -30
+}
+
 for step in "$@"; do
     case $step in
-        kernels|examples|export|models|zoo|variants|profile|ncu|perf|peers|suite|sanitize|test) $step ;;
+        kernels|examples|export|models|zoo|variants|profile|ncu|perf|peers|suite|sanitize|test|random) $step ;;
         zoo-peers) zoo_peers ;;
         onnx-node) onnx_node ;;
         *) echo "unknown step $step"; exit 2 ;;

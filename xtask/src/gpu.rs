@@ -3,7 +3,7 @@
 //! The device machine has CUDA but no Rust: this builds the release drivers
 //! and `kernel_check` here, strips them (the device tool carries at most
 //! 64 MiB), and copies them with the scripts of `xtask/gpu/` into
-//! `target/gpu/`, with the GPU test binary `gpu_check` and the passing ONNX
+//! `target/gpu/`, with the GPU test binaries `gpu_check` and `gpu_random` and the passing ONNX
 //! node tests (`onnx-node/`, graphs and inputs; needs `onnx` installed). Then, with the device tool, from the repository root:
 //! `run(carry = ["target/gpu"], command = "bash target/gpu/run.sh kernels examples perf peers")`.
 
@@ -26,6 +26,32 @@ const BINARIES: &[(&[&str], &str)] = &[
 /// Scripts copied from `xtask/gpu/`.
 const SCRIPTS: &[&str] = &["run.sh", "family_peers.py", "suite.py", "zoo_peers.py"];
 
+/// The GPU test targets of dcir-cli carried as binaries.
+const GPU_TESTS: &[&str] = &["gpu_check", "gpu_random"];
+
+/// Builds dcir-cli's test target `test` in release; returns its executable.
+fn build_test(test: &str) -> Result<String> {
+    let out = crate::cargo()
+        .args([
+            "test",
+            "--release",
+            "-p",
+            "dcir-cli",
+            "--test",
+            test,
+            "--no-run",
+        ])
+        .args(["--message-format", "json"])
+        .output()
+        .context("cannot run cargo test --no-run")?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|m| m["target"]["name"] == test && m["target"]["kind"][0] == "test")
+        .find_map(|m| m["executable"].as_str().map(str::to_string))
+        .with_context(|| format!("cargo built no {test} test binary"))
+}
+
 pub fn run() -> Result<()> {
     let target = crate::target_dir()?;
     let bundle = target.join("gpu");
@@ -38,29 +64,12 @@ pub fn run() -> Result<()> {
         fs::copy(&from, &to).with_context(|| format!("cannot copy {}", from.display()))?;
         crate::run_checked(Command::new("strip").arg(&to))?;
     }
-    // The GPU test target (`crates/dcir-cli/tests/gpu_check.rs`), as `gpu_check`.
-    let out = crate::cargo()
-        .args([
-            "test",
-            "--release",
-            "-p",
-            "dcir-cli",
-            "--test",
-            "gpu_check",
-            "--no-run",
-        ])
-        .args(["--message-format", "json"])
-        .output()
-        .context("cannot run cargo test --no-run")?;
-    let executable = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|m| m["target"]["name"] == "gpu_check" && m["target"]["kind"][0] == "test")
-        .find_map(|m| m["executable"].as_str().map(str::to_string))
-        .context("cargo built no gpu_check test binary")?;
-    let to = bundle.join("gpu_check");
-    fs::copy(&executable, &to).with_context(|| format!("cannot copy {executable}"))?;
-    crate::run_checked(Command::new("strip").arg(&to))?;
+    // The GPU test targets (`crates/dcir-cli/tests/gpu_check.rs`, `gpu_random.rs`).
+    for test in GPU_TESTS {
+        let to = bundle.join(test);
+        fs::copy(build_test(test)?, &to).with_context(|| format!("cannot copy {test}"))?;
+        crate::run_checked(Command::new("strip").arg(&to))?;
+    }
     // The passing ONNX node tests, as graphs and inputs for `run.sh onnx-node`.
     let nodes = bundle.join("onnx-node");
     if nodes.exists() {

@@ -1,0 +1,210 @@
+//! Differential testing on the GPU: random well-typed graphs (dcir-testgen,
+//! every dtype) through `dcir-run --backend cuda --check` (fuse, compile with
+//! NVRTC, run on NaN-poisoned outputs, compare with the interpreter). A
+//! failing graph is shrunk (proptest's value tree) to a small one, written to
+//! `$DCIR_RANDOM_OUT/fail_<case>.dcir` with the run's output beside it, to be
+//! committed as a filetest once fixed. Without a GPU or NVRTC it prints
+//! `SKIP: no GPU: ...` and passes.
+//!
+//! Environment: `DCIR_PROPTEST_CASES` graphs (default 64), `DCIR_PROPTEST_SEED`
+//! (default [`dcir_testgen::CI_SEED`]; case `i` draws from seed and `i`, so a
+//! case is reproducible alone), `DCIR_RANDOM_JOBS` runs at once (default: the
+//! CPUs), `DCIR_RUN` the `dcir-run` binary (default: the one cargo built),
+//! `DCIR_RANDOM_OUT` where failures go (default: a temporary folder).
+//! `run.sh random` runs it on the GPU machine (docs/testing.md).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use dcir_testgen::{CI_SEED, GraphSpec, arb_graph_spec, build_graph};
+use proptest::strategy::{Strategy, ValueTree};
+use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+
+/// Shrinking steps tried per failing graph (each one a `dcir-run`).
+const MAX_SHRINK_STEPS: usize = 300;
+/// Seconds one `dcir-run` may take before it counts as a failure (a hang).
+const RUN_TIMEOUT_S: &str = "120";
+
+/// What one graph did.
+enum Outcome {
+    /// The GPU's outputs match the interpreter's.
+    Pass,
+    /// The interpreter itself refuses the graph on these inputs (nothing to compare).
+    NoReference,
+    /// `dcir-run` failed: its exit code and output.
+    Fail(String),
+}
+
+/// The harness's fixed settings, shared by the workers.
+struct Harness {
+    dcir_run: PathBuf,
+    scratch: PathBuf,
+}
+
+impl Harness {
+    /// Runs the graph `spec` describes through `dcir-run --check`.
+    fn run(&self, spec: &GraphSpec, tag: &str) -> Outcome {
+        let Ok(graph) = build_graph("g", spec) else {
+            return Outcome::NoReference;
+        };
+        // `dcir-run` draws the same inputs (seed 0) for its reference.
+        let inputs = dcir_interp::random_inputs(&graph, 0);
+        if dcir_interp::run_graph(&graph, &inputs).is_err() {
+            return Outcome::NoReference;
+        }
+        let file = self.scratch.join(format!("{tag}.dcir"));
+        std::fs::write(&file, dcir_ir::print_graph(&graph)).expect("scratch file");
+        let out = Command::new("timeout")
+            .arg(RUN_TIMEOUT_S)
+            .arg(&self.dcir_run)
+            .arg(&file)
+            .args(["--backend", "cuda", "--check", "--seed", "0"])
+            .output()
+            .expect("dcir-run starts");
+        let _ = std::fs::remove_file(&file);
+        if out.status.success() {
+            return Outcome::Pass;
+        }
+        Outcome::Fail(format!(
+            "exit {:?}\n{}{}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+
+    /// Case `case`: draws its graph, runs it, and shrinks a failure. Returns
+    /// the outcome and, for a failure, the smallest failing graph's text.
+    fn case(&self, seed: u64, case: usize) -> (Outcome, Option<String>) {
+        let mut key = [0u8; 32];
+        key[..8].copy_from_slice(&seed.to_le_bytes());
+        key[8..16].copy_from_slice(&(case as u64).to_le_bytes());
+        let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &key);
+        let mut runner = TestRunner::new_with_rng(Config::default(), rng);
+        let mut tree = arb_graph_spec()
+            .new_tree(&mut runner)
+            .expect("the strategy draws");
+        let tag = format!("case_{case}");
+        let outcome = self.run(&tree.current(), &tag);
+        let Outcome::Fail(first) = outcome else {
+            return (outcome, None);
+        };
+        // proptest's shrinking loop: simplify while it still fails,
+        // complicate back when a simplification passes.
+        let mut smallest = (tree.current(), first);
+        let mut steps = 0;
+        if tree.simplify() {
+            while steps < MAX_SHRINK_STEPS {
+                steps += 1;
+                match self.run(&tree.current(), &tag) {
+                    Outcome::Fail(why) => {
+                        smallest = (tree.current(), why);
+                        if !tree.simplify() {
+                            break;
+                        }
+                    }
+                    _ => {
+                        if !tree.complicate() {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        let graph = build_graph("g", &smallest.0).expect("a failing spec builds");
+        (
+            Outcome::Fail(smallest.1),
+            Some(dcir_ir::print_graph(&graph)),
+        )
+    }
+}
+
+fn env_number(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|s| s.parse().ok())
+}
+
+#[test]
+fn random_graphs_match_the_interpreter_on_the_gpu() {
+    if !dcir_runtime::driver_present() || dcir_cuda::nvrtc::unavailable_reason().is_some() {
+        println!("SKIP: no GPU: no CUDA driver or no NVRTC on this machine");
+        return;
+    }
+    if let Err(e) = dcir_runtime::query_device(0) {
+        println!("SKIP: no GPU: {e}");
+        return;
+    }
+    let cases = env_number("DCIR_PROPTEST_CASES").unwrap_or(64) as usize;
+    let seed = env_number("DCIR_PROPTEST_SEED").unwrap_or(CI_SEED);
+    let jobs = env_number("DCIR_RANDOM_JOBS").map_or_else(
+        || std::thread::available_parallelism().map_or(1, |n| n.get()),
+        |n| n.max(1) as usize,
+    );
+    let scratch = std::env::temp_dir().join(format!("dcir-gpu-random-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).expect("scratch dir");
+    let out_dir = std::env::var_os("DCIR_RANDOM_OUT").map_or_else(
+        || std::env::temp_dir().join(format!("dcir-gpu-random-failures-{}", std::process::id())),
+        PathBuf::from,
+    );
+    std::fs::create_dir_all(&out_dir).expect("failure dir");
+    let harness = Harness {
+        dcir_run: std::env::var_os("DCIR_RUN").map_or_else(
+            || PathBuf::from(env!("CARGO_BIN_EXE_dcir-run")),
+            PathBuf::from,
+        ),
+        scratch: scratch.clone(),
+    };
+    let next = AtomicUsize::new(0);
+    let counts = Mutex::new([0usize; 3]);
+    let failures = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..jobs {
+            s.spawn(|| {
+                loop {
+                    let case = next.fetch_add(1, Ordering::Relaxed);
+                    if case >= cases {
+                        break;
+                    }
+                    let (outcome, smallest) = harness.case(seed, case);
+                    let slot = match &outcome {
+                        Outcome::Pass => 0,
+                        Outcome::NoReference => 1,
+                        Outcome::Fail(why) => {
+                            record(&out_dir, case, smallest.as_deref(), why);
+                            failures.lock().expect("no worker panics").push(case);
+                            2
+                        }
+                    };
+                    counts.lock().expect("no worker panics")[slot] += 1;
+                }
+            });
+        }
+    });
+    let [pass, no_reference, fail] = *counts.lock().expect("no worker panics");
+    let mut failures = failures.into_inner().expect("no worker panics");
+    failures.sort_unstable();
+    println!(
+        "random graphs (seed {seed}, {cases} cases): {pass} pass, {fail} fail, \
+         {no_reference} without a reference (the interpreter refuses their inputs); \
+         failures in {}",
+        out_dir.display()
+    );
+    let _ = std::fs::remove_dir_all(&scratch);
+    assert!(
+        failures.is_empty(),
+        "cases {failures:?} differ from the interpreter or fail (seed {seed})"
+    );
+}
+
+/// Writes a failing case's smallest graph and what `dcir-run` said.
+fn record(dir: &Path, case: usize, graph: Option<&str>, why: &str) {
+    if let Some(text) = graph {
+        let _ = std::fs::write(dir.join(format!("fail_{case}.dcir")), text);
+    }
+    let _ = std::fs::write(dir.join(format!("fail_{case}.log")), why);
+    println!(
+        "case {case}: FAIL\n{}",
+        why.lines().take(12).collect::<Vec<_>>().join("\n")
+    );
+}
