@@ -10,7 +10,9 @@
 //! (default [`dcir_testgen::CI_SEED`]; case `i` draws from seed and `i`, so a
 //! case is reproducible alone), `DCIR_RANDOM_JOBS` runs at once (default: the
 //! CPUs), `DCIR_RUN` the `dcir-run` binary (default: the one cargo built),
-//! `DCIR_RANDOM_OUT` where failures go (default: a temporary folder).
+//! `DCIR_RANDOM_OUT` where failures go (default: a temporary folder),
+//! `DCIR_RANDOM_DEADLINE_S` seconds after which no new case starts (the
+//! summary counts the cases that ran).
 //! `run.sh random` runs it on the GPU machine (docs/testing.md).
 
 use std::path::{Path, PathBuf};
@@ -155,6 +157,9 @@ fn random_graphs_match_the_interpreter_on_the_gpu() {
         ),
         scratch: scratch.clone(),
     };
+    let deadline = env_number("DCIR_RANDOM_DEADLINE_S")
+        .filter(|&s| s > 0)
+        .map(|s| std::time::Instant::now() + std::time::Duration::from_secs(s));
     let next = AtomicUsize::new(0);
     let counts = Mutex::new([0usize; 3]);
     let failures = Mutex::new(Vec::new());
@@ -163,7 +168,7 @@ fn random_graphs_match_the_interpreter_on_the_gpu() {
             s.spawn(|| {
                 loop {
                     let case = next.fetch_add(1, Ordering::Relaxed);
-                    if case >= cases {
+                    if case >= cases || deadline.is_some_and(|d| std::time::Instant::now() > d) {
                         break;
                     }
                     let (outcome, smallest) = harness.case(seed, case);
@@ -182,10 +187,11 @@ fn random_graphs_match_the_interpreter_on_the_gpu() {
         }
     });
     let [pass, no_reference, fail] = *counts.lock().expect("no worker panics");
+    let ran = pass + no_reference + fail;
     let mut failures = failures.into_inner().expect("no worker panics");
     failures.sort_unstable();
     println!(
-        "random graphs (seed {seed}, {cases} cases): {pass} pass, {fail} fail, \
+        "random graphs (seed {seed}, {ran} of {cases} cases): {pass} pass, {fail} fail, \
          {no_reference} without a reference (the interpreter refuses their inputs); \
          failures in {}",
         out_dir.display()
