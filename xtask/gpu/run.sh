@@ -21,8 +21,9 @@
 #             (ZOO_PEERS_DTYPES), ZOO_ONLY for some (zoo_peers.py) into zoo_peers.log
 #   onnx-node the passing ONNX node tests (the bundle's onnx-node/, written by
 #             the node-test harness) through dcir-run --backend cuda --check
-#             on the tests' own inputs, NODE_JOBS at once (8); one line per
-#             test in onnx_node.log
+#             on the tests' own inputs, in one process (gpu_check's
+#             onnx_node test, DCIR_NODE_JOBS threads); the failures in
+#             onnx_node.log, every run's output in onnx_node_full.log
 #   variants  hand-set kernel variants (examples/data/variants_*.dcir) checked
 #             and timed, to fit the cost model
 #   profile   per-kernel times of ResNet-50 f16, MobileNetV2 f16, the BERT
@@ -130,26 +131,11 @@ zoo() {
     summary+=("zoo: $(grep -c ' PASS' "$OUT/zoo.log") PASS, $(grep -c ' FAIL' "$OUT/zoo.log") FAIL (zoo.log)")
 }
 
-# One node test: `node_one NAME` prints `NAME PASS` or `NAME FAIL first error line`.
-node_one() {
-    local n=$1 log=$OUT/onnx_node/$1.log
-    if timeout 120 "$B/dcir-run" "$B/onnx-node/$n.dcir" --inputs "$B/onnx-node/$n.safetensors" \
-        --backend cuda --check >"$log" 2>&1; then
-        echo "$n PASS"
-    else
-        echo "$n FAIL $(grep -m1 -iE 'error|mismatch|fail' "$log" | head -c 200)"
-    fi
-}
-
 onnx_node() {
-    mkdir -p "$OUT/onnx_node"
-    builtin export -f node_one
-    builtin export B OUT
-    ls "$B/onnx-node" | sed -n 's/\.dcir$//p' |
-        xargs -P "${NODE_JOBS:-8}" -L 1 bash -c 'node_one "$0"' | sort >"$OUT/onnx_node.log"
-    grep -q FAIL "$OUT/onnx_node.log" && status=1
-    summary+=("onnx-node: $(grep -c ' PASS' "$OUT/onnx_node.log") PASS, $(grep -c ' FAIL' "$OUT/onnx_node.log") FAIL (onnx_node.log)")
-    grep ' FAIL' "$OUT/onnx_node.log" | head -20
+    DCIR_ONNX_NODE_DIR="$B/onnx-node" "$B/gpu_check" onnx_node --nocapture >"$OUT/onnx_node_full.log" 2>&1 || status=1
+    grep -E '^(onnx-node:|test_.* FAIL$)' "$OUT/onnx_node_full.log" >"$OUT/onnx_node.log"
+    summary+=("$(grep -m1 '^onnx-node:' "$OUT/onnx_node.log") (onnx_node.log)")
+    grep ' FAIL$' "$OUT/onnx_node.log" | head -20
 }
 
 zoo_peers() {

@@ -67,3 +67,82 @@ fn every_example_passes_check_on_the_gpu() {
     let _ = std::fs::remove_dir_all(&scratch);
     assert!(failures.is_empty(), "--check failed: {failures:?}");
 }
+
+/// On a machine with a GPU, with `DCIR_ONNX_NODE_DIR` naming the folder the
+/// node-test harness exported (`cargo xtask gpu-bundle` writes
+/// `target/gpu/onnx-node/`: `<test>.dcir` and `<test>.safetensors`): every
+/// test through `dcir-run --backend cuda --check` on its own inputs, in this
+/// process on `DCIR_NODE_JOBS` threads (default: the CPUs), one CUDA context
+/// for all. The failures are run again one at a time at the end, so their
+/// output reads in order. Prints `onnx-node: P pass, F fail` and `<test> FAIL`
+/// per failure. Without the folder or a GPU it prints `SKIP` and passes.
+#[test]
+fn onnx_node_tests_pass_check_on_the_gpu() {
+    let Some(dir) = std::env::var_os("DCIR_ONNX_NODE_DIR").map(PathBuf::from) else {
+        println!("SKIP: DCIR_ONNX_NODE_DIR is not set");
+        return;
+    };
+    if !dcir_runtime::driver_present() || dcir_cuda::nvrtc::unavailable_reason().is_some() {
+        println!("SKIP: no GPU: no CUDA driver or no NVRTC on this machine");
+        return;
+    }
+    let Ok(_context) = cudarc::driver::CudaContext::new(0) else {
+        println!("SKIP: no GPU: GPU 0 does not open");
+        return;
+    };
+    let mut tests: Vec<String> = std::fs::read_dir(&dir)
+        .expect("the node-test folder")
+        .filter_map(|e| {
+            e.ok()?
+                .file_name()
+                .to_str()?
+                .strip_suffix(".dcir")
+                .map(String::from)
+        })
+        .collect();
+    tests.sort();
+    let run = |name: &str| {
+        let graph = dir.join(format!("{name}.dcir"));
+        let inputs = dir.join(format!("{name}.safetensors"));
+        let mut args = vec![std::ffi::OsString::from("dcir-run"), graph.into_os_string()];
+        if inputs.exists() {
+            args.extend(["--inputs".into(), inputs.into_os_string()]);
+        }
+        args.extend(["--backend", "cuda", "--check"].map(Into::into));
+        dcir_cli::run::main_with("dcir-run", args) == ExitCode::SUCCESS
+    };
+    let jobs = std::env::var("DCIR_NODE_JOBS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let failed = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..jobs.max(1) {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(name) = tests.get(i) else { break };
+                    if !run(name) {
+                        failed.lock().expect("no worker panics").push(name.clone());
+                    }
+                }
+            });
+        }
+    });
+    let mut failed = failed.into_inner().expect("no worker panics");
+    failed.sort();
+    for name in &failed {
+        println!("== {name} (again, alone)");
+        run(name);
+    }
+    println!(
+        "onnx-node: {} pass, {} fail",
+        tests.len() - failed.len(),
+        failed.len()
+    );
+    for name in &failed {
+        println!("{name} FAIL");
+    }
+    assert!(failed.is_empty(), "--check failed: {failed:?}");
+}

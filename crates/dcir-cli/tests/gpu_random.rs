@@ -1,7 +1,10 @@
 //! Differential testing on the GPU: random well-typed graphs (dcir-testgen,
 //! every dtype) through `dcir-run --backend cuda --check` (fuse, compile with
-//! NVRTC, run on NaN-poisoned outputs, compare with the interpreter). A
-//! failing graph is shrunk (proptest's value tree) to a small one, written to
+//! NVRTC, run on NaN-poisoned outputs, compare with the interpreter), in this
+//! process on worker threads (one CUDA context: a process per graph spends
+//! most of its time starting the driver). A failure is confirmed in a
+//! `dcir-run` process of its own (a kernel fault leaves a context unusable)
+//! and shrunk there (proptest's value tree) to a small graph, written to
 //! `$DCIR_RANDOM_OUT/fail_<case>.dcir` with the run's output beside it, to be
 //! committed as a filetest once fixed. Without a GPU or NVRTC it prints
 //! `SKIP: no GPU: ...` and passes.
@@ -15,8 +18,9 @@
 //! summary counts the cases that ran).
 //! `run.sh random` runs it on the GPU machine (docs/testing.md).
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, ExitCode};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -46,8 +50,9 @@ struct Harness {
 }
 
 impl Harness {
-    /// Runs the graph `spec` describes through `dcir-run --check`.
-    fn run(&self, spec: &GraphSpec, tag: &str) -> Outcome {
+    /// Runs the graph `spec` describes through `dcir-run --check`, in this
+    /// process or in a process of its own.
+    fn run(&self, spec: &GraphSpec, tag: &str, in_process: bool) -> Outcome {
         let Ok(graph) = build_graph("g", spec) else {
             return Outcome::NoReference;
         };
@@ -58,11 +63,22 @@ impl Harness {
         }
         let file = self.scratch.join(format!("{tag}.dcir"));
         std::fs::write(&file, dcir_ir::print_graph(&graph)).expect("scratch file");
+        let args = ["--backend", "cuda", "--check", "--seed", "0"];
+        if in_process {
+            let mut argv = vec![OsString::from("dcir-run"), file.clone().into_os_string()];
+            argv.extend(args.iter().map(OsString::from));
+            let code = dcir_cli::run::main_with("dcir-run", argv);
+            let _ = std::fs::remove_file(&file);
+            return match code == ExitCode::SUCCESS {
+                true => Outcome::Pass,
+                false => Outcome::Fail("failed in process".into()),
+            };
+        }
         let out = Command::new("timeout")
             .arg(RUN_TIMEOUT_S)
             .arg(&self.dcir_run)
             .arg(&file)
-            .args(["--backend", "cuda", "--check", "--seed", "0"])
+            .args(args)
             .output()
             .expect("dcir-run starts");
         let _ = std::fs::remove_file(&file);
@@ -77,8 +93,9 @@ impl Harness {
         ))
     }
 
-    /// Case `case`: draws its graph, runs it, and shrinks a failure. Returns
-    /// the outcome and, for a failure, the smallest failing graph's text.
+    /// Case `case`: draws its graph, runs it, and confirms and shrinks a
+    /// failure in processes of their own. Returns the outcome and, for a
+    /// failure, the smallest failing graph's text.
     fn case(&self, seed: u64, case: usize) -> (Outcome, Option<String>) {
         let mut key = [0u8; 32];
         key[..8].copy_from_slice(&seed.to_le_bytes());
@@ -89,9 +106,16 @@ impl Harness {
             .new_tree(&mut runner)
             .expect("the strategy draws");
         let tag = format!("case_{case}");
-        let outcome = self.run(&tree.current(), &tag);
-        let Outcome::Fail(first) = outcome else {
+        let outcome = self.run(&tree.current(), &tag, true);
+        let Outcome::Fail(_) = outcome else {
             return (outcome, None);
+        };
+        let Outcome::Fail(first) = self.run(&tree.current(), &tag, false) else {
+            let graph = build_graph("g", &tree.current()).expect("a failing spec builds");
+            return (
+                Outcome::Fail("fails in this process only (a context left unusable?)".into()),
+                Some(dcir_ir::print_graph(&graph)),
+            );
         };
         // proptest's shrinking loop: simplify while it still fails,
         // complicate back when a simplification passes.
@@ -100,7 +124,7 @@ impl Harness {
         if tree.simplify() {
             while steps < MAX_SHRINK_STEPS {
                 steps += 1;
-                match self.run(&tree.current(), &tag) {
+                match self.run(&tree.current(), &tag, false) {
                     Outcome::Fail(why) => {
                         smallest = (tree.current(), why);
                         if !tree.simplify() {
@@ -137,6 +161,8 @@ fn random_graphs_match_the_interpreter_on_the_gpu() {
         println!("SKIP: no GPU: {e}");
         return;
     }
+    // One context for the whole run (each run retains it; none tears it down).
+    let _context = cudarc::driver::CudaContext::new(0).expect("GPU 0 opens");
     let cases = env_number("DCIR_PROPTEST_CASES").unwrap_or(64) as usize;
     let seed = env_number("DCIR_PROPTEST_SEED").unwrap_or(CI_SEED);
     let jobs = env_number("DCIR_RANDOM_JOBS").map_or_else(

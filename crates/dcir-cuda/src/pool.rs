@@ -471,17 +471,39 @@ fn covered(l: &mut Lower, win: &Window, axis: usize, start: &str, name: &str, o:
     if !low && !high {
         return int(k);
     }
+    let d = win.dilation[axis] as i64;
     let first = l.bind(start, Ty::I32, win.tap(axis, o, int(0)));
-    let end = add(first.clone(), int(k));
-    let end = if high {
-        call("min", vec![end, int(win.input[axis] as i64)])
+    let (begin, end) = if d == 1 {
+        // The window clamped to the input.
+        let end = add(first.clone(), int(k));
+        let end = if high {
+            call("min", vec![end, int(win.input[axis] as i64)])
+        } else {
+            end
+        };
+        let begin = if low {
+            call("max", vec![first, int(0)])
+        } else {
+            first
+        };
+        (begin, end)
     } else {
-        end
-    };
-    let begin = if low {
-        call("max", vec![first, int(0)])
-    } else {
-        first
+        // Taps `j` in 0..k with `0 <= first + j * d < input`: from
+        // ceil(-first / d) (when first < 0) to ceil((input - first) / d) (when
+        // the window ends past the input); C's truncating division gives
+        // both with `d - 1` added, the low one clamped at 0.
+        let end = if high {
+            let past = add(sub(int(win.input[axis] as i64), first.clone()), int(d - 1));
+            call("min", vec![int(k), div(past, d)])
+        } else {
+            int(k)
+        };
+        let begin = if low {
+            call("max", vec![int(0), div(sub(int(d - 1), first), d)])
+        } else {
+            int(0)
+        };
+        (begin, end)
     };
     l.bind(name, Ty::I32, sub(end, begin))
 }
@@ -530,5 +552,17 @@ mod tests {
         let counted = format!("{window}, count_include_pad = true");
         let s = pool(17, "avgpool2d", &counted, 9).expect("lowers");
         assert!(s.contains("acc / 9.0f"), "{s}");
+    }
+
+    #[test]
+    fn a_dilated_average_counts_the_taps_inside_the_image() {
+        // Taps y0, y0 + 2, y0 + 4 of a 3-tap window with dilation 2: from
+        // ceil(-y0 / 2) to ceil((17 - y0) / 2), at most 3.
+        let window = "kernel = [3, 3], stride = [2, 2], pad = [1, 1, 1, 1], dilation = [2, 2]";
+        let s = pool(17, "avgpool2d", window, 8).expect("lowers");
+        assert!(
+            s.contains("min(3, (17 - v_y0 + 1) / 2) - max(0, (1 - v_y0) / 2)"),
+            "{s}"
+        );
     }
 }

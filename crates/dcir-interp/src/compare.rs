@@ -15,9 +15,14 @@
 //! (a missed tile, a bad index) is off by about the tensor's scale and still
 //! fails; below a scale of 1 the bound is the plain `atol + rtol * |e|`.
 //!
-//! A comparison passes when the types agree, no element of either tensor is
-//! NaN or ±inf, the relative L2 error is at most [`Tolerance::rel_l2`] and
-//! every element is within its bound. Defaults per dtype
+//! A comparison passes when the types agree, every non-finite element is
+//! matched exactly (NaN where NaN is expected, an infinity of the same sign
+//! where one is expected; anything else, or a non-finite element where a
+//! finite one is expected, fails), the relative L2 error over the finite
+//! elements is at most [`Tolerance::rel_l2`] and every finite element is
+//! within its bound. An element of the runtime's poison pattern (every bit
+//! set: NaN in each float dtype) is never a match, even for an expected NaN,
+//! so an element no kernel wrote always fails. Defaults per dtype
 //! ([`Tolerance::for_dtype`]):
 //!
 //! | dtype | rel_l2 | atol | rtol | why |
@@ -36,7 +41,7 @@ use std::fmt;
 
 use dcir_ir::{DType, Graph, TensorType};
 
-use crate::tensor::Tensor;
+use crate::tensor::{Tensor, TensorData};
 
 /// How far an actual tensor may be from the expected one.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -107,14 +112,17 @@ pub enum Mismatch {
         /// The actual tensor's type.
         actual: TensorType,
     },
-    /// An element is NaN or infinite (in either tensor).
+    /// A non-finite element on either side that the other does not match
+    /// (see the module doc).
     NonFinite {
-        /// True when the element is in the expected tensor.
-        in_expected: bool,
         /// Row-major index of the first such element.
         index: usize,
-        /// Its value.
-        value: f64,
+        /// The expected value.
+        expected: f64,
+        /// The actual value.
+        actual: f64,
+        /// The actual element is the poison pattern (no kernel wrote it).
+        unwritten: bool,
     },
     /// The errors exceed the tolerance.
     Tolerance {
@@ -134,14 +142,17 @@ impl fmt::Display for Mismatch {
                 write!(f, "type mismatch: expected {expected}, got {actual}")
             }
             Mismatch::NonFinite {
-                in_expected,
                 index,
-                value,
-            } => write!(
-                f,
-                "{} element {index} is {value}",
-                if *in_expected { "expected" } else { "actual" }
-            ),
+                expected,
+                actual,
+                unwritten,
+            } => {
+                write!(f, "element {index}: expected {expected}, got {actual}")?;
+                if *unwritten {
+                    write!(f, " (the poison pattern: no kernel wrote it)")?;
+                }
+                Ok(())
+            }
             Mismatch::Tolerance {
                 stats,
                 tolerance,
@@ -168,12 +179,21 @@ impl fmt::Display for Mismatch {
 
 impl std::error::Error for Mismatch {}
 
-fn first_non_finite(values: &[f64]) -> Option<(usize, f64)> {
-    values
-        .iter()
-        .copied()
-        .enumerate()
-        .find(|(_, v)| !v.is_finite())
+/// Whether each element of `t` is the runtime's poison pattern (every bit
+/// set); always false for integer and bool tensors, where it is a value.
+fn poisoned(t: &Tensor) -> Vec<bool> {
+    match t.data() {
+        TensorData::F32(v) => v.iter().map(|x| x.to_bits() == u32::MAX).collect(),
+        TensorData::F16(v) => v.iter().map(|x| x.to_bits() == u16::MAX).collect(),
+        TensorData::BF16(v) => v.iter().map(|x| x.to_bits() == u16::MAX).collect(),
+        TensorData::I32(_) | TensorData::I64(_) | TensorData::Bool(_) => vec![false; t.len()],
+    }
+}
+
+/// Whether a non-finite `expected` is matched by `actual` (NaN by NaN, an
+/// infinity by itself).
+fn non_finite_matches(expected: f64, actual: f64) -> bool {
+    (expected.is_nan() && actual.is_nan()) || expected == actual
 }
 
 /// Compares `actual` with `expected` under `tol` (see the module doc).
@@ -184,14 +204,24 @@ pub fn compare(expected: &Tensor, actual: &Tensor, tol: &Tolerance) -> Result<St
             actual: actual.ty().clone(),
         });
     }
-    let (e, a) = (expected.to_f64(), actual.to_f64());
-    for (values, in_expected) in [(&e, true), (&a, false)] {
-        if let Some((index, value)) = first_non_finite(values) {
+    let (mut e, mut a) = (expected.to_f64(), actual.to_f64());
+    let poison = poisoned(actual);
+    for (index, (&x, &y)) in e.iter().zip(&a).enumerate() {
+        let matched =
+            !poison[index] && ((x.is_finite() && y.is_finite()) || non_finite_matches(x, y));
+        if !matched {
             return Err(Mismatch::NonFinite {
-                in_expected,
                 index,
-                value,
+                expected: x,
+                actual: y,
+                unwritten: poison[index],
             });
+        }
+    }
+    // The matched non-finite elements are equal: out of the error measures.
+    for (x, y) in e.iter_mut().zip(a.iter_mut()) {
+        if !x.is_finite() {
+            (*x, *y) = (0.0, 0.0);
         }
     }
     let norm2: f64 = e.iter().map(|x| x * x).sum();

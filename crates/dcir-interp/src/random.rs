@@ -19,7 +19,7 @@
 //! | role | values |
 //! |---|---|
 //! | indices of a `gather` (operand 1) | integers uniform in `[0, extent)` of the gathered axis (the smallest extent when several gathers use it) |
-//! | must be positive: `batchnorm` var, operand of `sqrt`/`rsqrt`/`log`, `div` divisor, `pow` base | uniform in `[0.5, 1.5)` |
+//! | must be positive: `batchnorm` var, operand of `sqrt`/`rsqrt`/`log`, `div` and `mod` divisor, `pow` base | floats uniform in `[0.5, 1.5)`; integers uniform in `[1, 8]` |
 //! | weights: operand 1 of `conv2d`, operand 1 of `matmul` | uniform in `[-a, a)`, `a = sqrt(3 / fan_in)` (variance `1 / fan_in`: activations keep their scale through deep stacks); fan_in = `C/groups * KH * KW` or the contraction extent |
 //! | any other float | uniform in `[-1, 1)` |
 //! | any other integer | uniform in `[0, 8)` |
@@ -172,7 +172,7 @@ impl<'g> Sampler<'g> {
                 }
                 (OpKind::Batchnorm, 4)
                 | (OpKind::Sqrt | OpKind::Rsqrt | OpKind::Log, 0)
-                | (OpKind::Div, 1)
+                | (OpKind::Div | OpKind::Mod, 1)
                 | (OpKind::Pow, 0) => Role::Positive,
                 // Through views, to the uses of what they view.
                 (
@@ -226,11 +226,12 @@ impl<'g> Sampler<'g> {
         let data = match (ty.dtype, self.role(p)) {
             (DType::Bool, _) => TensorData::Bool(draw(seed, n, |r| r.next_u64() >> 63 == 1)),
             (DType::I32 | DType::I64, role) => {
-                let range = match role {
-                    Role::Indices { extent } => extent.max(1) as u64,
-                    _ => 8,
+                let (low, count) = match role {
+                    Role::Indices { extent } => (0, extent.max(1) as u64),
+                    Role::Positive => (1, 8),
+                    _ => (0, 8),
                 };
-                TensorData::from_i64(ty.dtype, &draw(seed, n, |r| r.below(range) as i64))
+                TensorData::from_i64(ty.dtype, &draw(seed, n, |r| low + r.below(count) as i64))
             }
             (DType::F32, role) => TensorData::F32(uniform_for(role, uniform)),
             (half, role) => TensorData::from_f32(half, &uniform_for(role, uniform)),

@@ -197,24 +197,55 @@ fn comparison_measures_and_tolerances() {
         "{m}"
     );
     assert!(m.to_string().starts_with("out of tolerance: rel_l2"), "{m}");
-    let nan = f32s(&[4], &[1.0, f32::NAN, 3.0, 4.0]);
+    // Non-finite elements must match exactly: NaN for NaN, the same infinity.
+    let nan = f32s(&[4], &[1.0, f32::NAN, f32::NEG_INFINITY, 4.0]);
+    let same = compare(&nan, &nan, &Tolerance::for_dtype(DType::F32)).expect("NaN matches NaN");
+    assert_eq!(same.max_abs, 0.0);
+    let finite = f32s(&[4], &[1.0, 2.0, f32::NEG_INFINITY, 4.0]);
     assert!(matches!(
-        compare(&nan, &nan, &Tolerance::for_dtype(DType::F32)),
+        compare(&nan, &finite, &Tolerance::for_dtype(DType::F32)),
         Err(Mismatch::NonFinite {
-            in_expected: true,
             index: 1,
+            unwritten: false,
             ..
         })
     ));
     let inf = f32s(&[4], &[1.0, 2.0, f32::INFINITY, 4.0]);
-    assert!(matches!(
-        compare(&e, &inf, &Tolerance::for_dtype(DType::F32)),
-        Err(Mismatch::NonFinite {
-            in_expected: false,
-            index: 2,
-            ..
-        })
-    ));
+    let m = compare(&e, &inf, &Tolerance::for_dtype(DType::F32)).unwrap_err();
+    assert!(
+        matches!(
+            m,
+            Mismatch::NonFinite {
+                index: 2,
+                unwritten: false,
+                ..
+            }
+        ),
+        "{m}"
+    );
+    assert_eq!(m.to_string(), "element 2: expected 3, got inf");
+    let opposite = f32s(&[4], &[1.0, f32::NAN, f32::INFINITY, 4.0]);
+    assert!(compare(&nan, &opposite, &Tolerance::for_dtype(DType::F32)).is_err());
+    // The runtime's poison (every bit set) never matches, even an expected NaN.
+    let poison = f32::from_bits(u32::MAX);
+    let unwritten = f32s(&[4], &[1.0, poison, f32::NEG_INFINITY, 4.0]);
+    let m = compare(&nan, &unwritten, &Tolerance::for_dtype(DType::F32)).unwrap_err();
+    assert!(
+        matches!(
+            m,
+            Mismatch::NonFinite {
+                index: 1,
+                unwritten: true,
+                ..
+            }
+        ),
+        "{m}"
+    );
+    assert!(
+        m.to_string()
+            .ends_with("(the poison pattern: no kernel wrote it)"),
+        "{m}"
+    );
     let other = f32s(&[2, 2], &[1.0, 2.0, 3.0, 4.0]);
     assert!(matches!(
         compare(&e, &other, &Tolerance::EXACT),

@@ -21,7 +21,7 @@ use cudarc::driver::{
     LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
-use dcir_artifact::Artifact;
+use dcir_artifact::{Artifact, BufferKind};
 
 use crate::error::{RuntimeError, driver};
 use crate::plan::{MemoryPlan, plan_memory};
@@ -116,8 +116,22 @@ pub struct Executor {
     owned: Vec<Option<CudaSlice<u8>>>,
     arena: CudaSlice<u8>,
     inputs: Vec<(u32, u64)>,
-    outputs: Vec<(u32, u64)>,
+    outputs: Vec<OutputSlot>,
     graph: Option<CudaGraph>,
+}
+
+/// Where a graph output's bytes are: a graph output may be a buffer of its
+/// own, a view into the arena or another buffer (a reshape, a concat's
+/// slice), or a graph input or constant itself (nothing computes it).
+struct OutputSlot {
+    /// The root buffer's own allocation (its id), or `None` for the arena.
+    owned: Option<usize>,
+    /// Byte offset in that allocation.
+    offset: u64,
+    bytes: u64,
+    /// Whether launches write it (so poisoning covers it); an input or
+    /// constant returned as an output keeps its bytes.
+    computed: bool,
 }
 
 /// Whether libcuda can be loaded.
@@ -280,11 +294,32 @@ impl Executor {
                 }
             })
             .collect();
-        let io = |ids: &[u32]| {
-            ids.iter()
-                .map(|&id| (id, artifact.buffers[id as usize].bytes))
-                .collect()
-        };
+        let inputs = artifact
+            .inputs
+            .iter()
+            .map(|&id| (id, artifact.buffers[id as usize].bytes))
+            .collect();
+        let outputs = artifact
+            .outputs
+            .iter()
+            .map(|&id| {
+                let b = &artifact.buffers[id as usize];
+                let root = b.view_of.unwrap_or(id) as usize;
+                let (owned, base) = match plan.offsets[root] {
+                    Some(offset) => (None, offset),
+                    None => (Some(root), 0),
+                };
+                OutputSlot {
+                    owned,
+                    offset: base + b.view_offset,
+                    bytes: b.bytes,
+                    computed: !matches!(
+                        artifact.buffers[root].kind,
+                        BufferKind::Input | BufferKind::Constant
+                    ),
+                }
+            })
+            .collect();
         Ok(Executor {
             ctx,
             stream,
@@ -295,8 +330,8 @@ impl Executor {
             launches,
             owned,
             arena,
-            inputs: io(&artifact.inputs),
-            outputs: io(&artifact.outputs),
+            inputs,
+            outputs,
             graph: None,
         })
     }
@@ -334,14 +369,17 @@ impl Executor {
             .map_err(driver(format!("uploading input {index}")))
     }
 
-    /// Fills every output and the whole arena with 0xFF bytes (NaN in every
-    /// float dtype), so that an element no kernel writes shows up.
+    /// Fills every computed output and the whole arena with 0xFF bytes (NaN
+    /// in every float dtype), so that an element no kernel writes shows up.
     pub fn poison(&mut self) -> Result<()> {
         let mut targets: Vec<(u64, usize)> = self
             .outputs
             .iter()
-            .filter_map(|&(id, _)| self.owned[id as usize].as_ref())
-            .map(|s| (ptr_of(s, &self.stream), s.len()))
+            .filter(|o| o.computed)
+            .filter_map(|o| {
+                let slice = self.owned[o.owned?].as_ref()?;
+                Some((ptr_of(slice, &self.stream) + o.offset, o.bytes as usize))
+            })
             .collect();
         targets.push((ptr_of(&self.arena, &self.stream), self.arena.len()));
         for (ptr, len) in targets {
@@ -504,14 +542,20 @@ impl Executor {
 
     /// The bytes of graph output `index`.
     pub fn read_output(&self, index: usize) -> Result<Vec<u8>> {
-        let &(id, size) = self
+        let o = self
             .outputs
             .get(index)
             .ok_or_else(|| RuntimeError::Signature(format!("the graph has no output {index}")))?;
-        let mut host = vec![0u8; size as usize];
-        let src = self.owned[id as usize].as_ref().expect("outputs are owned");
+        let mut host = vec![0u8; o.bytes as usize];
+        let src = match o.owned {
+            Some(root) => self.owned[root]
+                .as_ref()
+                .expect("unplanned roots are owned"),
+            None => &self.arena,
+        };
+        let range = o.offset as usize..(o.offset + o.bytes) as usize;
         self.stream
-            .memcpy_dtoh(&src.slice(0..size as usize), &mut host)
+            .memcpy_dtoh(&src.slice(range), &mut host)
             .map_err(driver(format!("downloading output {index}")))?;
         self.stream
             .synchronize()
