@@ -14,8 +14,8 @@
 //! case is reproducible alone), `DCIR_RANDOM_JOBS` runs at once (default: the
 //! CPUs), `DCIR_RUN` the `dcir-run` binary (default: the one cargo built),
 //! `DCIR_RANDOM_OUT` where failures go (default: a temporary folder),
-//! `DCIR_RANDOM_DEADLINE_S` seconds after which no new case starts (the
-//! summary counts the cases that ran).
+//! `DCIR_RANDOM_DEADLINE_S` seconds after which no new case starts and
+//! shrinking stops (the summary counts the cases that ran).
 //! `run.sh random` runs it on the GPU machine (docs/testing.md).
 
 use std::ffi::OsString;
@@ -47,6 +47,8 @@ enum Outcome {
 struct Harness {
     dcir_run: PathBuf,
     scratch: PathBuf,
+    /// No new case starts, and shrinking stops, past it.
+    deadline: Option<std::time::Instant>,
 }
 
 impl Harness {
@@ -97,6 +99,7 @@ impl Harness {
     /// failure in processes of their own. Returns the outcome and, for a
     /// failure, the smallest failing graph's text.
     fn case(&self, seed: u64, case: usize) -> (Outcome, Option<String>) {
+        let past_deadline = || self.deadline.is_some_and(|d| std::time::Instant::now() > d);
         let mut key = [0u8; 32];
         key[..8].copy_from_slice(&seed.to_le_bytes());
         key[8..16].copy_from_slice(&(case as u64).to_le_bytes());
@@ -122,7 +125,7 @@ impl Harness {
         let mut smallest = (tree.current(), first);
         let mut steps = 0;
         if tree.simplify() {
-            while steps < MAX_SHRINK_STEPS {
+            while steps < MAX_SHRINK_STEPS && !past_deadline() {
                 steps += 1;
                 match self.run(&tree.current(), &tag, false) {
                     Outcome::Fail(why) => {
@@ -182,10 +185,10 @@ fn random_graphs_match_the_interpreter_on_the_gpu() {
             PathBuf::from,
         ),
         scratch: scratch.clone(),
+        deadline: env_number("DCIR_RANDOM_DEADLINE_S")
+            .filter(|&s| s > 0)
+            .map(|s| std::time::Instant::now() + std::time::Duration::from_secs(s)),
     };
-    let deadline = env_number("DCIR_RANDOM_DEADLINE_S")
-        .filter(|&s| s > 0)
-        .map(|s| std::time::Instant::now() + std::time::Duration::from_secs(s));
     let next = AtomicUsize::new(0);
     let counts = Mutex::new([0usize; 3]);
     let failures = Mutex::new(Vec::new());
@@ -194,7 +197,11 @@ fn random_graphs_match_the_interpreter_on_the_gpu() {
             s.spawn(|| {
                 loop {
                     let case = next.fetch_add(1, Ordering::Relaxed);
-                    if case >= cases || deadline.is_some_and(|d| std::time::Instant::now() > d) {
+                    if case >= cases
+                        || harness
+                            .deadline
+                            .is_some_and(|d| std::time::Instant::now() > d)
+                    {
                         break;
                     }
                     let (outcome, smallest) = harness.case(seed, case);
