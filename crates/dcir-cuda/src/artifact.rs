@@ -165,8 +165,26 @@ pub fn build_artifact(g: &Graph, options: &BuildOptions) -> Result<Artifact, Str
                 result_buffer(&mut a, &mut buffer_of, data.results[0]);
             }
             other => {
+                let named = data
+                    .results
+                    .first()
+                    .map(|&r| format!(" %{}", g.value(r).name))
+                    .unwrap_or_default();
+                let partly_fused = g
+                    .block(g.body())
+                    .ops
+                    .iter()
+                    .any(|&o| g.op(o).kind == OpKind::Fused);
+                let advice = match partly_fused {
+                    // The planner fuses only graphs with no group (it keeps hand-made ones).
+                    true => {
+                        "the graph is partly fused, and dcir fuses only graphs with no `fused` op: \
+                             put it in a group, or inline the groups and let dcir fuse the whole graph"
+                    }
+                    false => "fuse the graph first",
+                };
                 return Err(format!(
-                    "graph @{}: top-level `{}` is neither a fused group nor a view; fuse the graph first",
+                    "graph @{}: top-level `{}`{named} is neither a fused group nor a view; {advice}",
                     g.name(),
                     other.name()
                 ));
@@ -567,6 +585,32 @@ mod tests {
         )
         .expect("parses");
         let err = build_artifact(&module.graphs[0], &BuildOptions::default()).unwrap_err();
-        assert!(err.contains("fuse the graph first"), "{err}");
+        assert!(
+            err.contains("`relu` %y is neither a fused group nor a view; fuse the graph first"),
+            "{err}"
+        );
+        // A graph with a group and an op outside it: the planner leaves it alone.
+        let module = dcir_reader::parse_module(
+            "graph @g(%x: f32[4]) -> (f32[4]) {\n\
+             \x20 %y = fused @g0(%x.in = %x) {kind = \"elementwise\", level = \"register\"} : f32[4] {\n\
+             \x20   %r = relu %x.in : f32[4]\n\
+             \x20   yield %r\n\
+             \x20 }\n\
+             \x20 %z = tanh %y : f32[4]\n\
+             \x20 return %z\n\
+             }\n",
+        )
+        .expect("parses");
+        let source_only = BuildOptions {
+            compile: false,
+            ..BuildOptions::default()
+        };
+        let err = build_artifact(&module.graphs[0], &source_only).unwrap_err();
+        assert!(
+            err.contains(
+                "`tanh` %z is neither a fused group nor a view; the graph is partly fused"
+            ),
+            "{err}"
+        );
     }
 }
