@@ -310,7 +310,8 @@ fn fuse_module(module: &Module) -> Result<String, String> {
 }
 
 /// Fuses every graph that has no `fused` op yet (H200 model), emits the CUDA
-/// source of every kernel and compiles each with NVRTC when it is present.
+/// source of every kernel and compiles each with NVRTC when it is present;
+/// the graph's artifact (launches, buffers, constants' bytes) must build too.
 fn cuda_module(module: &Module) -> Result<String, String> {
     let model = CostModel::new(DeviceSpec::h200());
     let mut fused = module.clone();
@@ -326,6 +327,11 @@ fn cuda_module(module: &Module) -> Result<String, String> {
     }
     let mut out = String::new();
     for graph in &fused.graphs {
+        let source_only = dcir_cuda::BuildOptions {
+            compile: false,
+            ..dcir_cuda::BuildOptions::default()
+        };
+        dcir_cuda::build_artifact(graph, &source_only)?;
         for kernel in dcir_cuda::lower_graph(graph).map_err(|e| e.to_string())? {
             let source = dcir_cuda::print_kernel(&kernel);
             compile_with_nvrtc(&source, &kernel.name, kernel.block)?;

@@ -275,14 +275,30 @@ fn canonical_source(kernel: &Kernel, source: &str) -> String {
 /// The elements of constant op `op`, little-endian in its result's dtype.
 fn constant_bytes(g: &Graph, op: dcir_ir::OpId) -> Result<Vec<u8>, String> {
     use dcir_ir::{Attr, DType};
+    /// One literal element: integers stay exact (an i64 past 2^53 too).
+    #[derive(Clone, Copy)]
+    enum Literal {
+        Float(f64),
+        Int(i64),
+    }
     let d = g.op(op);
     let ty = g.ty(d.results[0]);
     let n = ty.num_elements().unwrap_or(0);
-    let values: Vec<f64> = match d.attrs.get("value") {
-        Some(Attr::Float(x)) => vec![*x; n],
-        Some(Attr::Int(x)) => vec![*x as f64; n],
-        Some(Attr::Floats(xs)) => xs.clone(),
-        Some(Attr::Ints(xs)) => xs.iter().map(|&x| x as f64).collect(),
+    // One value, or a list of one, is a splat (as the interpreter reads it).
+    let splat = |len: usize| if len == 1 { n } else { 1 };
+    let values: Vec<Literal> = match d.attrs.get("value") {
+        Some(Attr::Float(x)) => vec![Literal::Float(*x); n],
+        Some(Attr::Int(x)) => vec![Literal::Int(*x); n],
+        Some(Attr::Floats(xs)) => xs
+            .repeat(splat(xs.len()))
+            .into_iter()
+            .map(Literal::Float)
+            .collect(),
+        Some(Attr::Ints(xs)) => xs
+            .repeat(splat(xs.len()))
+            .into_iter()
+            .map(Literal::Int)
+            .collect(),
         other => return Err(format!("constant with value {other:?} has no bytes")),
     };
     if values.len() != n {
@@ -293,13 +309,21 @@ fn constant_bytes(g: &Graph, op: dcir_ir::OpId) -> Result<Vec<u8>, String> {
     }
     Ok(values
         .iter()
-        .flat_map(|&x| match ty.dtype {
-            DType::F32 => (x as f32).to_le_bytes().to_vec(),
-            DType::F16 => half::f16::from_f64(x).to_le_bytes().to_vec(),
-            DType::BF16 => half::bf16::from_f64(x).to_le_bytes().to_vec(),
-            DType::I32 => (x as i32).to_le_bytes().to_vec(),
-            DType::I64 => (x as i64).to_le_bytes().to_vec(),
-            DType::Bool => vec![u8::from(x != 0.0)],
+        .flat_map(|&v| {
+            let x = match v {
+                Literal::Float(x) => x,
+                Literal::Int(i) => i as f64,
+            };
+            match (ty.dtype, v) {
+                (DType::I32, Literal::Int(i)) => (i as i32).to_le_bytes().to_vec(),
+                (DType::I64, Literal::Int(i)) => i.to_le_bytes().to_vec(),
+                (DType::F32, _) => (x as f32).to_le_bytes().to_vec(),
+                (DType::F16, _) => half::f16::from_f64(x).to_le_bytes().to_vec(),
+                (DType::BF16, _) => half::bf16::from_f64(x).to_le_bytes().to_vec(),
+                (DType::I32, _) => (x as i32).to_le_bytes().to_vec(),
+                (DType::I64, _) => (x as i64).to_le_bytes().to_vec(),
+                (DType::Bool, _) => vec![u8::from(x != 0.0)],
+            }
         })
         .collect())
 }
@@ -576,6 +600,39 @@ mod tests {
         assert_eq!(data.len(), 65 * 4);
         assert_eq!(&data[4..8], &1i32.to_le_bytes());
         assert_eq!(a.launches[0].args, vec![0, 1, 2]);
+    }
+
+    /// A list of one value is a splat, as the interpreter reads it (found by
+    /// differential testing on the GPU: `constant {value = [-128]} : i32[5,2]`
+    /// failed to build); integers keep every bit.
+    #[test]
+    fn a_constant_of_one_listed_value_is_a_splat() {
+        let a = artifact(
+            "graph @g(%x: i64[5,2]) -> (i64[5,2], i64[2]) {\n\
+             \x20 %c = constant {value = [-128]} : i64[5,2]\n\
+             \x20 %b = constant {value = [9007199254740993, 1]} : i64[2]\n\
+             \x20 %y = fused @g0(%x.in = %x, %c.in = %c) {kind = \"elementwise\", threads = 128} : i64[5,2] {\n\
+             \x20   %y.r = add %x.in, %c.in : i64[5,2]\n\
+             \x20   yield %y.r\n\
+             \x20 }\n\
+             \x20 return %y, %b\n\
+             }\n",
+        );
+        let c = a
+            .buffers
+            .iter()
+            .find(|b| b.name == "c")
+            .expect("the constant's buffer");
+        let data = c.data.as_ref().expect("bytes");
+        assert_eq!(data.len(), 10 * 8);
+        assert!(data.chunks(8).all(|e| e == (-128i64).to_le_bytes()));
+        let b = a
+            .buffers
+            .iter()
+            .find(|b| b.name == "b")
+            .expect("the listed constant");
+        let data = b.data.as_ref().expect("bytes");
+        assert_eq!(&data[..8], &9_007_199_254_740_993i64.to_le_bytes());
     }
 
     #[test]
