@@ -133,6 +133,17 @@ pub struct Buffer {
     pub data: Option<Vec<u8>>,
 }
 
+/// Bytes per element of a buffer dtype (`u8` for scratch).
+fn dtype_size(dtype: &str) -> Option<u64> {
+    match dtype {
+        "f32" | "i32" => Some(4),
+        "f16" | "bf16" => Some(2),
+        "i64" => Some(8),
+        "bool" | "u8" => Some(1),
+        _ => None,
+    }
+}
+
 /// True for 0 (a reshape view's offset, left out of the JSON).
 fn is_zero(x: &u64) -> bool {
     *x == 0
@@ -145,6 +156,9 @@ pub enum ArtifactError {
     Io(String, std::io::Error),
     /// The JSON did not describe an artifact.
     Json(serde_json::Error),
+    /// The artifact contradicts itself (an index out of range, a view past
+    /// its root, sizes that disagree): an edited or corrupt file.
+    Invalid(String),
 }
 
 impl std::fmt::Display for ArtifactError {
@@ -152,6 +166,7 @@ impl std::fmt::Display for ArtifactError {
         match self {
             ArtifactError::Io(path, e) => write!(f, "{path}: {e}"),
             ArtifactError::Json(e) => write!(f, "bad artifact JSON: {e}"),
+            ArtifactError::Invalid(why) => write!(f, "invalid artifact: {why}"),
         }
     }
 }
@@ -164,9 +179,89 @@ impl Artifact {
         serde_json::to_string_pretty(self).expect("an artifact always serializes")
     }
 
-    /// Reads an artifact from its JSON.
+    /// Reads an artifact from its JSON and [validates](Artifact::validate) it.
     pub fn from_json(text: &str) -> Result<Artifact, ArtifactError> {
-        serde_json::from_str(text).map_err(ArtifactError::Json)
+        let artifact: Artifact = serde_json::from_str(text).map_err(ArtifactError::Json)?;
+        artifact.validate().map_err(ArtifactError::Invalid)?;
+        Ok(artifact)
+    }
+
+    /// Checks what the runtime relies on: buffer `i` has id `i`; a view's
+    /// root is a buffer that is no view and holds the view's bytes; every
+    /// buffer's bytes are its shape's elements times its dtype's size, and a
+    /// constant's data is that long; every launch names a kernel and binds
+    /// one existing buffer per kernel parameter; inputs and outputs name
+    /// existing buffers. The builder's artifacts pass; a failure names the
+    /// first contradiction.
+    pub fn validate(&self) -> Result<(), String> {
+        let n = self.buffers.len();
+        for (i, b) in self.buffers.iter().enumerate() {
+            if b.id as usize != i {
+                return Err(format!("buffer {i} (`{}`) has id {}", b.name, b.id));
+            }
+            let size = dtype_size(&b.dtype)
+                .ok_or_else(|| format!("buffer `{}` has an unknown dtype `{}`", b.name, b.dtype))?;
+            let bytes = b
+                .shape
+                .iter()
+                .try_fold(size, |acc, &d| acc.checked_mul(d))
+                .ok_or_else(|| format!("buffer `{}`: the size of its shape overflows", b.name))?;
+            if bytes != b.bytes {
+                return Err(format!(
+                    "buffer `{}` has {} bytes for {} × {:?} ({bytes})",
+                    b.name, b.bytes, b.dtype, b.shape
+                ));
+            }
+            if let Some(data) = &b.data
+                && data.len() as u64 != b.bytes
+            {
+                return Err(format!(
+                    "constant `{}` has {} bytes of data for {} bytes",
+                    b.name,
+                    data.len(),
+                    b.bytes
+                ));
+            }
+            if let Some(root) = b.view_of {
+                let r = self
+                    .buffers
+                    .get(root as usize)
+                    .ok_or_else(|| format!("buffer `{}` views buffer {root}, of {n}", b.name))?;
+                let end = b.view_offset.checked_add(b.bytes);
+                if r.view_of.is_some() || end.is_none_or(|end| end > r.bytes) {
+                    return Err(format!(
+                        "buffer `{}` views bytes {}.. of `{}` ({} bytes), which is a view or too small",
+                        b.name, b.view_offset, r.name, r.bytes
+                    ));
+                }
+            }
+        }
+        for (i, l) in self.launches.iter().enumerate() {
+            let k = self.kernels.get(l.kernel as usize).ok_or_else(|| {
+                format!(
+                    "launch {i} names kernel {}, of {}",
+                    l.kernel,
+                    self.kernels.len()
+                )
+            })?;
+            if l.args.len() != k.params.len() {
+                return Err(format!(
+                    "launch {i} binds {} buffers to kernel `{}` of {} parameters",
+                    l.args.len(),
+                    k.name,
+                    k.params.len()
+                ));
+            }
+            if let Some(&a) = l.args.iter().find(|&&a| a as usize >= n) {
+                return Err(format!("launch {i} binds buffer {a}, of {n}"));
+            }
+        }
+        for (what, ids) in [("input", &self.inputs), ("output", &self.outputs)] {
+            if let Some(&id) = ids.iter().find(|&&id| id as usize >= n) {
+                return Err(format!("an {what} is buffer {id}, of {n}"));
+            }
+        }
+        Ok(())
     }
 
     /// Writes `artifact.json` and each kernel's `<name>.cu` (and `<name>.ptx`
@@ -262,5 +357,50 @@ mod tests {
     #[test]
     fn bad_json_is_an_error() {
         assert!(Artifact::from_json("{").is_err());
+        let json = sample().to_json();
+        let truncated = &json[..json.len() / 2];
+        assert!(matches!(
+            Artifact::from_json(truncated),
+            Err(ArtifactError::Json(_))
+        ));
+    }
+
+    /// Each edit the runtime would index past or misread is refused, naming it.
+    #[test]
+    fn an_edited_artifact_is_refused() {
+        let edits: [(fn(&mut Artifact), &str); 8] = [
+            (|a| a.buffers[0].id = 3, "buffer 0 (`x`) has id 3"),
+            (|a| a.buffers[0].bytes = 60, "buffer `x` has 60 bytes"),
+            (|a| a.buffers[0].dtype = "f8".into(), "unknown dtype `f8`"),
+            (|a| a.buffers[0].view_of = Some(7), "views buffer 7, of 1"),
+            (
+                |a| a.launches[0].kernel = 2,
+                "launch 0 names kernel 2, of 1",
+            ),
+            (
+                |a| a.launches[0].args = vec![0, 0],
+                "binds 2 buffers to kernel `g0` of 1",
+            ),
+            (
+                |a| a.launches[0].args = vec![5],
+                "launch 0 binds buffer 5, of 1",
+            ),
+            (|a| a.outputs = vec![1], "an output is buffer 1, of 1"),
+        ];
+        for (edit, says) in edits {
+            let mut a = sample();
+            edit(&mut a);
+            match Artifact::from_json(&a.to_json()) {
+                Err(ArtifactError::Invalid(why)) => assert!(why.contains(says), "{why}"),
+                other => panic!("{says}: {other:?}"),
+            }
+        }
+        let mut a = sample();
+        a.buffers[0].data = Some(vec![0; 3]);
+        assert!(
+            a.validate()
+                .unwrap_err()
+                .contains("3 bytes of data for 64 bytes")
+        );
     }
 }

@@ -455,3 +455,53 @@ fn saved_inputs_replay_a_run_after_a_rewrite() {
     assert!((mean(&a) - mean(&b)).abs() < 1e-5, "{a} vs {b}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A truncated or edited `artifact.json` is a clear error with exit code 1,
+/// before any GPU is asked for.
+#[test]
+fn a_corrupt_artifact_is_a_clear_error() {
+    use dcir_fusion::{CostModel, DeviceSpec, apply_plan, plan_graph};
+    let dir = temp_dir("corrupt-artifact");
+    let source = "graph @g(%x: f32[4]) -> (f32[4]) {\n  %y = relu %x : f32[4]\n  return %y\n}\n";
+    let file = dir.join("g.dcir");
+    std::fs::write(&file, source).expect("writes");
+    let module = dcir_reader::parse_module(source).expect("parses");
+    let model = CostModel::new(DeviceSpec::h200());
+    let plan = plan_graph(&module.graphs[0], &model, &dcir_cuda::CudaTarget).expect("plans");
+    let fused = apply_plan(&module.graphs[0], &plan).expect("fuses");
+    let options = dcir_cuda::BuildOptions {
+        compile: false,
+        ..dcir_cuda::BuildOptions::default()
+    };
+    let artifact = dcir_cuda::build_artifact(&fused, &options).expect("builds");
+    let json = artifact.to_json();
+    let art = dir.join("art");
+    let cases = [
+        (json[..json.len() / 2].to_string(), "bad artifact JSON"),
+        (
+            json.replacen("\"args\": [\n        0,", "\"args\": [\n        99,", 1),
+            "invalid artifact: launch 0 binds buffer 99, of 2",
+        ),
+    ];
+    for (text_of_json, says) in cases {
+        artifact.write_dir(&art).expect("writes");
+        std::fs::write(art.join(dcir_artifact::ARTIFACT_JSON), &text_of_json).expect("edits");
+        let out = dcir_run(
+            &[
+                file.to_str().expect("utf-8"),
+                "--backend",
+                "cuda",
+                "--artifact",
+                art.to_str().expect("utf-8"),
+            ],
+            None,
+        );
+        assert_eq!(out.status.code(), Some(1), "{says}");
+        let stderr = text(&out.stderr);
+        assert!(
+            stderr.contains(says) && !stderr.contains("panicked"),
+            "{stderr}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -62,6 +62,12 @@ fn compile_model(path: &Path) -> Result<(Row, Vec<Pending>), String> {
         row.planned_us += plan.total_time() * 1e6;
         row.unfused_us += plan.unfused_time() * 1e6;
         let fused = apply_plan(graph, &plan).map_err(|e| format!("fuse: {e}"))?;
+        // The artifact (launches, buffers, views, constants) builds and validates.
+        let source_only = dcir_cuda::BuildOptions {
+            compile: false,
+            ..dcir_cuda::BuildOptions::default()
+        };
+        dcir_cuda::build_artifact(&fused, &source_only).map_err(|e| format!("artifact: {e}"))?;
         for k in dcir_cuda::lower_graph(&fused).map_err(|e| format!("emit: {e}"))? {
             let source = dcir_cuda::print_kernel(&k);
             let summary = k.summary.clone();

@@ -193,6 +193,13 @@ pub fn build_artifact(g: &Graph, options: &BuildOptions) -> Result<Artifact, Str
     }
     a.outputs = returned.iter().map(|v| buffer_of[v]).collect();
     set_liveness(&mut a);
+    // What the loader checks holds of what the builder writes.
+    a.validate().map_err(|e| {
+        format!(
+            "graph @{}: the artifact is invalid (a builder bug): {e}",
+            g.name()
+        )
+    })?;
     Ok(a)
 }
 
