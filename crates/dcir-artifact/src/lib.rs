@@ -368,7 +368,8 @@ mod tests {
     /// Each edit the runtime would index past or misread is refused, naming it.
     #[test]
     fn an_edited_artifact_is_refused() {
-        let edits: [(fn(&mut Artifact), &str); 8] = [
+        type Edit = fn(&mut Artifact);
+        let edits: [(Edit, &str); 8] = [
             (|a| a.buffers[0].id = 3, "buffer 0 (`x`) has id 3"),
             (|a| a.buffers[0].bytes = 60, "buffer `x` has 60 bytes"),
             (|a| a.buffers[0].dtype = "f8".into(), "unknown dtype `f8`"),
