@@ -591,3 +591,33 @@ fn the_plan_names_its_device_and_comes_as_json_too() {
     assert_eq!(bad.status.code(), Some(1));
     assert!(text(&bad.stderr).contains("--format json is a form of --emit plan"));
 }
+
+/// Without NVRTC (none on the library path), `--emit artifact` is a clear
+/// error with exit code 1 and writes nothing.
+#[test]
+fn without_nvrtc_an_artifact_is_a_clear_error_and_nothing_is_written() {
+    let out_dir = std::env::temp_dir().join(format!("dcir-opt-no-nvrtc-{}", std::process::id()));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dcir-opt"))
+        .args([
+            "ir-examples/ln_gelu.dcir",
+            "--fuse",
+            "--emit",
+            "artifact",
+            "-o",
+        ])
+        .arg(&out_dir)
+        .current_dir(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
+        .env("LD_LIBRARY_PATH", "/nonexistent")
+        .output()
+        .expect("dcir-opt starts");
+    if out.status.success() {
+        // NVRTC is installed where the loader looks by default.
+        println!("note: NVRTC found outside LD_LIBRARY_PATH; nothing to check");
+        let _ = std::fs::remove_dir_all(&out_dir);
+        return;
+    }
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("error: libnvrtc not found"), "{stderr}");
+    assert!(!out_dir.exists(), "a half-written artifact");
+}
