@@ -36,11 +36,22 @@
 //! matmul cast to f32) carries that precision's rounding:
 //! [`Tolerance::for_output_of`] takes the least precise float dtype of the
 //! whole graph (regions included).
+//!
+//! A deep f16 network's rounding adds up past a fixed bound: EfficientNet-V2-L
+//! in f16 differs from the same graph computed in f32 by a relative L2 error
+//! of 2.5e-3 *on the interpreter*, over f16's 2e-3. So a checker may measure
+//! the reference's own noise, the distance between the low-precision
+//! reference and the graph computed in f32 ([`f32_reference`]), and widen the
+//! bound to twice that ([`Tolerance::widened`]): the result under test may be
+//! as far from the reference as the reference is from exact, and a wrong
+//! element, off by the tensor's scale, still fails.
 
 use std::fmt;
 
 use dcir_ir::{DType, Graph, TensorType};
 
+use crate::InterpError;
+use crate::eval::run_graph;
 use crate::tensor::{Tensor, TensorData};
 
 /// How far an actual tensor may be from the expected one.
@@ -75,6 +86,22 @@ impl Tolerance {
             .find(|d| dtypes.contains(d))
             .unwrap_or(output);
         Tolerance::for_dtype(working)
+    }
+
+    /// This tolerance, every bound scaled by `max(1, 2 · noise / rel_l2)`,
+    /// where `noise` is the relative L2 distance of the reference from the
+    /// same graph computed in f32 (see the module doc); unchanged for exact
+    /// tolerances.
+    pub fn widened(self, noise: f64) -> Tolerance {
+        if self.rel_l2 == 0.0 || !noise.is_finite() {
+            return self;
+        }
+        let k = (2.0 * noise / self.rel_l2).max(1.0);
+        Tolerance {
+            rel_l2: self.rel_l2 * k,
+            atol: self.atol * k,
+            rtol: self.rtol * k,
+        }
     }
 
     /// The default tolerance for results of `dtype` (table in the module doc).
@@ -194,6 +221,66 @@ fn poisoned(t: &Tensor) -> Vec<bool> {
 /// infinity by itself).
 fn non_finite_matches(expected: f64, actual: f64) -> bool {
     (expected.is_nan() && actual.is_nan()) || expected == actual
+}
+
+/// The outputs of `graph` computed with every f16 and bf16 value (regions
+/// included) made f32, on `inputs` made f32 likewise; `None` when the graph
+/// has no such value. The distance of a low-precision reference from these
+/// is its own rounding noise ([`Tolerance::widened`]).
+pub fn f32_reference(graph: &Graph, inputs: &[Tensor]) -> Option<Result<Vec<Tensor>, InterpError>> {
+    let low = |d: DType| matches!(d, DType::F16 | DType::BF16);
+    let ids: Vec<_> = graph
+        .value_ids()
+        .filter(|&v| low(graph.ty(v).dtype))
+        .collect();
+    if ids.is_empty() && !graph.result_types().iter().any(|t| low(t.dtype)) {
+        return None;
+    }
+    let mut wide = graph.clone();
+    for v in ids {
+        let ty = wide.ty(v).with_dtype(DType::F32);
+        wide.set_ty(v, ty);
+    }
+    let results = wide
+        .result_types()
+        .iter()
+        .map(|t| {
+            if low(t.dtype) {
+                t.with_dtype(DType::F32)
+            } else {
+                t.clone()
+            }
+        })
+        .collect();
+    wide.set_result_types(results);
+    let inputs: Vec<Tensor> = inputs
+        .iter()
+        .map(|t| match low(t.dtype()) {
+            true => Tensor::from_parts(
+                t.ty().with_dtype(DType::F32),
+                TensorData::F32(t.to_f32().into_owned()),
+            ),
+            false => t.clone(),
+        })
+        .collect();
+    Some(run_graph(&wide, &inputs))
+}
+
+/// The relative L2 distance of `b` from `a` over the elements finite in
+/// both (0 when `a` is all zeros there and `b` equals it).
+pub fn rel_l2(a: &Tensor, b: &Tensor) -> f64 {
+    let (mut diff2, mut norm2) = (0.0, 0.0);
+    for (x, y) in a.to_f64().into_iter().zip(b.to_f64()) {
+        if x.is_finite() && y.is_finite() {
+            diff2 += (y - x) * (y - x);
+            norm2 += x * x;
+        }
+    }
+    if norm2 > 0.0 {
+        (diff2 / norm2).sqrt()
+    } else {
+        diff2.sqrt()
+    }
 }
 
 /// Compares `actual` with `expected` under `tol` (see the module doc).

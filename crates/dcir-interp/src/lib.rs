@@ -47,7 +47,7 @@ pub mod tensor;
 
 use dcir_ir::{Graph, Location, OpData, TensorType};
 
-pub use compare::{Mismatch, Stats, Tolerance, compare};
+pub use compare::{Mismatch, Stats, Tolerance, compare, f32_reference, rel_l2};
 pub use eval::{eval_op, run_graph};
 pub use random::random_inputs;
 pub use tensor::{Summary, Tensor, TensorData};

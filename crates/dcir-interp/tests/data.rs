@@ -283,3 +283,29 @@ fn the_absolute_bound_scales_with_the_expected_tensor() {
     let small = f32s(&[2], &[0.0, 0.5]);
     assert!(compare(&small, &f32s(&[2], &[0.05, 0.5]), &f16).is_err());
 }
+
+/// An f16 reference's own noise: the distance from the graph computed in f32,
+/// which widens the f16 bound once it passes half of it.
+#[test]
+fn an_f16_reference_is_measured_against_the_graph_in_f32() {
+    let f16_graph = parse(
+        "graph @g(%x: f16[64]) -> (f16[64]) {\n  %e = exp %x : f16[64]\n  %y = mul %e, %e : f16[64]\n  return %y\n}\n",
+    );
+    let inputs = random_inputs(&f16_graph, 3);
+    let low = dcir_interp::run_graph(&f16_graph, &inputs).expect("runs");
+    let exact = dcir_interp::f32_reference(&f16_graph, &inputs)
+        .expect("the graph has f16 values")
+        .expect("runs");
+    assert_eq!(exact[0].dtype(), DType::F32);
+    let noise = dcir_interp::rel_l2(&exact[0], &low[0]);
+    assert!(noise > 0.0 && noise < 1e-3, "{noise}");
+    let f32_graph =
+        parse("graph @g(%x: f32[4]) -> (f32[4]) {\n  %y = exp %x : f32[4]\n  return %y\n}\n");
+    assert!(dcir_interp::f32_reference(&f32_graph, &random_inputs(&f32_graph, 0)).is_none());
+    // Twice the noise, never tighter than the default; exact stays exact.
+    let f16 = Tolerance::for_dtype(DType::F16);
+    assert_eq!(f16.widened(1e-4), f16);
+    let wide = f16.widened(2.5e-3);
+    assert!((wide.rel_l2 - 5e-3).abs() < 1e-12 && (wide.atol - 2.5e-2).abs() < 1e-12);
+    assert_eq!(Tolerance::EXACT.widened(0.5), Tolerance::EXACT);
+}
