@@ -151,6 +151,8 @@ pub fn main_with(
         print!("{}", list_passes(registry));
         return ExitCode::SUCCESS;
     }
+    // NVRTC's output is kept between runs (docs/cuda.md: the NVRTC cache).
+    dcir_cuda::nvrtc::set_cache_dir(dcir_cuda::nvrtc::default_cache_dir());
     match run(name, registry, &args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Reported) => ExitCode::FAILURE,

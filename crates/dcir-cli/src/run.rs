@@ -109,6 +109,8 @@ pub fn main_with(name: &str, args: impl IntoIterator<Item = OsString>) -> ExitCo
         Ok(args) => args,
         Err(code) => return code,
     };
+    // NVRTC's output is kept between runs (docs/cuda.md: the NVRTC cache).
+    dcir_cuda::nvrtc::set_cache_dir(dcir_cuda::nvrtc::default_cache_dir());
     match run(name, &args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Reported) => ExitCode::FAILURE,

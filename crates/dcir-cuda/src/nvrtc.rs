@@ -11,8 +11,19 @@
 //! [`compile`] parses into [`Resources`]. cudarc's safe API returns the log
 //! only on failure, so this module drives NVRTC's C API through cudarc's
 //! thin `result` wrappers.
+//!
+//! With a cache directory set ([`set_cache_dir`]; the drivers take
+//! [`default_cache_dir`]), [`compile`] keeps each program's PTX, CUBIN and
+//! log there under a hash of the NVRTC version, architecture, options, name
+//! and source, and a later compilation of the same program reads them back
+//! instead of running NVRTC. An entry holds its full key text and is used only
+//! when that matches; files are written under temporary names and renamed, the
+//! PTX last, so a reader never sees half an entry. Delete the directory to
+//! clear it.
 
 use std::ffi::{CStr, CString};
+use std::path::{Path, PathBuf};
+use std::sync::RwLock;
 
 use cudarc::nvrtc::result;
 
@@ -168,26 +179,128 @@ pub struct Compiled {
     pub log: String,
 }
 
+/// Where [`compile`] keeps its outputs between runs; `None` (the default
+/// for library users): nowhere.
+static CACHE_DIR: RwLock<Option<PathBuf>> = RwLock::new(None);
+
+/// Sets (or, with `None`, turns off) the directory [`compile`] caches in.
+pub fn set_cache_dir(dir: Option<PathBuf>) {
+    *CACHE_DIR.write().unwrap_or_else(|e| e.into_inner()) = dir;
+}
+
+/// The directory [`compile`] caches in, if any.
+pub fn cache_dir() -> Option<PathBuf> {
+    CACHE_DIR.read().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// The drivers' cache directory: `$DCIR_NVRTC_CACHE` (`none` turns the
+/// cache off), else `~/.cache/dcir/nvrtc`, else none.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    match std::env::var_os("DCIR_NVRTC_CACHE") {
+        Some(v) if v == "none" => None,
+        Some(v) => Some(PathBuf::from(v)),
+        None => std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/dcir/nvrtc")),
+    }
+}
+
+/// The files of one cache entry, by extension.
+fn entry(dir: &Path, hash: &str, ext: &str) -> PathBuf {
+    dir.join(format!("{hash}.{ext}"))
+}
+
+/// The cached compilation whose key text is `key`, if a whole entry is there.
+fn cached(dir: &Path, hash: &str, key: &str) -> Option<Compiled> {
+    let ptx = std::fs::read_to_string(entry(dir, hash, "ptx")).ok()?;
+    if std::fs::read_to_string(entry(dir, hash, "key")).ok()? != key {
+        return None;
+    }
+    let log = std::fs::read_to_string(entry(dir, hash, "log")).ok()?;
+    Some(Compiled {
+        ptx,
+        cubin: std::fs::read(entry(dir, hash, "cubin")).ok(),
+        resources: parse_resources(&log),
+        log,
+    })
+}
+
+/// Stores `compiled` under `hash` (best effort: a cache that cannot be
+/// written is no error). Each file goes under a temporary name first; the
+/// PTX, which marks a whole entry, last.
+fn store(dir: &Path, hash: &str, key: &str, compiled: &Compiled) {
+    let write = |ext: &str, bytes: &[u8]| -> std::io::Result<()> {
+        let to = entry(dir, hash, ext);
+        // Unique per process and call: threads may store the same entry.
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = dir.join(format!(".{hash}.{ext}.{}.{n}", std::process::id()));
+        std::fs::write(&tmp, bytes)?;
+        std::fs::rename(&tmp, &to)
+    };
+    let _ = (|| -> std::io::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        write("key", key.as_bytes())?;
+        write("log", compiled.log.as_bytes())?;
+        if let Some(cubin) = &compiled.cubin {
+            write("cubin", cubin)?;
+        }
+        write("ptx", compiled.ptx.as_bytes())
+    })();
+}
+
+/// 128 bits of FNV-1a over `text` (two 64-bit streams), as hex.
+fn hash_hex(text: &str) -> String {
+    let fnv = |basis: u64| {
+        text.bytes().fold(basis, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01B3)
+        })
+    };
+    format!(
+        "{:016x}{:016x}",
+        fnv(0xCBF2_9CE4_8422_2325),
+        fnv(0x6C62_272E_07BB_0142)
+    )
+}
+
 /// Compiles one translation unit to PTX for `arch` (`sm_90` by default) and
-/// reads ptxas's resource report of its kernel from the log.
+/// reads ptxas's resource report of its kernel from the log; from the cache
+/// directory when it holds this program (see the module doc).
 pub fn compile(source: &str, name: &str, arch: &str) -> Result<Compiled, String> {
     if let Some(reason) = unavailable_reason() {
         return Err(reason);
     }
-    let src = CString::new(source).map_err(|_| "the source contains a NUL byte".to_string())?;
-    let file = CString::new(format!("{name}.cu")).map_err(|_| "NUL byte in the kernel name")?;
     let options = [
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
         "--ptxas-options=-v".to_string(),
     ];
+    let cache = cache_dir();
+    let key = format!(
+        "nvrtc {:?}\n{}\n{name}\n{source}",
+        version(),
+        options.join(" ")
+    );
+    let hash = hash_hex(&key);
+    if let Some(hit) = cache.as_deref().and_then(|dir| cached(dir, &hash, &key)) {
+        return Ok(hit);
+    }
+    let compiled = compile_now(source, name, &options)?;
+    if let Some(dir) = &cache {
+        store(dir, &hash, &key, &compiled);
+    }
+    Ok(compiled)
+}
+
+/// Runs NVRTC on one translation unit with `options`.
+fn compile_now(source: &str, name: &str, options: &[String]) -> Result<Compiled, String> {
+    let src = CString::new(source).map_err(|_| "the source contains a NUL byte".to_string())?;
+    let file = CString::new(format!("{name}.cu")).map_err(|_| "NUL byte in the kernel name")?;
     let program =
         result::create_program(&src, Some(&file)).map_err(|e| format!("NVRTC on {name}: {e}"))?;
     // SAFETY: `program` was just created and is destroyed exactly once below,
     // after its last use; `src` and `file` outlive it.
     #[allow(unsafe_code)]
     let (compiled, log, ptx, cubin) = unsafe {
-        let compiled = result::compile_program(program, &options);
+        let compiled = result::compile_program(program, options);
         let log = result::get_program_log(program).map(|l| c_text(&l));
         let (ptx, cubin) = match compiled {
             Ok(()) => (
@@ -340,6 +453,44 @@ mod tests {
         };
         assert_eq!(r.violation(512), None);
         assert!(r.violation(1024).unwrap().contains("64"));
+    }
+
+    #[test]
+    fn a_cached_program_is_read_back_and_a_changed_one_recompiled() {
+        if unavailable_reason().is_some() {
+            println!(
+                "SKIP: NVRTC cache: {}",
+                unavailable_reason().unwrap_or_default()
+            );
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("dcir-nvrtc-cache-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        set_cache_dir(Some(dir.clone()));
+        let src =
+            "extern \"C\" __global__ void cache_probe(float* x) { x[threadIdx.x] += 1.0f; }\n";
+        let first = compile(src, "cache_probe", DEFAULT_ARCH).expect("compiles");
+        let entries = |ext: &str| {
+            std::fs::read_dir(&dir)
+                .expect("the cache directory")
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == ext))
+                .collect::<Vec<_>>()
+        };
+        let [log] = entries("log").try_into().expect("one entry");
+        // A log that says 99 registers comes back: the second compile read the cache.
+        let marker = "ptxas info    : Used 99 registers, 0 bytes smem\n";
+        std::fs::write(&log, marker).expect("edits");
+        let second = compile(src, "cache_probe", DEFAULT_ARCH).expect("a hit");
+        assert_eq!(second.resources.map(|r| r.registers), Some(99));
+        assert_eq!((second.ptx, second.cubin), (first.ptx, first.cubin));
+        // An entry whose key text differs (a hash collision, an edit) is compiled again.
+        let [key] = entries("key").try_into().expect("one entry");
+        std::fs::write(&key, "another program").expect("edits");
+        let third = compile(src, "cache_probe", DEFAULT_ARCH).expect("compiles");
+        assert_ne!(third.resources.map(|r| r.registers), Some(99));
+        set_cache_dir(None);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
