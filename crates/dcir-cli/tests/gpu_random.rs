@@ -17,7 +17,9 @@
 //! CPUs), `DCIR_RUN` the `dcir-run` binary (default: the one cargo built),
 //! `DCIR_RANDOM_OUT` where failures go (default: a temporary folder),
 //! `DCIR_RANDOM_DEADLINE_S` seconds after which no new case starts and
-//! shrinking stops (the summary counts the cases that ran).
+//! shrinking stops (the summary counts the cases that ran),
+//! `DCIR_RANDOM_MAX_DIM` the largest drawn extent (default 160: odd sizes
+//! past the kernels' tiles; at most 65,536 elements per drawn type).
 //! `run.sh random` runs it on the GPU machine (docs/testing.md).
 
 use std::ffi::OsString;
@@ -27,7 +29,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use dcir_ir::OpKind;
-use dcir_testgen::{CI_SEED, GraphSpec, arb_graph_spec, build_graph};
+use dcir_testgen::{CI_SEED, GraphSpec, Sizes, arb_graph_spec, build_graph_sized};
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
@@ -55,13 +57,15 @@ struct Harness {
     scratch: PathBuf,
     /// No new case starts, and shrinking stops, past it.
     deadline: Option<std::time::Instant>,
+    /// How large the graphs' tensors get.
+    sizes: Sizes,
 }
 
 impl Harness {
     /// Runs the graph `spec` describes through `dcir-run --check`, in this
     /// process or in a process of its own.
     fn run(&self, spec: &GraphSpec, tag: &str, in_process: bool) -> Outcome {
-        let Ok(graph) = build_graph("g", spec) else {
+        let Ok(graph) = build_graph_sized("g", spec, self.sizes) else {
             return Outcome::NoReference;
         };
         if graph
@@ -127,7 +131,8 @@ impl Harness {
             return (outcome, None);
         };
         let Outcome::Fail(first) = self.run(&tree.current(), &tag, false) else {
-            let graph = build_graph("g", &tree.current()).expect("a failing spec builds");
+            let graph =
+                build_graph_sized("g", &tree.current(), self.sizes).expect("a failing spec builds");
             return (
                 Outcome::Fail("fails in this process only (a context left unusable?)".into()),
                 Some(dcir_ir::print_graph(&graph)),
@@ -155,7 +160,7 @@ impl Harness {
                 }
             }
         }
-        let graph = build_graph("g", &smallest.0).expect("a failing spec builds");
+        let graph = build_graph_sized("g", &smallest.0, self.sizes).expect("a failing spec builds");
         (
             Outcome::Fail(smallest.1),
             Some(dcir_ir::print_graph(&graph)),
@@ -201,6 +206,10 @@ fn random_graphs_match_the_interpreter_on_the_gpu() {
         deadline: env_number("DCIR_RANDOM_DEADLINE_S")
             .filter(|&s| s > 0)
             .map(|s| std::time::Instant::now() + std::time::Duration::from_secs(s)),
+        sizes: Sizes {
+            max_dim: env_number("DCIR_RANDOM_MAX_DIM").map_or(160, |d| d.max(1) as usize),
+            max_elements: 1 << 16,
+        },
     };
     let next = AtomicUsize::new(0);
     let counts = Mutex::new([0usize; 4]);
@@ -238,9 +247,10 @@ fn random_graphs_match_the_interpreter_on_the_gpu() {
     let mut failures = failures.into_inner().expect("no worker panics");
     failures.sort_unstable();
     println!(
-        "random graphs (seed {seed}, {ran} of {cases} cases): {pass} pass, {fail} fail, \
+        "random graphs (seed {seed}, dims up to {}, {ran} of {cases} cases): {pass} pass, {fail} fail, \
          {no_reference} without a reference (the interpreter refuses their inputs), \
          {pre_fused} pre-fused (skipped); failures in {}",
+        harness.sizes.max_dim,
         out_dir.display()
     );
     let _ = std::fs::remove_dir_all(&scratch);

@@ -268,18 +268,9 @@ pub fn compile(source: &str, name: &str, arch: &str) -> Result<Compiled, String>
     if let Some(reason) = unavailable_reason() {
         return Err(reason);
     }
-    let options = [
-        format!("--gpu-architecture={arch}"),
-        "--std=c++17".to_string(),
-        "--ptxas-options=-v".to_string(),
-    ];
+    let options = options(arch);
     let cache = cache_dir();
-    let key = format!(
-        "nvrtc {:?}\n{}\n{name}\n{source}",
-        version(),
-        options.join(" ")
-    );
-    let hash = hash_hex(&key);
+    let (key, hash) = cache_key(source, name, &options);
     if let Some(hit) = cache.as_deref().and_then(|dir| cached(dir, &hash, &key)) {
         return Ok(hit);
     }
@@ -288,6 +279,26 @@ pub fn compile(source: &str, name: &str, arch: &str) -> Result<Compiled, String>
         store(dir, &hash, &key, &compiled);
     }
     Ok(compiled)
+}
+
+/// NVRTC's options for `arch`.
+fn options(arch: &str) -> [String; 3] {
+    [
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".to_string(),
+        "--ptxas-options=-v".to_string(),
+    ]
+}
+
+/// A program's cache key text (NVRTC version, options, name, source) and its hash.
+fn cache_key(source: &str, name: &str, options: &[String]) -> (String, String) {
+    let key = format!(
+        "nvrtc {:?}\n{}\n{name}\n{source}",
+        version(),
+        options.join(" ")
+    );
+    let hash = hash_hex(&key);
+    (key, hash)
 }
 
 /// Runs NVRTC on one translation unit with `options`.
@@ -470,23 +481,17 @@ mod tests {
         let src =
             "extern \"C\" __global__ void cache_probe(float* x) { x[threadIdx.x] += 1.0f; }\n";
         let first = compile(src, "cache_probe", DEFAULT_ARCH).expect("compiles");
-        let entries = |ext: &str| {
-            std::fs::read_dir(&dir)
-                .expect("the cache directory")
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|x| x == ext))
-                .collect::<Vec<_>>()
-        };
-        let [log] = entries("log").try_into().expect("one entry");
+        // Other tests compile beside this one: find this program's entry by its key.
+        let (_, hash) = cache_key(src, "cache_probe", &options(DEFAULT_ARCH));
+        assert!(entry(&dir, &hash, "ptx").exists());
         // A log that says 99 registers comes back: the second compile read the cache.
         let marker = "ptxas info    : Used 99 registers, 0 bytes smem\n";
-        std::fs::write(&log, marker).expect("edits");
+        std::fs::write(entry(&dir, &hash, "log"), marker).expect("edits");
         let second = compile(src, "cache_probe", DEFAULT_ARCH).expect("a hit");
         assert_eq!(second.resources.map(|r| r.registers), Some(99));
         assert_eq!((second.ptx, second.cubin), (first.ptx, first.cubin));
         // An entry whose key text differs (a hash collision, an edit) is compiled again.
-        let [key] = entries("key").try_into().expect("one entry");
-        std::fs::write(&key, "another program").expect("edits");
+        std::fs::write(entry(&dir, &hash, "key"), "another program").expect("edits");
         let third = compile(src, "cache_probe", DEFAULT_ARCH).expect("compiles");
         assert_ne!(third.resources.map(|r| r.registers), Some(99));
         set_cache_dir(None);

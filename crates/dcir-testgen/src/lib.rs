@@ -19,8 +19,29 @@ use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
 
-/// Largest extent of a dim of a generated parameter or constant.
+/// Largest extent of a dim of a generated parameter or constant (the
+/// property tests' [`Sizes::SMALL`]).
 pub const MAX_DIM: usize = 6;
+
+/// How large generated tensors get: dims of new parameters and constants and
+/// a matmul's `n` are drawn in `1..=max_dim`, and a new type of more than
+/// `max_elements` elements has its largest dims halved until it fits (a
+/// broadcast's new dims and a matmul's `n` are capped likewise).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sizes {
+    /// Largest extent of a drawn dim.
+    pub max_dim: usize,
+    /// Most elements of a drawn type.
+    pub max_elements: usize,
+}
+
+impl Sizes {
+    /// The property tests' sizes: small graphs, quick on the interpreter.
+    pub const SMALL: Sizes = Sizes {
+        max_dim: MAX_DIM,
+        max_elements: usize::MAX,
+    };
+}
 
 /// Number of choice bytes in a [`Step`].
 pub const PICKS: usize = 16;
@@ -112,15 +133,23 @@ pub fn build_module(specs: &[GraphSpec]) -> Result<Module, BuildError> {
     Ok(Module { graphs })
 }
 
-/// Builds (and verifies, through [`GraphBuilder::finish`]) the graph `spec` describes.
+/// Builds (and verifies, through [`GraphBuilder::finish`]) the graph `spec`
+/// describes, at [`Sizes::SMALL`].
 pub fn build_graph(name: &str, spec: &GraphSpec) -> Result<Graph, BuildError> {
+    build_graph_sized(name, spec, Sizes::SMALL)
+}
+
+/// [`build_graph`] with tensors as large as `sizes` allows (odd extents past
+/// kernel tiles, for checking kernels on a GPU).
+pub fn build_graph_sized(name: &str, spec: &GraphSpec, sizes: Sizes) -> Result<Graph, BuildError> {
     let mut g = Generator {
         b: GraphBuilder::new(name),
         values: Vec::new(),
         groups: 0,
+        sizes,
     };
     for bytes in &spec.params {
-        g.param(random_type(&mut Picks(bytes)))?;
+        g.param(random_type(&mut Picks(bytes), sizes))?;
     }
     for step in &spec.steps {
         let kind = GENERATORS[usize::from(step.op) % GENERATORS.len()];
@@ -307,12 +336,26 @@ fn takes(kind: OpKind, dtype: DType) -> bool {
     }
 }
 
-/// Any dtype, rank 0 to 4, dims 1 to [`MAX_DIM`].
-fn random_type(p: &mut Picks) -> TensorType {
+/// Any dtype, rank 0 to 4, dims 1 to `sizes.max_dim`, at most
+/// `sizes.max_elements` elements.
+fn random_type(p: &mut Picks, sizes: Sizes) -> TensorType {
     let dtype = p.item(&DType::ALL);
     let rank = p.below(5);
-    let dims: Vec<usize> = (0..rank).map(|_| p.range(1, MAX_DIM)).collect();
+    let mut dims: Vec<usize> = (0..rank).map(|_| p.range(1, sizes.max_dim)).collect();
+    fit(&mut dims, &vec![true; rank], sizes.max_elements);
     TensorType::new(dtype, dims)
+}
+
+/// Halves the largest of the dims marked `free` until `dims` has at most
+/// `max` elements (or no free dim is above 1).
+fn fit(dims: &mut [usize], free: &[bool], max: usize) {
+    while dims.iter().product::<usize>() > max {
+        let largest = (0..dims.len())
+            .filter(|&i| free[i] && dims[i] > 1)
+            .max_by_key(|&i| (dims[i], std::cmp::Reverse(i)));
+        let Some(i) = largest else { break };
+        dims[i] = dims[i].div_ceil(2);
+    }
 }
 
 /// Attributes of an elementwise op (`clip`'s bounds, `gelu`'s approximation).
@@ -414,6 +457,7 @@ struct Generator {
     b: GraphBuilder,
     values: Vec<ValueId>,
     groups: usize,
+    sizes: Sizes,
 }
 
 /// The values a step built; empty when the step was skipped.
@@ -485,10 +529,10 @@ impl Generator {
                 None => Ok(Vec::new()),
             },
             Gen::Constant => {
-                let ty = random_type(p);
+                let ty = random_type(p, self.sizes);
                 Ok(vec![self.constant(p, ty)?])
             }
-            Gen::Param => Ok(vec![self.param(random_type(p))?]),
+            Gen::Param => Ok(vec![self.param(random_type(p, self.sizes))?]),
             Gen::Fused => self.fused(p),
             Gen::Select => self.select(p),
         }
@@ -554,7 +598,10 @@ impl Generator {
         let r = at.rank();
         let (ta, tb) = (p.flag(), p.flag());
         let k = at.dims()[if ta { r - 2 } else { r - 1 }];
-        let n = p.range(1, MAX_DIM);
+        // The result has `n` columns per row of `a`: capped to `max_elements`.
+        let rows = at.num_elements().unwrap_or(1) / k.max(1);
+        let n_max = (self.sizes.max_elements / rows.max(1)).clamp(1, self.sizes.max_dim);
+        let n = p.range(1, n_max);
         let mut b_dims = at.dims()[..r - 2].to_vec();
         b_dims.extend(if tb { [n, k] } else { [k, n] });
         let b = self.operand(p, &TensorType::new(at.dtype, b_dims))?;
@@ -575,12 +622,17 @@ impl Generator {
         for _ in 0..extra {
             map.remove(p.below(map.len()));
         }
-        let mut dims: Vec<usize> = (0..out_rank).map(|_| p.range(1, MAX_DIM)).collect();
+        let mut dims: Vec<usize> = (0..out_rank)
+            .map(|_| p.range(1, self.sizes.max_dim))
+            .collect();
+        let mut free = vec![true; out_rank];
         for (&from, &to) in xt.dims().iter().zip(&map) {
             if from != 1 {
                 dims[to] = from;
+                free[to] = false;
             }
         }
+        fit(&mut dims, &free, self.sizes.max_elements);
         let map: Vec<i64> = map.iter().map(|&d| d as i64).collect();
         Ok(vec![self.b.broadcast(x, &map, &dims)?])
     }
