@@ -40,7 +40,8 @@
 #   random    differential testing: RANDOM_CASES (5000) random graphs of
 #             dcir-testgen from RANDOM_SEED through dcir-run --check, failures
 #             shrunk into $OUT/random/ (crates/dcir-cli/tests/gpu_random.rs);
-#             RANDOM_DEADLINE seconds after which no new graph starts
+#             RANDOM_DEADLINE seconds after which no new graph starts;
+#             RANDOM_MAX_DIM the largest drawn extent (160)
 #
 # Logs go to $OUT (the device tool fetches it); the last lines printed are a
 # summary. Exit code 1 when any check failed.
@@ -217,6 +218,7 @@ test() {
 random() {
     mkdir -p "$OUT/random"
     DCIR_RUN="$B/dcir-run" DCIR_RANDOM_OUT="$OUT/random" DCIR_PROPTEST_CASES="${RANDOM_CASES:-5000}" \
+        DCIR_RANDOM_MAX_DIM="${RANDOM_MAX_DIM:-160}" \
         DCIR_PROPTEST_SEED="${RANDOM_SEED:-3700000000}" \
         DCIR_RANDOM_DEADLINE_S="${RANDOM_DEADLINE:-0}" "$B/gpu_random" --nocapture >"$OUT/random.log" 2>&1 || status=1
     summary+=("random: $(grep -m1 '^random graphs' "$OUT/random.log")")
