@@ -7,6 +7,8 @@
 //! `cargo test --release -p dcir-cli --test gpu_check --no-run`, carry it,
 //! and run it from the repository root.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -22,14 +24,9 @@ fn repo_root() -> PathBuf {
 
 #[test]
 fn every_example_passes_check_on_the_gpu() {
-    if !dcir_runtime::driver_present() || dcir_cuda::nvrtc::unavailable_reason().is_some() {
-        println!("SKIP: no GPU: no CUDA driver or no NVRTC on this machine");
+    let Some(_context) = common::gpu_or_skip() else {
         return;
-    }
-    if let Err(e) = dcir_runtime::query_device(0) {
-        println!("SKIP: no GPU: {e}");
-        return;
-    }
+    };
     let root = repo_root();
     let mut examples: Vec<PathBuf> = std::fs::read_dir(root.join("ir-examples"))
         .expect("ir-examples/")
@@ -82,12 +79,7 @@ fn onnx_node_tests_pass_check_on_the_gpu() {
         println!("SKIP: DCIR_ONNX_NODE_DIR is not set");
         return;
     };
-    if !dcir_runtime::driver_present() || dcir_cuda::nvrtc::unavailable_reason().is_some() {
-        println!("SKIP: no GPU: no CUDA driver or no NVRTC on this machine");
-        return;
-    }
-    let Ok(_context) = cudarc::driver::CudaContext::new(0) else {
-        println!("SKIP: no GPU: GPU 0 does not open");
+    let Some(_context) = common::gpu_or_skip() else {
         return;
     };
     let mut tests: Vec<String> = std::fs::read_dir(&dir)

@@ -22,6 +22,8 @@
 //! past the kernels' tiles; at most 65,536 elements per drawn type).
 //! `run.sh random` runs it on the GPU machine (docs/testing.md).
 
+mod common;
+
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -174,16 +176,10 @@ fn env_number(name: &str) -> Option<u64> {
 
 #[test]
 fn random_graphs_match_the_interpreter_on_the_gpu() {
-    if !dcir_runtime::driver_present() || dcir_cuda::nvrtc::unavailable_reason().is_some() {
-        println!("SKIP: no GPU: no CUDA driver or no NVRTC on this machine");
-        return;
-    }
-    if let Err(e) = dcir_runtime::query_device(0) {
-        println!("SKIP: no GPU: {e}");
-        return;
-    }
     // One context for the whole run (each run retains it; none tears it down).
-    let _context = cudarc::driver::CudaContext::new(0).expect("GPU 0 opens");
+    let Some(_context) = common::gpu_or_skip() else {
+        return;
+    };
     let cases = env_number("DCIR_PROPTEST_CASES").unwrap_or(64) as usize;
     let seed = env_number("DCIR_PROPTEST_SEED").unwrap_or(CI_SEED);
     let jobs = env_number("DCIR_RANDOM_JOBS").map_or_else(

@@ -49,3 +49,20 @@ pub fn nvrtc_or_skip(what: &str) -> bool {
     println!("SKIP: {what}: {reason}");
     false
 }
+
+/// GPU 0's context, held by the caller so that runs in this process share it;
+/// or `None` after printing `SKIP: no GPU: <reason>` (no driver, no NVRTC,
+/// no device).
+pub fn gpu_or_skip() -> Option<std::sync::Arc<cudarc::driver::CudaContext>> {
+    if !dcir_runtime::driver_present() || dcir_cuda::nvrtc::unavailable_reason().is_some() {
+        println!("SKIP: no GPU: no CUDA driver or no NVRTC on this machine");
+        return None;
+    }
+    match cudarc::driver::CudaContext::new(0) {
+        Ok(context) => Some(context),
+        Err(e) => {
+            println!("SKIP: no GPU: {e:?}");
+            None
+        }
+    }
+}
