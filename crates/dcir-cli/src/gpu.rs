@@ -50,6 +50,9 @@ pub struct TuneArgs {
     /// With --tune, fuse with measured times: every merge the planner considers is compiled and timed, and kept only when the GPU says it pays (slower; shares the cache).
     #[arg(long, requires = "tune")]
     pub tune_fusion: bool,
+    /// With --tune, write the report as JSON to FILE: every candidate's estimate and measured time, and the cost model's fit per group kind (docs/cost-model.md).
+    #[arg(long, value_name = "FILE", requires = "tune")]
+    pub tune_report: Option<PathBuf>,
 }
 
 /// Timed runs per tuning candidate (the median is kept).
@@ -127,6 +130,8 @@ pub(crate) struct TuneSession {
     options: dcir_tune::TuneOptions,
     /// Plan with measured times (`--tune-fusion`).
     pub fusion: bool,
+    /// Where the report goes as JSON (`--tune-report`).
+    report_path: Option<PathBuf>,
     display: Display,
 }
 
@@ -161,6 +166,7 @@ impl TuneSession {
             path,
             options,
             fusion: tune.tune_fusion,
+            report_path: tune.tune_report.clone(),
             display: Display::new(),
         })
     }
@@ -222,6 +228,10 @@ impl TuneSession {
         self.cache.save()?;
         self.display.clear();
         eprint!("{}", report.table());
+        if let Some(p) = &self.report_path {
+            std::fs::write(p, report.to_json())
+                .map_err(|e| format!("cannot write the tuning report {}: {e}", p.display()))?;
+        }
         if let Some(p) = &self.path {
             eprintln!("tune: cache {} ({} entries)", p.display(), self.cache.len());
         }

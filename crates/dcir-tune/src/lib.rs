@@ -410,6 +410,14 @@ fn choose(g: &Work, cache: &Cache, measured: usize) -> (GroupReport, Option<Attr
             estimate_ms: c.estimate_ms,
         }),
         failures,
+        trials: times
+            .iter()
+            .map(|&(c, ms)| report::Trial {
+                params: c.params.clone(),
+                estimate_ms: c.estimate_ms,
+                ms,
+            })
+            .collect(),
     };
     (report, attrs)
 }
