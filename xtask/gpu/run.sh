@@ -35,7 +35,10 @@
 #   suite     dcir against PyTorch eager and torch.compile on the suite's
 #             workloads, one table of ratios (suite.py --compile; more flags
 #             in SUITE_ARGS, e.g. "--tune-cache /tmp/t.json --tune-fusion")
-#   sanitize  every ir-example (f32) under compute-sanitizer memcheck and racecheck
+#   sanitize  every ir-example (SANITIZE_FILES), with SANITIZE_ZOO=1 every zoo
+#             model too, in f32 and f16 under compute-sanitizer's
+#             SANITIZE_TOOLS (memcheck racecheck initcheck synccheck),
+#             SANITIZE_JOBS at once (4); one line per run in sanitize.log
 #   test      the GPU test target (crates/dcir-cli/tests/gpu_check.rs)
 #   random    differential testing: RANDOM_CASES (5000) random graphs of
 #             dcir-testgen from RANDOM_SEED through dcir-run --check, failures
@@ -194,20 +197,45 @@ suite() {
     timeout "${SUITE_TIMEOUT:-900}" python3 "$B/suite.py" --compile --deadline "${SUITE_DEADLINE:-0}" ${SUITE_ARGS:-} 2>&1 | tee "$OUT/suite.log" | grep -E '^\|' | tail -24
 }
 
+# One sanitizer run: `sanitize_one FILE TOOL` prints `NAME TOOL clean|FAIL|timeout`.
+sanitize_one() {
+    local f=$1 tool=$2 name log
+    name=$(basename "$f" .dcir)
+    log=$OUT/sanitize/${name}_$tool.log
+    timeout "${SANITIZE_TIMEOUT:-120}" /usr/local/cuda/bin/compute-sanitizer --tool "$tool" \
+        --error-exitcode 3 "$B/dcir-run" "$f" --backend cuda >"$log" 2>&1
+    case $? in
+        0) echo "$name $tool clean" ;;
+        124) echo "$name $tool timeout" ;;
+        *) echo "$name $tool FAIL $(grep -m1 -E '=+ (ERROR|Invalid|Race|Uninitialized)' "$log" | head -c 160)" ;;
+    esac
+}
+
 sanitize() {
-    local cs=/usr/local/cuda/bin/compute-sanitizer
-    : >"$OUT/sanitize.log"
-    for f in ${SANITIZE_FILES:-ir-examples/*.dcir}; do
-        for tool in memcheck racecheck; do
-            echo "== $f $tool" >>"$OUT/sanitize.log"
-            timeout "${SANITIZE_TIMEOUT:-45}" "$cs" --tool $tool --error-exitcode 3 "$B/dcir-run" "$f" --backend cuda >>"$OUT/sanitize.log" 2>&1
-            case $? in
-                0) summary+=("sanitize $(basename "$f" .dcir) $tool: clean") ;;
-                124) summary+=("sanitize $(basename "$f" .dcir) $tool: not finished in ${SANITIZE_TIMEOUT:-45} s") ;;
-                *) status=1; summary+=("sanitize $(basename "$f" .dcir) $tool: FAIL (see sanitize.log)") ;;
-            esac
+    # Every ir-example, or SANITIZE_FILES; with SANITIZE_ZOO=1 every zoo model
+    # too; each in f32 and f16 under each of SANITIZE_TOOLS, SANITIZE_JOBS at once.
+    mkdir -p "$OUT/sanitize" /tmp/sanitize
+    local files=${SANITIZE_FILES:-ir-examples/*.dcir}
+    if [ "${SANITIZE_ZOO:-0}" = 1 ]; then
+        for m in crates/dcir-onnx/zoo/*.onnx; do
+            "$B/dcir-import" "$m" -o "/tmp/sanitize/$(basename "$m" .onnx).dcir" --no-weights >/dev/null 2>&1
         done
+        files="$files /tmp/sanitize/*.dcir"
+    fi
+    local list=()
+    for f in $files; do
+        list+=("$f")
+        local h=/tmp/sanitize/$(basename "$f" .dcir)_f16.dcir
+        to_f16 "$f" "$h" && list+=("$h")
     done
+    builtin export -f sanitize_one
+    builtin export B OUT
+    for f in "${list[@]}"; do
+        for tool in ${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}; do echo "$f $tool"; done
+    done | xargs -P "${SANITIZE_JOBS:-4}" -L 1 bash -c 'sanitize_one "$0" "$1"' | sort >"$OUT/sanitize.log"
+    grep -q FAIL "$OUT/sanitize.log" && status=1
+    summary+=("sanitize: $(grep -c ' clean' "$OUT/sanitize.log") clean, $(grep -c ' FAIL' "$OUT/sanitize.log") FAIL, $(grep -c ' timeout' "$OUT/sanitize.log") timeout (sanitize.log)")
+    grep -E ' FAIL| timeout' "$OUT/sanitize.log" | head -20
 }
 
 test() {
