@@ -1,5 +1,6 @@
 //! Differential testing on the GPU: random well-typed graphs (dcir-testgen,
-//! every dtype) through `dcir-run --backend cuda --check` (fuse, compile with
+//! every dtype; half of them workload-shaped: attention, GEMM epilogues,
+//! conv blocks, layernorm + residual at odd sizes) through `dcir-run --backend cuda --check` (fuse, compile with
 //! NVRTC, run on NaN-poisoned outputs, compare with the interpreter), in this
 //! process on worker threads (one CUDA context: a process per graph spends
 //! most of its time starting the driver). A failure is confirmed in a
@@ -31,7 +32,26 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use dcir_ir::OpKind;
-use dcir_testgen::{CI_SEED, GraphSpec, Sizes, arb_graph_spec, build_graph_sized};
+use dcir_testgen::{
+    CI_SEED, GraphSpec, Sizes, Workload, arb_graph_spec, arb_workload, build_graph_sized,
+    build_workload,
+};
+
+/// One case: a random graph of dcir-testgen's ops, or a workload-shaped one
+/// (attention, GEMM epilogue, conv block, layernorm + residual), half each.
+#[derive(Clone, Debug)]
+enum Case {
+    Random(GraphSpec),
+    Workload(Workload),
+}
+
+fn arb_case() -> impl Strategy<Value = Case> {
+    prop_oneof![
+        arb_graph_spec().prop_map(Case::Random),
+        arb_workload().prop_map(Case::Workload),
+    ]
+}
+use proptest::prelude::prop_oneof;
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
@@ -66,8 +86,16 @@ struct Harness {
 impl Harness {
     /// Runs the graph `spec` describes through `dcir-run --check`, in this
     /// process or in a process of its own.
-    fn run(&self, spec: &GraphSpec, tag: &str, in_process: bool) -> Outcome {
-        let Ok(graph) = build_graph_sized("g", spec, self.sizes) else {
+    /// The graph of `case`.
+    fn build(&self, case: &Case) -> Result<dcir_ir::Graph, dcir_ir::BuildError> {
+        match case {
+            Case::Random(spec) => build_graph_sized("g", spec, self.sizes),
+            Case::Workload(w) => build_workload("g", w),
+        }
+    }
+
+    fn run(&self, spec: &Case, tag: &str, in_process: bool) -> Outcome {
+        let Ok(graph) = self.build(spec) else {
             return Outcome::NoReference;
         };
         if graph
@@ -124,7 +152,7 @@ impl Harness {
         key[8..16].copy_from_slice(&(case as u64).to_le_bytes());
         let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &key);
         let mut runner = TestRunner::new_with_rng(Config::default(), rng);
-        let mut tree = arb_graph_spec()
+        let mut tree = arb_case()
             .new_tree(&mut runner)
             .expect("the strategy draws");
         let tag = format!("case_{case}");
@@ -133,8 +161,7 @@ impl Harness {
             return (outcome, None);
         };
         let Outcome::Fail(first) = self.run(&tree.current(), &tag, false) else {
-            let graph =
-                build_graph_sized("g", &tree.current(), self.sizes).expect("a failing spec builds");
+            let graph = self.build(&tree.current()).expect("a failing spec builds");
             return (
                 Outcome::Fail("fails in this process only (a context left unusable?)".into()),
                 Some(dcir_ir::print_graph(&graph)),
@@ -162,7 +189,7 @@ impl Harness {
                 }
             }
         }
-        let graph = build_graph_sized("g", &smallest.0, self.sizes).expect("a failing spec builds");
+        let graph = self.build(&smallest.0).expect("a failing spec builds");
         (
             Outcome::Fail(smallest.1),
             Some(dcir_ir::print_graph(&graph)),

@@ -12,6 +12,10 @@
 //! Every choice of the generator is valid by construction; a [`BuildError`]
 //! from [`build_graph`] means the generator and the IR's type rules disagree.
 
+mod workload;
+
+pub use workload::{Workload, arb_workload, build_workload};
+
 use dcir_ir::{
     Attr, Attrs, BuildError, DType, Graph, GraphBuilder, Module, OpKind, TensorType, ValueId,
 };
