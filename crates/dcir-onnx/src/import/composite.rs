@@ -16,6 +16,10 @@ use crate::tensor;
 /// The largest extent a `Resize` may give one dim.
 const MAX_RESIZED_DIM: usize = 1 << 24;
 
+/// Most neighbours one output of an antialiased `Resize` reads per axis (a
+/// downscale by 16 reads 32 with linear, 64 with cubic).
+const MAX_RESIZE_TAPS: usize = 64;
+
 impl<'m> Importer<'m> {
     /// `kind` of `operands` (inferred type).
     pub(super) fn ew(&mut self, kind: OpKind, operands: &[ValueId]) -> R<ValueId> {
@@ -487,30 +491,38 @@ impl<'m> Importer<'m> {
         self.out(node, v)
     }
 
-    /// `Resize` (opset 10+) and `Upsample`, nearest or linear: one axis at a
-    /// time (both are separable), a `gather` of constant source indices
-    /// along it; linear adds the next index's gather, each weighted by a
-    /// constant vector broadcast over the other dims. Source coordinates
-    /// follow `coordinate_transformation_mode`, clamped to the edge as
-    /// ONNX's reference pads; `cubic`, `tf_crop_and_resize`, antialiasing
-    /// and aspect-ratio policies are refused by name.
+    /// `Resize` (opset 10+) and `Upsample`, nearest, linear or cubic: one
+    /// axis at a time (all are separable), a `gather` of constant source
+    /// indices along it; linear and cubic gather their 2 or 4 neighbours,
+    /// each weighted by a constant vector broadcast over the other dims
+    /// (cubic: Keys' kernel with `cubic_coeff_a`). Source coordinates follow
+    /// `coordinate_transformation_mode`, neighbours are clamped to the edge
+    /// as ONNX's reference pads, and with `exclude_outside` the weights of
+    /// neighbours outside the input are zeroed and the rest renormalized;
+    /// `keep_aspect_ratio_policy` scales every axis by one factor that fits
+    /// (`not_larger`) or covers (`not_smaller`) the sizes; antialiasing
+    /// widens a downscaling filter by 1 / scale; `tf_crop_and_resize` maps
+    /// outputs into a known region of interest, those outside it taking
+    /// `extrapolation_value`.
     pub(super) fn resize(&mut self, node: &'m NodeProto, op: &str, at: &At<'_>) -> R<()> {
         let x = self.ir_in(node, 0)?;
         let xt = self.b.ty(x).clone();
         let dims = xt.dims().to_vec();
         let rank = dims.len();
         let mode = at.string("mode").unwrap_or_else(|| "nearest".into());
-        if !matches!(mode.as_str(), "nearest" | "linear" | "bilinear") {
+        if !matches!(mode.as_str(), "nearest" | "linear" | "bilinear" | "cubic") {
             return Err(format!(
-                "{op} mode `{mode}` is not supported (nearest and linear are)"
+                "{op} mode `{mode}` is not supported (nearest, linear and cubic are)"
             ));
         }
         let linear = mode != "nearest";
         if linear && !xt.dtype.is_float() {
             return Err(format!(
-                "{op} `{mode}` of {xt}: linear resizing needs a float input"
+                "{op} `{mode}` of {xt}: interpolating needs a float input"
             ));
         }
+        let cubic_a = f64::from(at.float("cubic_coeff_a").unwrap_or(-0.75));
+        let exclude_outside = at.int_or("exclude_outside", 0) != 0;
         // Opset 10 and Upsample: x / scale and floor for nearest.
         let legacy = op == "Upsample" || self.opset < 11;
         let transform = if legacy {
@@ -525,15 +537,14 @@ impl<'m> Importer<'m> {
             at.string("nearest_mode")
                 .unwrap_or_else(|| "round_prefer_floor".into())
         };
-        if at.int_or("antialias", 0) != 0 {
-            return Err(format!("{op} with `antialias` is not supported"));
-        }
-        if at
+        // Antialiasing widens a downscaling filter by 1 / scale (linear and cubic).
+        let antialias = linear && at.int_or("antialias", 0) != 0;
+        let policy = at
             .string("keep_aspect_ratio_policy")
-            .is_some_and(|p| p != "stretch")
-        {
+            .unwrap_or_else(|| "stretch".into());
+        if !matches!(policy.as_str(), "stretch" | "not_larger" | "not_smaller") {
             return Err(format!(
-                "{op}'s `keep_aspect_ratio_policy` other than stretch is not supported"
+                "{op}'s keep_aspect_ratio_policy `{policy}` is not supported"
             ));
         }
         // Scales and sizes: Upsample's attribute (opset 7) or input 1;
@@ -558,9 +569,23 @@ impl<'m> Importer<'m> {
             if sizes.len() != axes.len() {
                 return Err(format!("{op} sizes {sizes:?} do not fit axes {axes:?}"));
             }
-            for (&a, &s) in axes.iter().zip(&sizes) {
-                out[a] = s as usize;
-                scales[a] = s / dims[a] as f64;
+            if policy == "stretch" {
+                for (&a, &s) in axes.iter().zip(&sizes) {
+                    out[a] = s as usize;
+                    scales[a] = s / dims[a] as f64;
+                }
+            } else {
+                // One scale for every axis: the largest that fits the sizes
+                // (`not_larger`) or the smallest that covers them.
+                let ratios = axes.iter().zip(&sizes).map(|(&a, &s)| s / dims[a] as f64);
+                let scale = match policy.as_str() {
+                    "not_larger" => ratios.fold(f64::INFINITY, f64::min),
+                    _ => ratios.fold(0.0, f64::max),
+                };
+                for &a in &axes {
+                    out[a] = (scale * dims[a] as f64 + 0.5).floor() as usize;
+                    scales[a] = scale;
+                }
             }
         } else {
             let given = match known(self, scales_at)? {
@@ -586,6 +611,21 @@ impl<'m> Importer<'m> {
                 out[a]
             ));
         }
+        // tf_crop_and_resize: the region of interest (input 1, starts then
+        // ends over `axes`), and the value of outputs that fall outside it.
+        let crop = transform == "tf_crop_and_resize";
+        let roi = match crop {
+            true => known(self, 1)?
+                .filter(|r| r.len() == 2 * axes.len())
+                .ok_or_else(|| {
+                    format!(
+                        "{op} tf_crop_and_resize needs a known roi of 2 × {} values",
+                        axes.len()
+                    )
+                })?,
+            false => Vec::new(),
+        };
+        let extrapolation = f64::from(at.float("extrapolation_value").unwrap_or(0.0));
         let mut v = x;
         for a in 0..rank {
             if out[a] == dims[a] && scales[a] == 1.0 {
@@ -605,6 +645,15 @@ impl<'m> Importer<'m> {
                     "align_corners" if scaled != 1.0 => o * (len - 1.0) / (scaled - 1.0),
                     "align_corners" => 0.0,
                     "asymmetric" => o / scale,
+                    "tf_crop_and_resize" => {
+                        let j = axes.iter().position(|&x| x == a).unwrap_or(0);
+                        let (start, end) = (roi[j], roi[j + axes.len()]);
+                        if len_out > 1.0 {
+                            start * (len - 1.0) + o * (end - start) * (len - 1.0) / (len_out - 1.0)
+                        } else {
+                            0.5 * (start + end) * (len - 1.0)
+                        }
+                    }
                     "half_pixel_symmetric" => {
                         let adjustment = len_out / scaled;
                         let offset = len / 2.0 * (1.0 - adjustment);
@@ -650,22 +699,106 @@ impl<'m> Importer<'m> {
                     .collect::<R<_>>()?;
                 gather(self, idx)?
             } else {
-                let lo: Vec<i64> = coords.iter().map(|&c| clamp(c.floor())).collect();
-                let hi: Vec<i64> = coords.iter().map(|&c| clamp(c.floor() + 1.0)).collect();
-                let w: Vec<f64> = coords.iter().map(|&c| c - c.floor()).collect();
-                let (g0, g1) = (gather(self, lo)?, gather(self, hi)?);
+                // Neighbour k of an output sits at floor(c) + taps[k], with
+                // weight kernel(s · (taps[k] - t)) where t = c - floor(c) and s
+                // the scale, below 1 only when antialiasing (ONNX's reference).
+                let support = if mode == "cubic" { 2.0 } else { 1.0 };
+                let s = if antialias { scale.min(1.0) } else { 1.0 };
+                let start = (-support / s).floor() as i64 + 1;
+                let taps: Vec<i64> = (start..2 - start).collect();
+                if taps.len() > MAX_RESIZE_TAPS {
+                    return Err(format!(
+                        "{op} with antialiasing at scale {scale} would read {} neighbours per output, more than the {MAX_RESIZE_TAPS} dcir supports",
+                        taps.len()
+                    ));
+                }
+                let a_coef = cubic_a;
+                let kernel = |x: f64| -> f64 {
+                    let x = x.abs();
+                    if mode != "cubic" {
+                        (1.0 - x).max(0.0)
+                    } else if x <= 1.0 {
+                        ((a_coef + 2.0) * x - (a_coef + 3.0)) * x * x + 1.0
+                    } else if x < 2.0 {
+                        ((a_coef * x - 5.0 * a_coef) * x + 8.0 * a_coef) * x - 4.0 * a_coef
+                    } else {
+                        0.0
+                    }
+                };
+                let weights = |t: f64| -> Vec<f64> {
+                    let w: Vec<f64> = taps.iter().map(|&k| kernel(s * (k as f64 - t))).collect();
+                    let sum: f64 = w.iter().sum();
+                    match antialias && sum != 0.0 {
+                        true => w.iter().map(|x| x / sum).collect(),
+                        false => w,
+                    }
+                };
+                let mut idx = vec![Vec::with_capacity(coords.len()); taps.len()];
+                let mut wts = vec![Vec::with_capacity(coords.len()); taps.len()];
+                for &c in &coords {
+                    let base = c.floor();
+                    let mut w = weights(c - base);
+                    let at_k = |k: usize| base as i64 + taps[k];
+                    if exclude_outside {
+                        for (k, wk) in w.iter_mut().enumerate() {
+                            if at_k(k) < 0 || at_k(k) >= dims[a] as i64 {
+                                *wk = 0.0;
+                            }
+                        }
+                        let sum: f64 = w.iter().sum();
+                        if sum != 0.0 {
+                            w.iter_mut().for_each(|wk| *wk /= sum);
+                        }
+                    }
+                    for k in 0..taps.len() {
+                        idx[k].push(clamp(at_k(k) as f64));
+                        wts[k].push(w[k]);
+                    }
+                }
                 let weight = |me: &mut Self, w: Vec<f64>| -> R<ValueId> {
                     let c =
                         me.b.constant(TensorType::new(xt.dtype, vec![w.len()]), Attr::Floats(w))
                             .map_err(b)?;
                     me.b.broadcast(c, &[a as i64], &shape).map_err(b)
                 };
-                let w1 = weight(self, w.clone())?;
-                let w0 = weight(self, w.iter().map(|w| 1.0 - w).collect())?;
-                let p0 = self.ew(OpKind::Mul, &[g0, w0])?;
-                let p1 = self.ew(OpKind::Mul, &[g1, w1])?;
-                self.ew(OpKind::Add, &[p0, p1])?
+                let mut sum: Option<ValueId> = None;
+                for (i, w) in idx.into_iter().zip(wts) {
+                    let g = gather(self, i)?;
+                    let w = weight(self, w)?;
+                    let term = self.ew(OpKind::Mul, &[g, w])?;
+                    sum = Some(match sum {
+                        Some(s) => self.ew(OpKind::Add, &[s, term])?,
+                        None => term,
+                    });
+                }
+                sum.expect("at least two neighbours")
             };
+            // Outputs whose source is outside the input take the extrapolation value.
+            let outside: Vec<bool> = coords
+                .iter()
+                .map(|&c| crop && (c < 0.0 || c > len - 1.0))
+                .collect();
+            if outside.contains(&true) {
+                let per_axis = |me: &mut Self, w: Vec<f64>| -> R<ValueId> {
+                    let c =
+                        me.b.constant(TensorType::new(xt.dtype, vec![w.len()]), Attr::Floats(w))
+                            .map_err(b)?;
+                    me.b.broadcast(c, &[a as i64], &shape).map_err(b)
+                };
+                let keep = per_axis(
+                    self,
+                    outside.iter().map(|&o| f64::from(u8::from(!o))).collect(),
+                )?;
+                let extra = per_axis(
+                    self,
+                    outside
+                        .iter()
+                        .map(|&o| if o { extrapolation } else { 0.0 })
+                        .collect(),
+                )?;
+                let kept = self.ew(OpKind::Mul, &[v, keep])?;
+                v = self.ew(OpKind::Add, &[kept, extra])?;
+            }
         }
         self.out(node, v)
     }
