@@ -20,6 +20,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "And",
     "ArgMax",
     "ArgMin",
+    "Attention",
     "AveragePool",
     "BatchNormalization",
     "Cast",
@@ -786,6 +787,7 @@ impl<'m> Importer<'m> {
             "ArgMax" | "ArgMin" => self.arg_extreme(node, op, &at),
             "CumSum" => self.cumsum(node, &at),
             "Resize" | "Upsample" => self.resize(node, op, &at),
+            "Attention" => self.attention(node, &at),
             "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Max" | "Min" | "Mod" | "Equal" | "Less"
             | "LessOrEqual" | "Greater" | "GreaterOrEqual" | "And" | "Or" | "Xor" => {
                 let bin = match op {

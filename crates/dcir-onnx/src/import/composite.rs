@@ -803,6 +803,260 @@ impl<'m> Importer<'m> {
         self.out(node, v)
     }
 
+    /// `Attention` (opset 23), as ONNX's function body computes it: Q·Kᵀ
+    /// scaled, plus the bias (a bool or float `attn_mask`, padded with -inf
+    /// to the key length; a causal triangle with `is_causal`; -inf past a
+    /// known `nonpad_kv_seqlen`), `softcap`, softmax over the keys, ·V.
+    /// 3-D inputs are split into `q_num_heads`/`kv_num_heads` heads; the
+    /// key and value caches (`past_key`/`past_value`) are concatenated before
+    /// the new ones and returned as `present_*`; fewer key heads than query
+    /// heads repeat each key head (grouped-query attention);
+    /// `qk_matmul_output_mode` picks which scores the fourth output returns.
+    pub(super) fn attention(&mut self, node: &'m NodeProto, at: &At<'_>) -> R<()> {
+        use OpKind as K;
+        let (mut q, mut k, mut v) = (
+            self.ir_in(node, 0)?,
+            self.ir_in(node, 1)?,
+            self.ir_in(node, 2)?,
+        );
+        let dtype = self.b.ty(q).dtype;
+        if !dtype.is_float() {
+            return Err(format!(
+                "Attention of {}: needs a float input",
+                self.b.ty(q)
+            ));
+        }
+        let rank = self.b.ty(q).rank();
+        let three_d = rank == 3;
+        if three_d {
+            let heads = |name: &str| {
+                at.int(name)
+                    .filter(|&h| h > 0)
+                    .map(|h| h as usize)
+                    .ok_or_else(|| format!("Attention of 3-D inputs needs `{name}`"))
+            };
+            let (hq, hkv) = (heads("q_num_heads")?, heads("kv_num_heads")?);
+            let split = |me: &mut Self, x: ValueId, h: usize| -> R<ValueId> {
+                let d = me.b.ty(x).dims().to_vec();
+                if !d[2].is_multiple_of(h) {
+                    return Err(format!(
+                        "Attention: hidden size {} is not a multiple of {h} heads",
+                        d[2]
+                    ));
+                }
+                let r = me.b.reshape(x, &[d[0], d[1], h, d[2] / h]).map_err(b)?;
+                me.b.op(
+                    K::Transpose,
+                    &[r],
+                    Attrs::new().with("perm", ints(&[0, 2, 1, 3])),
+                )
+                .map_err(b)
+            };
+            q = split(self, q, hq)?;
+            k = split(self, k, hkv)?;
+            v = split(self, v, hkv)?;
+        } else if rank != 4 {
+            return Err(format!("Attention of rank-{rank} inputs (3-D or 4-D are)"));
+        }
+        // The caches, then the new keys and values.
+        let mut past_len = 0;
+        for (i, x) in [(4, &mut k), (5, &mut v)] {
+            if self.get(node, i)?.is_some() {
+                let past = self.ir_in(node, i)?;
+                if i == 4 {
+                    past_len = self.b.ty(past).dims()[2];
+                }
+                *x = self
+                    .b
+                    .op(
+                        K::Concat,
+                        &[past, *x],
+                        Attrs::new().with("axis", Attr::Int(2)),
+                    )
+                    .map_err(b)?;
+            }
+        }
+        let (present_k, present_v) = (k, v);
+        let qd = self.b.ty(q).dims().to_vec();
+        let kd = self.b.ty(k).dims().to_vec();
+        let (batch, hq, s, d) = (qd[0], qd[1], qd[2], qd[3]);
+        let (hkv, t) = (kd[1], kd[2]);
+        // Grouped-query attention: key head j serves query heads j·r .. j·r + r.
+        if hq != hkv {
+            if hkv == 0 || !hq.is_multiple_of(hkv) {
+                return Err(format!("Attention: {hq} query heads over {hkv} key heads"));
+            }
+            let r = hq / hkv;
+            for x in [&mut k, &mut v] {
+                let xd = self.b.ty(*x).dims().to_vec();
+                let one = self
+                    .b
+                    .reshape(*x, &[xd[0], xd[1], 1, xd[2], xd[3]])
+                    .map_err(b)?;
+                let wide = self
+                    .b
+                    .broadcast(one, &[0, 1, 2, 3, 4], &[xd[0], xd[1], r, xd[2], xd[3]])
+                    .map_err(b)?;
+                *x = self
+                    .b
+                    .reshape(wide, &[xd[0], hq, xd[2], xd[3]])
+                    .map_err(b)?;
+            }
+        }
+        let shape = [batch, hq, s, t];
+        let scale = at.float("scale").map_or(1.0 / (d as f64).sqrt(), f64::from);
+        let qk = self
+            .b
+            .op(
+                K::Matmul,
+                &[q, k],
+                Attrs::new().with("transpose_b", Attr::Bool(true)),
+            )
+            .map_err(b)?;
+        let factor = self.splat(dtype, scale, &shape)?;
+        let scores = self.ew(K::Mul, &[qk, factor])?;
+        // The bias: the mask (bool: 0 or -inf; padded with -inf to `t` keys),
+        // the causal triangle, the padding past each batch's key count.
+        let mut bias: Option<ValueId> = None;
+        if self.get(node, 3)?.is_some() {
+            let m = self.ir_in(node, 3)?;
+            let mut m = if self.b.ty(m).dtype == DType::Bool {
+                let zero = self.splat_like(m, 0.0)?;
+                let zero = self.b.cast(zero, dtype).map_err(b)?;
+                let dims = self.b.ty(m).dims().to_vec();
+                let ninf = self.splat(dtype, f64::NEG_INFINITY, &dims)?;
+                self.b
+                    .op(K::Select, &[m, zero, ninf], Attrs::new())
+                    .map_err(b)?
+            } else {
+                m
+            };
+            let md = self.b.ty(m).dims().to_vec();
+            let last = *md.last().ok_or("Attention: a rank-0 mask")?;
+            if last < t {
+                let mut high = vec![0i64; md.len()];
+                high[md.len() - 1] = (t - last) as i64;
+                let attrs = Attrs::new()
+                    .with("low", ints(&vec![0; md.len()]))
+                    .with("high", Attr::Ints(high))
+                    .with("value", Attr::Float(f64::NEG_INFINITY));
+                m = self.b.op(K::Pad, &[m], attrs).map_err(b)?;
+            }
+            bias = Some(self.broadcast_to(m, &shape)?);
+        }
+        let mut add_bias = |me: &mut Self, extra: ValueId| -> R<()> {
+            let extra = me.broadcast_to(extra, &shape)?;
+            bias = Some(match bias {
+                Some(bv) => me.ew(K::Add, &[bv, extra])?,
+                None => extra,
+            });
+            Ok(())
+        };
+        if at.int_or("is_causal", 0) != 0 {
+            let tri: Vec<f64> = (0..s)
+                .flat_map(|i| {
+                    (0..t).map(move |j| {
+                        if j > i + past_len {
+                            f64::NEG_INFINITY
+                        } else {
+                            0.0
+                        }
+                    })
+                })
+                .collect();
+            let c = self
+                .b
+                .constant(TensorType::new(dtype, vec![s, t]), Attr::Floats(tri))
+                .map_err(b)?;
+            add_bias(self, c)?;
+        }
+        if self.get(node, 6)?.is_some() {
+            let lens = self
+                .const_in(node, 6)?
+                .ok_or("Attention: nonpad_kv_seqlen")?
+                .to_f64();
+            if lens.len() != batch {
+                return Err(format!(
+                    "Attention: nonpad_kv_seqlen has {} values for {batch} batches",
+                    lens.len()
+                ));
+            }
+            let pad: Vec<f64> = lens
+                .iter()
+                .flat_map(|&n| {
+                    (0..t).map(move |j| {
+                        if (j as f64) < n {
+                            0.0
+                        } else {
+                            f64::NEG_INFINITY
+                        }
+                    })
+                })
+                .collect();
+            let c = self
+                .b
+                .constant(
+                    TensorType::new(dtype, vec![batch, 1, 1, t]),
+                    Attr::Floats(pad),
+                )
+                .map_err(b)?;
+            add_bias(self, c)?;
+        }
+        let with_bias = match bias {
+            Some(bv) => self.ew(K::Add, &[scores, bv])?,
+            None => scores,
+        };
+        let capped = match at.float("softcap").map(f64::from) {
+            Some(c) if c > 0.0 => {
+                let inv = self.splat(dtype, 1.0 / c, &shape)?;
+                let cap = self.splat(dtype, c, &shape)?;
+                let x = self.ew(K::Mul, &[with_bias, inv])?;
+                let x = self.ew(K::Tanh, &[x])?;
+                self.ew(K::Mul, &[x, cap])?
+            }
+            _ => with_bias,
+        };
+        let p = self
+            .b
+            .op(
+                K::Softmax,
+                &[capped],
+                Attrs::new().with("axis", Attr::Int(3)),
+            )
+            .map_err(b)?;
+        let mut y = self.b.op(K::Matmul, &[p, v], Attrs::new()).map_err(b)?;
+        if three_d {
+            let yt = self
+                .b
+                .op(
+                    K::Transpose,
+                    &[y],
+                    Attrs::new().with("perm", ints(&[0, 2, 1, 3])),
+                )
+                .map_err(b)?;
+            let yd = self.b.ty(yt).dims().to_vec();
+            y = self
+                .b
+                .reshape(yt, &[yd[0], yd[1], yd[2] * yd[3]])
+                .map_err(b)?;
+        }
+        let qk_out = match at.int_or("qk_matmul_output_mode", 0) {
+            0 => scores,
+            1 => with_bias,
+            2 => capped,
+            3 => p,
+            other => {
+                return Err(format!(
+                    "Attention qk_matmul_output_mode {other} is not one of 0..3"
+                ));
+            }
+        };
+        self.set(node, 0, Val::Ir(y))?;
+        self.set(node, 1, Val::Ir(present_k))?;
+        self.set(node, 2, Val::Ir(present_v))?;
+        self.set(node, 3, Val::Ir(qk_out))
+    }
+
     /// `LogSoftmax` as `x - max - log(sum(exp(x - max)))`; `Hardmax` as 1
     /// at the first maximum along the axis, 0 elsewhere. Before opset 13
     /// the input is seen as 2-D, the dims from `axis` flattened.
