@@ -99,6 +99,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Relu",
     "Reshape",
     "Resize",
+    "RotaryEmbedding",
     "Round",
     "ScatterND",
     "Selu",
@@ -788,6 +789,7 @@ impl<'m> Importer<'m> {
             "CumSum" => self.cumsum(node, &at),
             "Resize" | "Upsample" => self.resize(node, op, &at),
             "Attention" => self.attention(node, &at),
+            "RotaryEmbedding" => self.rotary_embedding(node, &at),
             "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Max" | "Min" | "Mod" | "Equal" | "Less"
             | "LessOrEqual" | "Greater" | "GreaterOrEqual" | "And" | "Or" | "Xor" => {
                 let bin = match op {

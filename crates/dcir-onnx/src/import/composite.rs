@@ -1057,6 +1057,162 @@ impl<'m> Importer<'m> {
         self.set(node, 3, Val::Ir(qk_out))
     }
 
+    /// `RotaryEmbedding` (opset 23): the first `rotary_embedding_dim` dims
+    /// of each head rotated by (cos, sin) pairs, gathered from the caches by
+    /// `position_ids` (or given per batch and position); halves
+    /// (`x1 = x[..half]`) or, `interleaved`, even and odd elements. 4-D input
+    /// is `[batch, heads, seq, head]`, 3-D `[batch, seq, heads · head]` with
+    /// `num_heads`.
+    pub(super) fn rotary_embedding(&mut self, node: &'m NodeProto, at: &At<'_>) -> R<()> {
+        use OpKind as K;
+        let x = self.ir_in(node, 0)?;
+        let xt = self.b.ty(x).clone();
+        let dtype = xt.dtype;
+        if !dtype.is_float() {
+            return Err(format!("RotaryEmbedding of {xt}: needs a float input"));
+        }
+        let perm = |me: &mut Self, v: ValueId, p: &[usize]| -> R<ValueId> {
+            me.b.op(K::Transpose, &[v], Attrs::new().with("perm", ints(p)))
+                .map_err(b)
+        };
+        // [batch, seq, heads, head]
+        let x4 = match xt.rank() {
+            4 => perm(self, x, &[0, 2, 1, 3])?,
+            3 => {
+                let d = xt.dims();
+                let heads = at
+                    .int("num_heads")
+                    .filter(|&h| h > 0)
+                    .map(|h| h as usize)
+                    .ok_or("RotaryEmbedding of a 3-D input needs `num_heads`".to_string())?;
+                if !d[2].is_multiple_of(heads) {
+                    return Err(format!(
+                        "RotaryEmbedding: hidden size {} over {heads} heads",
+                        d[2]
+                    ));
+                }
+                self.b
+                    .reshape(x, &[d[0], d[1], heads, d[2] / heads])
+                    .map_err(b)?
+            }
+            r => {
+                return Err(format!(
+                    "RotaryEmbedding of a rank-{r} input (3-D or 4-D are)"
+                ));
+            }
+        };
+        let [n, s, h, d] = <[usize; 4]>::try_from(self.b.ty(x4).dims()).map_err(|_| "rank 4")?;
+        let rot = match at.int_or("rotary_embedding_dim", 0) {
+            0 => d,
+            r if r > 0 && (r as usize) <= d && r % 2 == 0 => r as usize,
+            r => {
+                return Err(format!(
+                    "RotaryEmbedding: rotary_embedding_dim {r} for heads of {d}"
+                ));
+            }
+        };
+        let half = rot / 2;
+        let slice = |me: &mut Self, v: ValueId, lo: usize, hi: usize| -> R<ValueId> {
+            let dims = me.b.ty(v).dims().to_vec();
+            let last = dims.len() - 1;
+            let starts: Vec<usize> = (0..dims.len())
+                .map(|i| if i == last { lo } else { 0 })
+                .collect();
+            let ends: Vec<usize> = (0..dims.len())
+                .map(|i| if i == last { hi } else { dims[i] })
+                .collect();
+            let attrs = Attrs::new()
+                .with("starts", ints(&starts))
+                .with("ends", ints(&ends));
+            me.b.op(K::Slice, &[v], attrs).map_err(b)
+        };
+        // cos and sin: [batch, seq, half], then over the heads.
+        let mut cs = Vec::new();
+        for i in [1, 2] {
+            let cache = self.ir_in(node, i)?;
+            let c = if self.get(node, 3)?.is_some() {
+                let pos = self.ir_in(node, 3)?;
+                self.b
+                    .op(
+                        K::Gather,
+                        &[cache, pos],
+                        Attrs::new().with("axis", Attr::Int(0)),
+                    )
+                    .map_err(b)?
+            } else {
+                cache
+            };
+            if self.b.ty(c).dims() != [n, s, half] {
+                return Err(format!(
+                    "RotaryEmbedding: the cos/sin values are {}, expected [{n}, {s}, {half}]",
+                    self.b.ty(c)
+                ));
+            }
+            let c = self.b.reshape(c, &[n, s, 1, half]).map_err(b)?;
+            cs.push(
+                self.b
+                    .broadcast(c, &[0, 1, 2, 3], &[n, s, h, half])
+                    .map_err(b)?,
+            );
+        }
+        let (cos, sin) = (cs[0], cs[1]);
+        let x_rot = if rot == d {
+            x4
+        } else {
+            slice(self, x4, 0, rot)?
+        };
+        let interleaved = at.int_or("interleaved", 0) != 0;
+        let (x1, x2) = if interleaved {
+            let pairs = self.b.reshape(x_rot, &[n, s, h, half, 2]).map_err(b)?;
+            let even = slice(self, pairs, 0, 1)?;
+            let odd = slice(self, pairs, 1, 2)?;
+            (
+                self.b.reshape(even, &[n, s, h, half]).map_err(b)?,
+                self.b.reshape(odd, &[n, s, h, half]).map_err(b)?,
+            )
+        } else {
+            (slice(self, x_rot, 0, half)?, slice(self, x_rot, half, rot)?)
+        };
+        let (c1, s2) = (self.ew(K::Mul, &[cos, x1])?, self.ew(K::Mul, &[sin, x2])?);
+        let real = self.ew(K::Sub, &[c1, s2])?;
+        let (s1, c2) = (self.ew(K::Mul, &[sin, x1])?, self.ew(K::Mul, &[cos, x2])?);
+        let imag = self.ew(K::Add, &[s1, c2])?;
+        let rotated = if interleaved {
+            let r = self.b.reshape(real, &[n, s, h, half, 1]).map_err(b)?;
+            let i = self.b.reshape(imag, &[n, s, h, half, 1]).map_err(b)?;
+            let pairs = self
+                .b
+                .op(K::Concat, &[r, i], Attrs::new().with("axis", Attr::Int(4)))
+                .map_err(b)?;
+            self.b.reshape(pairs, &[n, s, h, rot]).map_err(b)?
+        } else {
+            self.b
+                .op(
+                    K::Concat,
+                    &[real, imag],
+                    Attrs::new().with("axis", Attr::Int(3)),
+                )
+                .map_err(b)?
+        };
+        let out4 = if rot == d {
+            rotated
+        } else {
+            let rest = slice(self, x4, rot, d)?;
+            self.b
+                .op(
+                    K::Concat,
+                    &[rotated, rest],
+                    Attrs::new().with("axis", Attr::Int(3)),
+                )
+                .map_err(b)?
+        };
+        let y = match xt.rank() {
+            4 => perm(self, out4, &[0, 2, 1, 3])?,
+            _ => self.b.reshape(out4, xt.dims()).map_err(b)?,
+        };
+        self.out(node, y)
+    }
+
     /// `LogSoftmax` as `x - max - log(sum(exp(x - max)))`; `Hardmax` as 1
     /// at the first maximum along the axis, 0 elsewhere. Before opset 13
     /// the input is seen as 2-D, the dims from `axis` flattened.
