@@ -32,6 +32,7 @@ pub const SUPPORTED_OPS: &[&str] = &[
     "Constant",
     "ConstantOfShape",
     "Conv",
+    "ConvTranspose",
     "Cos",
     "CumSum",
     "Div",
@@ -789,6 +790,7 @@ impl<'m> Importer<'m> {
             "CumSum" => self.cumsum(node, &at),
             "Resize" | "Upsample" => self.resize(node, op, &at),
             "Attention" => self.attention(node, &at),
+            "ConvTranspose" => self.conv_transpose(node, &at),
             "RotaryEmbedding" => self.rotary_embedding(node, &at),
             "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Max" | "Min" | "Mod" | "Equal" | "Less"
             | "LessOrEqual" | "Greater" | "GreaterOrEqual" | "And" | "Or" | "Xor" => {

@@ -1213,6 +1213,216 @@ impl<'m> Importer<'m> {
         self.out(node, y)
     }
 
+    /// `ConvTranspose` (1-D and 2-D) as a `conv2d`: the input spread by the
+    /// strides (zeros between its elements: `reshape`, `pad`, `reshape`,
+    /// `slice`), padded by `(k - 1) · dilation` on every side, convolved
+    /// with the weights flipped in space and swapped in and out per group;
+    /// the result is then the window `[pad_begin, pad_begin + out)` of that
+    /// full output (zeros past it), `out` from `output_shape`, or the pads
+    /// and `output_padding`, or `auto_pad`, as ONNX's reference computes
+    /// them; the bias is added per channel.
+    pub(super) fn conv_transpose(&mut self, node: &'m NodeProto, at: &At<'_>) -> R<()> {
+        use OpKind as K;
+        let x = self.ir_in(node, 0)?;
+        let xt = self.b.ty(x).clone();
+        let n = xt.rank().saturating_sub(2);
+        if !(1..=2).contains(&n) || !xt.dtype.is_float() {
+            return Err(format!(
+                "ConvTranspose of {xt}: only 1-D and 2-D float inputs (3-D or 4-D tensors) are supported"
+            ));
+        }
+        let wv = self.req(node, 1)?;
+        let wd = self.dims_of(&wv);
+        let w = self.operand(Self::in_name(node, 1), &wv, xt.dtype, &wd)?;
+        if wd.len() != n + 2 {
+            return Err(format!(
+                "ConvTranspose weight must be {}-D, found {wd:?}",
+                n + 2
+            ));
+        }
+        let group = at.int_or("group", 1).max(1) as usize;
+        let c = xt.dims()[1];
+        if wd[0] != c || !c.is_multiple_of(group) {
+            return Err(format!(
+                "ConvTranspose: weight {wd:?} for {c} channels in {group} groups"
+            ));
+        }
+        let list = |name: &str, d: i64, len: usize| -> R<Vec<i64>> {
+            let v = at.ints(name).map_or_else(|| vec![d; len], <[i64]>::to_vec);
+            match v.len() == len && v.iter().all(|&x| x >= 0) {
+                true => Ok(v),
+                false => Err(format!("ConvTranspose `{name}` {v:?} for {n}-D")),
+            }
+        };
+        let kernel: Vec<i64> = wd[2..].iter().map(|&k| k as i64).collect();
+        let stride = list("strides", 1, n)?;
+        let dilation = list("dilations", 1, n)?;
+        let out_pad = list("output_padding", 0, n)?;
+        if stride.contains(&0) || dilation.contains(&0) {
+            return Err("ConvTranspose strides and dilations must be positive".into());
+        }
+        let input: Vec<i64> = xt.dims()[2..].iter().map(|&d| d as i64).collect();
+        // The full output's extent per axis, and ONNX's output window.
+        let full: Vec<i64> = (0..n)
+            .map(|i| stride[i] * (input[i] - 1) + (kernel[i] - 1) * dilation[i] + 1)
+            .collect();
+        let given_shape = at
+            .ints("output_shape")
+            .map(|s| s[s.len().saturating_sub(n)..].to_vec());
+        let auto = at.string("auto_pad").unwrap_or_default();
+        let (begin, size): (Vec<i64>, Vec<i64>) = match at.ints("pads") {
+            Some(p) if p.len() == 2 * n => (
+                p[..n].to_vec(),
+                (0..n)
+                    .map(|i| {
+                        given_shape
+                            .as_ref()
+                            .map_or(full[i] + out_pad[i] - p[i] - p[i + n], |s| s[i])
+                    })
+                    .collect(),
+            ),
+            Some(p) => return Err(format!("ConvTranspose pads {p:?} for {n}-D")),
+            None if auto == "SAME_UPPER" || auto == "SAME_LOWER" => {
+                let shape =
+                    given_shape.unwrap_or_else(|| (0..n).map(|i| input[i] * stride[i]).collect());
+                let begin = (0..n)
+                    .map(|i| {
+                        let total = full[i] + out_pad[i] - shape[i];
+                        if auto == "SAME_UPPER" {
+                            total.div_euclid(2)
+                        } else {
+                            total - total.div_euclid(2)
+                        }
+                    })
+                    .collect();
+                (begin, shape)
+            }
+            None => (
+                vec![0; n],
+                (0..n)
+                    .map(|i| given_shape.as_ref().map_or(full[i] + out_pad[i], |s| s[i]))
+                    .collect(),
+            ),
+        };
+        if size.iter().any(|&s| s <= 0) {
+            return Err(format!(
+                "ConvTranspose output extents {size:?} are not positive"
+            ));
+        }
+        // As 2-D: a 1-D transposed convolution has a height of 1.
+        let (x, w, kernel, stride, dilation, begin, size, full) = if n == 1 {
+            let d = xt.dims();
+            (
+                self.b.reshape(x, &[d[0], d[1], 1, d[2]]).map_err(b)?,
+                self.b.reshape(w, &[wd[0], wd[1], 1, wd[2]]).map_err(b)?,
+                vec![1, kernel[0]],
+                vec![1, stride[0]],
+                vec![1, dilation[0]],
+                vec![0, begin[0]],
+                vec![1, size[0]],
+                vec![1, full[0]],
+            )
+        } else {
+            (x, w, kernel, stride, dilation, begin, size, full)
+        };
+        let d = self.b.ty(x).dims().to_vec();
+        let (nb, h, wi) = (d[0], d[2], d[3]);
+        // Spread by the strides: [N, C, H, 1, W, 1] padded to [N, C, H, sh, W, sw].
+        let (sh, sw) = (stride[0] as usize, stride[1] as usize);
+        let spread = if sh == 1 && sw == 1 {
+            x
+        } else {
+            let r = self.b.reshape(x, &[nb, c, h, 1, wi, 1]).map_err(b)?;
+            let attrs = Attrs::new()
+                .with("low", ints(&[0, 0, 0, 0, 0, 0]))
+                .with("high", ints(&[0, 0, 0, sh - 1, 0, sw - 1]))
+                .with("value", Attr::Float(0.0));
+            let p = self.b.op(K::Pad, &[r], attrs).map_err(b)?;
+            let flat = self.b.reshape(p, &[nb, c, h * sh, wi * sw]).map_err(b)?;
+            let attrs = Attrs::new()
+                .with("starts", ints(&[0, 0, 0, 0]))
+                .with("ends", ints(&[nb, c, (h - 1) * sh + 1, (wi - 1) * sw + 1]));
+            self.b.op(K::Slice, &[flat], attrs).map_err(b)?
+        };
+        // Weights [C, O/g, kh, kw] → [O, C/g, kh, kw], flipped in space.
+        let (cg, og) = (c / group, wd[1]);
+        let (kh, kw) = (kernel[0] as usize, kernel[1] as usize);
+        let wg = self.b.reshape(w, &[group, cg, og, kh, kw]).map_err(b)?;
+        let wt = self
+            .b
+            .op(
+                K::Transpose,
+                &[wg],
+                Attrs::new().with("perm", ints(&[0, 2, 1, 3, 4])),
+            )
+            .map_err(b)?;
+        let mut wf = self.b.reshape(wt, &[group * og, cg, kh, kw]).map_err(b)?;
+        for (axis, k) in [(2, kh), (3, kw)] {
+            if k > 1 {
+                let rev: Vec<i64> = (0..k as i64).rev().collect();
+                let idx = self
+                    .b
+                    .constant(TensorType::new(DType::I64, vec![k]), Attr::Ints(rev))
+                    .map_err(b)?;
+                wf = self
+                    .b
+                    .op(
+                        K::Gather,
+                        &[wf, idx],
+                        Attrs::new().with("axis", Attr::Int(axis)),
+                    )
+                    .map_err(b)?;
+            }
+        }
+        let (ph, pw) = ((kernel[0] - 1) * dilation[0], (kernel[1] - 1) * dilation[1]);
+        let attrs = Attrs::new()
+            .with("stride", Attr::Ints(vec![1, 1]))
+            .with("pad", Attr::Ints(vec![ph, pw, ph, pw]))
+            .with("dilation", Attr::Ints(dilation.clone()))
+            .with("groups", Attr::Int(group as i64));
+        let mut v = self.b.op(K::Conv2d, &[spread, wf], attrs).map_err(b)?;
+        // The output window [begin, begin + size) of the full output, zeros past it.
+        let low: Vec<i64> = (0..2).map(|i| (-begin[i]).max(0)).collect();
+        let high: Vec<i64> = (0..2)
+            .map(|i| (begin[i] + size[i] - full[i]).max(0))
+            .collect();
+        if low.iter().chain(&high).any(|&p| p > 0) {
+            let attrs = Attrs::new()
+                .with("low", ints(&[0, 0, low[0] as usize, low[1] as usize]))
+                .with("high", ints(&[0, 0, high[0] as usize, high[1] as usize]))
+                .with("value", Attr::Float(0.0));
+            v = self.b.op(K::Pad, &[v], attrs).map_err(b)?;
+        }
+        let o = group * og;
+        let start: Vec<usize> = (0..2).map(|i| (begin[i] + low[i]) as usize).collect();
+        let vd = self.b.ty(v).dims().to_vec();
+        if start != [0, 0] || vd[2] != size[0] as usize || vd[3] != size[1] as usize {
+            let attrs = Attrs::new()
+                .with("starts", ints(&[0, 0, start[0], start[1]]))
+                .with(
+                    "ends",
+                    ints(&[
+                        nb,
+                        o,
+                        start[0] + size[0] as usize,
+                        start[1] + size[1] as usize,
+                    ]),
+                );
+            v = self.b.op(K::Slice, &[v], attrs).map_err(b)?;
+        }
+        if n == 1 {
+            let d = self.b.ty(v).dims().to_vec();
+            v = self.b.reshape(v, &[d[0], d[1], d[3]]).map_err(b)?;
+        }
+        if let Some(bias) = self.get(node, 2)? {
+            let out = self.b.ty(v).dims().to_vec();
+            let bias = self.operand(Self::in_name(node, 2), &bias, xt.dtype, &[out[1]])?;
+            let bb = self.b.broadcast(bias, &[1], &out).map_err(b)?;
+            v = self.ew(K::Add, &[v, bb])?;
+        }
+        self.out(node, v)
+    }
+
     /// `LogSoftmax` as `x - max - log(sum(exp(x - max)))`; `Hardmax` as 1
     /// at the first maximum along the axis, 0 elsewhere. Before opset 13
     /// the input is seen as 2-D, the dims from `axis` flattened.
