@@ -704,14 +704,15 @@ impl<'m> Importer<'m> {
                 // the scale, below 1 only when antialiasing (ONNX's reference).
                 let support = if mode == "cubic" { 2.0 } else { 1.0 };
                 let s = if antialias { scale.min(1.0) } else { 1.0 };
-                let start = (-support / s).floor() as i64 + 1;
-                let taps: Vec<i64> = (start..2 - start).collect();
-                if taps.len() > MAX_RESIZE_TAPS {
+                let start = (-support / s).floor() + 1.0;
+                let count = 2.0 - 2.0 * start;
+                if count.is_nan() || count > MAX_RESIZE_TAPS as f64 {
                     return Err(format!(
-                        "{op} with antialiasing at scale {scale} would read {} neighbours per output, more than the {MAX_RESIZE_TAPS} dcir supports",
-                        taps.len()
+                        "{op} with antialiasing at scale {scale} would read {count} neighbours per output, more than the {MAX_RESIZE_TAPS} dcir supports"
                     ));
                 }
+                let start = start as i64;
+                let taps: Vec<i64> = (start..2 - start).collect();
                 let a_coef = cubic_a;
                 let kernel = |x: f64| -> f64 {
                     let x = x.abs();
@@ -827,6 +828,14 @@ impl<'m> Importer<'m> {
             ));
         }
         let rank = self.b.ty(q).rank();
+        if [k, v].iter().any(|&x| self.b.ty(x).rank() != rank) {
+            return Err(format!(
+                "Attention of {}, {} and {}: Q, K and V must have one rank",
+                self.b.ty(q),
+                self.b.ty(k),
+                self.b.ty(v)
+            ));
+        }
         let three_d = rank == 3;
         if three_d {
             let heads = |name: &str| {
@@ -863,6 +872,9 @@ impl<'m> Importer<'m> {
         for (i, x) in [(4, &mut k), (5, &mut v)] {
             if self.get(node, i)?.is_some() {
                 let past = self.ir_in(node, i)?;
+                if self.b.ty(past).rank() != 4 {
+                    return Err(format!("Attention cache {} is not 4-D", self.b.ty(past)));
+                }
                 if i == 4 {
                     past_len = self.b.ty(past).dims()[2];
                 }
@@ -1262,6 +1274,11 @@ impl<'m> Importer<'m> {
             return Err("ConvTranspose strides and dilations must be positive".into());
         }
         let input: Vec<i64> = xt.dims()[2..].iter().map(|&d| d as i64).collect();
+        if input.contains(&0) || kernel.contains(&0) {
+            return Err(format!(
+                "ConvTranspose of {xt} with kernel {kernel:?}: an empty extent"
+            ));
+        }
         // The full output's extent per axis, and ONNX's output window.
         let full: Vec<i64> = (0..n)
             .map(|i| stride[i] * (input[i] - 1) + (kernel[i] - 1) * dilation[i] + 1)
@@ -1304,9 +1321,9 @@ impl<'m> Importer<'m> {
                     .collect(),
             ),
         };
-        if size.iter().any(|&s| s <= 0) {
+        if size.iter().any(|&s| s <= 0 || s > MAX_RESIZED_DIM as i64) {
             return Err(format!(
-                "ConvTranspose output extents {size:?} are not positive"
+                "ConvTranspose output extents {size:?}: each must be in 1..={MAX_RESIZED_DIM}"
             ));
         }
         // As 2-D: a 1-D transposed convolution has a height of 1.
