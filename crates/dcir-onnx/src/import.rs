@@ -220,7 +220,7 @@ pub(crate) fn import(
     for (index, node) in graph.node.iter().enumerate() {
         imp.node(node).map_err(|message| ImportError::Node {
             node: node_ref(node, index, graph.node.len()),
-            message,
+            message: bounded(message),
         })?;
     }
     let mut outputs = Vec::new();
@@ -348,12 +348,35 @@ fn axis(a: i64, rank: usize) -> R<usize> {
 }
 
 fn axes_sorted(raw: &[i64], rank: usize) -> R<Vec<usize>> {
+    // More axes than dims repeat one (found by fuzzing: 33 M axes from an
+    // `Expand`, printed whole, took seconds).
+    if raw.len() > rank {
+        return Err(format!("{} axes for a rank-{rank} tensor", raw.len()));
+    }
     let mut v = raw.iter().map(|&a| axis(a, rank)).collect::<R<Vec<_>>>()?;
     v.sort_unstable();
     if v.windows(2).any(|w| w[0] == w[1]) {
         return Err(format!("axes {raw:?} repeat a dim"));
     }
     Ok(v)
+}
+
+/// Longest message of a node's error, in bytes; the rest is cut (a
+/// message may quote a constant of millions of values).
+const MAX_MESSAGE: usize = 2000;
+
+/// `message`, cut to [`MAX_MESSAGE`] bytes (at a character boundary).
+fn bounded(mut message: String) -> String {
+    if message.len() > MAX_MESSAGE {
+        let cut = (0..=MAX_MESSAGE)
+            .rev()
+            .find(|&i| message.is_char_boundary(i))
+            .unwrap_or(0);
+        let rest = message.len() - cut;
+        message.truncate(cut);
+        message.push_str(&format!("… ({rest} more bytes)"));
+    }
+    message
 }
 
 fn ints(v: &[usize]) -> Attr {

@@ -198,9 +198,11 @@ fn fuzz_regressions_import_or_refuse() {
     assert!(!files.is_empty());
     for file in files {
         let bytes = std::fs::read(&file).expect("readable");
-        if let Ok(imported) = import_bytes(&bytes, &ImportOptions::default()) {
-            dcir_ir::verify_module(&imported.module)
-                .unwrap_or_else(|e| panic!("{}: {e:?}", file.display()));
+        match import_bytes(&bytes, &ImportOptions::default()) {
+            Ok(imported) => dcir_ir::verify_module(&imported.module)
+                .unwrap_or_else(|e| panic!("{}: {e:?}", file.display())),
+            // A message quotes no constant whole (one listed 33 M axes).
+            Err(e) => assert!(e.to_string().len() < 4000, "{}: {e}", file.display()),
         }
     }
 }
