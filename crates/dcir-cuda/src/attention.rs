@@ -797,7 +797,7 @@ mod tests {
     fn unsupported_forms_say_why() {
         let e = attention(17, 256, [16, 256], 64, false).expect_err("too big");
         assert!(e.contains("bytes of shared memory"), "{e}");
-        let e = attention(17, 24, [16, 16], 48, false).expect_err("no warp split");
+        let e = attention(17, 24, [16, 16], 1024, false).expect_err("no warp split");
         assert!(e.contains("no split of whole warps"), "{e}");
         let e = attention(17, 24, [16, 16], 64, true).expect_err("probabilities");
         assert!(e.contains("taken from the scores or probabilities"), "{e}");

@@ -781,12 +781,25 @@ fn load_row_vectors(
             set_span(&mut l.body, j, inside, value);
             continue;
         }
-        // Lane + q holds the column in its own chunk, unless it is past the warp.
+        // Lane + q holds the column in its own chunk, unless it is past the
+        // warp or past the row's column groups (lanes run on into the next
+        // strip): a column left of group 0 is left of the row, but one right
+        // of the last group can still be inside it (an input wider than the
+        // groups cover) and is loaded.
         let source = (j as i64 - pad).rem_euclid(cols_i) + pad;
         let (mode, past_warp) = if q < 0 {
             (Shuffle::Up, lt(var("lane"), (-q) as usize))
         } else {
-            (Shuffle::Down, bin(BinOp::Ge, var("lane"), int(32 - q)))
+            let past = bin(BinOp::Ge, var("lane"), int(32 - q));
+            // The first column a lane of group `col_groups - q` would take.
+            let first_past_groups = (col_groups as i64 - q) * cols_i - pad + j as i64;
+            let past = if first_past_groups < w_i {
+                let next_strip = bin(BinOp::Ge, cg.clone(), int(col_groups as i64 - q));
+                bin(BinOp::Or, past, next_strip)
+            } else {
+                past
+            };
+            (Shuffle::Down, past)
         };
         let name = l.fresh("x_end");
         let shuffled = Expr::Shfl(

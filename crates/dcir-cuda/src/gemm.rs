@@ -808,51 +808,55 @@ impl Tiling {
         })
     }
 
-    /// The planned shape of group `op`, or the default `[64, 64, 8]` with 256
-    /// threads (valid for every contraction) and the reason it was not used.
-    fn of(l: &Lower, op: OpId, prefer_m: bool) -> (Tiling, Option<String>) {
+    /// The planned shape of group `op` (`[64, 64, 8]` with 256 threads when
+    /// it has none), halved where a math epilogue would spill (the reason in
+    /// the second value); a tile the threads cannot split is refused.
+    fn of(l: &Lower, op: OpId, prefer_m: bool) -> Result<(Tiling, Option<String>)> {
         let g = l.g;
-        let tile = g.op(op).attrs.get("tile").and_then(Attr::as_ints);
+        let tile = match g.op(op).attrs.get("tile") {
+            None => [64, 64, 8],
+            Some(attr) => match attr.as_ints() {
+                Some(&[tm, tn, tk]) if tm > 0 && tn > 0 && tk > 0 => {
+                    [tm as usize, tn as usize, tk as usize]
+                }
+                _ => {
+                    return Err(l.unsupported(Reason::Parameters(format!(
+                        "tile = {} (a GEMM tile is [tm, tn, tk])",
+                        dcir_ir::print::format_attr(attr)
+                    ))));
+                }
+            },
+        };
         let threads = attr_int(g, op, "threads", 256).max(0) as usize;
         let stages = attr_int(g, op, "stages", 1).max(1) as usize;
-        let planned = match tile {
-            Some(&[tm, tn, tk]) if tm > 0 && tn > 0 && tk > 0 => {
-                let tile = [tm as usize, tn as usize, tk as usize];
-                Tiling::planned(tile, threads, stages, prefer_m)
-                    .ok_or(format!("tile {tile:?} with {threads} threads"))
-            }
-            _ => Err(format!("tile = {tile:?}")),
+        let Some(t) = Tiling::planned(tile, threads, stages, prefer_m) else {
+            return Err(l.unsupported(Reason::Parameters(format!(
+                "tile {tile:?} with {threads} threads (the threads must split the tile into micro-tiles of at most 16 x 16 whose k loads they share evenly)"
+            ))));
         };
-        match planned {
-            // The epilogue runs with every accumulator live: transcendental
-            // math beside 128 of them spilled (BERT's FFN with GELU at
-            // 8x16 per thread); halve the tile's longer side to 64.
-            Ok(t) if t.mt() * t.nt() > 64 && heavy_epilogue(l, op) => {
-                let halved = if t.tn >= t.tm {
-                    [t.tm, t.tn / 2, t.tk]
-                } else {
-                    [t.tm / 2, t.tn, t.tk]
-                };
-                match Tiling::planned(halved, t.threads, stages, prefer_m) {
-                    Some(h) if h.mt() * h.nt() <= 64 => (
-                        h,
-                        Some(format!(
-                            "halved: the plan's tile [{}, {}, {}] keeps {} accumulators per thread beside a math epilogue",
-                            t.tm,
-                            t.tn,
-                            t.tk,
-                            t.mt() * t.nt()
-                        )),
-                    ),
-                    _ => (t, None),
-                }
+        // The epilogue runs with every accumulator live: transcendental
+        // math beside 128 of them spilled (BERT's FFN with GELU at 8x16 per
+        // thread); halve the tile's longer side to 64.
+        if t.mt() * t.nt() > 64 && heavy_epilogue(l, op) {
+            let halved = if t.tn >= t.tm {
+                [t.tm, t.tn / 2, t.tk]
+            } else {
+                [t.tm / 2, t.tn, t.tk]
+            };
+            if let Some(h) = Tiling::planned(halved, t.threads, stages, prefer_m)
+                && h.mt() * h.nt() <= 64
+            {
+                let why = format!(
+                    "halved: the plan's tile [{}, {}, {}] keeps {} accumulators per thread beside a math epilogue",
+                    t.tm,
+                    t.tn,
+                    t.tk,
+                    t.mt() * t.nt()
+                );
+                return Ok((h, Some(why)));
             }
-            Ok(t) => (t, None),
-            Err(why) => (
-                Tiling::planned([64, 64, 8], 256, stages, prefer_m).expect("the default is valid"),
-                Some(format!("default: the plan's {why} is not a valid shape")),
-            ),
         }
+        Ok((t, None))
     }
 
     fn mt(&self) -> usize {
@@ -1482,7 +1486,7 @@ fn lower_contraction(l: &mut Lower, op: OpId, c: &Contraction) -> Result<Kernel>
     }
     let params = params(l, op);
     let tainted = c.check(l, op)?;
-    let (t, fallback) = Tiling::of(l, op, c.out_vector() == Some(GemmDim::M));
+    let (t, fallback) = Tiling::of(l, op, c.out_vector() == Some(GemmDim::M))?;
     let (mt, nt) = (t.mt(), t.nt());
     let (grid_m, grid_n) = (c.m.div_ceil(t.tm), c.n.div_ceil(t.tn));
     let a = Stage::new(l, c, GemmDim::M, &t);
@@ -1789,9 +1793,31 @@ mod tests {
     }
 
     #[test]
-    fn invalid_plans_take_the_default_shape() {
-        let s = matmul(64, 64, 64, "[30, 64, 8]", 100, 1);
-        assert!(s.contains("tile [64, 64, 8] (default: the plan's tile [30, 64, 8] with 100 threads is not a valid shape), 256 threads"), "{s}");
+    fn invalid_plans_are_refused() {
+        let src = |tile: &str| {
+            format!(
+                "graph @g(%a: f32[64,64], %b: f32[64,64]) -> (f32[64,64]) {{\n\
+                 \x20 %y = fused @g0(%a.in = %a, %b.in = %b) {{kind = \"gemm\", level = \"register\", math = \"fma\", tile = {tile}, threads = 256}} : f32[64,64] {{\n\
+                 \x20   %y.r = matmul %a.in, %b.in : f32[64,64]\n\
+                 \x20   yield %y.r\n\
+                 \x20 }}\n\
+                 \x20 return %y\n\
+                 }}\n"
+            )
+        };
+        for (tile, why) in [
+            (
+                "[30, 64, 8]",
+                "tile [30, 64, 8] with 256 threads (the threads must split",
+            ),
+            ("[64, 64]", "tile = [64, 64] (a GEMM tile is [tm, tn, tk])"),
+        ] {
+            let module = dcir_reader::parse_module(&src(tile)).expect("parses");
+            let e = emit_module_source(&module)
+                .expect_err("refused")
+                .to_string();
+            assert!(e.contains(why), "{e}");
+        }
     }
 
     fn conv(x: &str, w: &str, y: &str, attrs: &str) -> String {

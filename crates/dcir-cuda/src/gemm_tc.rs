@@ -1834,9 +1834,17 @@ fn lower_problem(
     what: String,
 ) -> Result<Kernel> {
     let g = l.g;
-    let tile = match g.op(op).attrs.get("tile").and_then(Attr::as_ints) {
-        Some(&[tm, tn, tk]) => [tm, tn, tk],
-        _ => [128, 128, 32],
+    let tile = match g.op(op).attrs.get("tile") {
+        None => [128, 128, 32],
+        Some(attr) => match attr.as_ints() {
+            Some(&[tm, tn, tk]) => [tm, tn, tk],
+            _ => {
+                return Err(l.unsupported(Reason::Parameters(format!(
+                    "tile = {} (a GEMM tile is [tm, tn, tk])",
+                    dcir_ir::print::format_attr(attr)
+                ))));
+            }
+        },
     };
     let cfg = Config::new(
         tile,
@@ -1875,8 +1883,21 @@ fn lower_problem(
             "index maps"
         }
     };
+    // A plan the blocking rules adapted (module doc of `Config::new`) is
+    // named beside what runs.
+    let planned_stages = attr_int(g, op, "stages", 3);
+    let adapted = if [cfg.tm, cfg.tn, cfg.tk].map(|x| x as i64) != tile
+        || cfg.stages as i64 != planned_stages
+    {
+        format!(
+            " (planned tile [{}, {}, {}], {planned_stages} stages)",
+            tile[0], tile[1], tile[2]
+        )
+    } else {
+        String::new()
+    };
     let summary = format!(
-        "{what}, tile [{}, {}, {}], {}x{} warps of {}x{}, {} stages{}; A by {}, B by {}",
+        "{what}, tile [{}, {}, {}]{adapted}, {}x{} warps of {}x{}, {} stages{}; A by {}, B by {}",
         cfg.tm,
         cfg.tn,
         cfg.tk,

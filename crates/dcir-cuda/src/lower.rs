@@ -415,6 +415,23 @@ impl<'g> Lower<'g> {
                 let a = self.value_at(operands[0], idx)?;
                 self.unary(kind, operand_dtype(0), a, &attrs)?
             }
+            // Integers exactly (an i64 past 2^53 is no f64), as a
+            // `long long` for i64 (`2147483647 * 2147483647` of two `int`
+            // literals would wrap at 32 bits).
+            OpKind::Constant if matches!(dtype, DType::I32 | DType::I64) => {
+                let exact = match attrs.get("value") {
+                    Some(Attr::Int(i)) => Some(*i),
+                    Some(Attr::Ints(xs)) => {
+                        xs.first().filter(|&&x| xs.iter().all(|&y| y == x)).copied()
+                    }
+                    other => other.and_then(Attr::splat).map(|x| x as i64),
+                };
+                match exact {
+                    Some(v) if dtype == DType::I64 => Expr::Cast(Ty::I64, Box::new(int(v))),
+                    Some(v) => int(v),
+                    None => return Err(self.unsupported("a constant with several distinct values")),
+                }
+            }
             OpKind::Constant => match attrs.get("value").and_then(Attr::splat) {
                 Some(x) => self.constant(dtype, x),
                 // `apply_plan` copies only splats into regions.
@@ -1089,6 +1106,16 @@ pub fn lower_fused(g: &Graph, op: OpId) -> Result<Kernel> {
     };
     if data.kind != OpKind::Fused || data.region.is_none() {
         return Err(l.unsupported("an op that is not `fused`"));
+    }
+    let tensor_cores = data.attrs.get("math").and_then(Attr::as_str) == Some("tensor_core");
+    if tensor_cores
+        && matches!(kind.as_str(), "gemm" | "conv")
+        && !integer_matmul(g, op)
+        && !gemm_tc::applies(g, op)
+    {
+        return Err(l.unsupported(Reason::Parameters(
+            "math = \"tensor_core\" on a contraction whose operands are not both f16 or both bf16 (strict f32 runs on FMA)".into(),
+        )));
     }
     match kind.as_str() {
         "elementwise" => elementwise(&mut l, op),

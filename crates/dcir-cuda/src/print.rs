@@ -293,23 +293,24 @@ pub fn expr(e: &Expr) -> String {
 }
 
 /// Precedence of unary operators and casts.
-const UNARY: u8 = 11;
+const UNARY: u8 = 12;
 /// Precedence of names, literals, calls, indexing and member access.
-const ATOM: u8 = 12;
+const ATOM: u8 = 13;
 
 fn prec(e: &Expr) -> u8 {
     match e {
         Expr::Select(..) => 1,
         Expr::Bin(op, ..) => match op {
-            BinOp::And => 2,
-            BinOp::BitOr => 3,
-            BinOp::BitXor => 4,
-            BinOp::BitAnd => 5,
-            BinOp::Eq | BinOp::Ne => 6,
-            BinOp::Lt | BinOp::Ge => 7,
-            BinOp::Shl | BinOp::Shr => 8,
-            BinOp::Add | BinOp::Sub => 9,
-            BinOp::Mul | BinOp::Div | BinOp::Rem => 10,
+            BinOp::Or => 2,
+            BinOp::And => 3,
+            BinOp::BitOr => 4,
+            BinOp::BitXor => 5,
+            BinOp::BitAnd => 6,
+            BinOp::Eq | BinOp::Ne => 7,
+            BinOp::Lt | BinOp::Ge => 8,
+            BinOp::Shl | BinOp::Shr => 9,
+            BinOp::Add | BinOp::Sub => 10,
+            BinOp::Mul | BinOp::Div | BinOp::Rem => 11,
         },
         Expr::Neg(_) | Expr::Not(_) | Expr::Cast(..) => UNARY,
         Expr::Int(v) if *v < 0 => UNARY,
@@ -329,6 +330,7 @@ fn op_str(op: BinOp) -> &'static str {
         BinOp::Ge => ">=",
         BinOp::Eq => "==",
         BinOp::Ne => "!=",
+        BinOp::Or => "||",
         BinOp::And => "&&",
         BinOp::BitOr => "|",
         BinOp::BitAnd => "&",

@@ -4,9 +4,11 @@
 //!
 //! A `fused` op without `kind` is an unplanned group and carries no
 //! parameter. With `kind`, it may carry `level` and the parameters its kind
-//! lists in [`FUSED_KINDS`], each of the type [`FUSED_PARAMS`] gives it;
-//! anything else (a misspelt name, a parameter of another kind, a string
-//! outside its values) is an error, never a silent default.
+//! lists in [`FUSED_KINDS`], each of the type and within the range
+//! [`FUSED_PARAMS`] gives it; anything else (a misspelt name, a parameter of
+//! another kind, a string outside its values, `threads = 7`) is an error,
+//! never a silent default. What a family's emitter needs beyond the range
+//! (a tile its threads divide) it checks, and refuses with the reason.
 
 use crate::attr::{Attr, Attrs};
 use crate::op::AttrError;
@@ -14,13 +16,79 @@ use crate::op::AttrError;
 /// The type of a kernel parameter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ParamType {
-    /// An integer.
-    Int,
-    /// A list of integers.
-    Ints,
+    /// An integer in the range.
+    Int(IntRange),
+    /// A list of integers, each in the range.
+    Ints(IntRange),
     /// One of these strings.
     Str(&'static [&'static str]),
 }
+
+/// The integers a parameter may take: `min..=max`, multiples of `step`, and
+/// powers of two when `power_of_two`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IntRange {
+    /// The least value.
+    pub min: i64,
+    /// The greatest value.
+    pub max: i64,
+    /// Every value is a multiple of it.
+    pub step: i64,
+    /// Every value is a power of two.
+    pub power_of_two: bool,
+}
+
+impl IntRange {
+    /// Whether `v` is in the range.
+    pub fn contains(&self, v: i64) -> bool {
+        (self.min..=self.max).contains(&v)
+            && v % self.step == 0
+            && (!self.power_of_two || (v > 0 && (v as u64).is_power_of_two()))
+    }
+}
+
+impl std::fmt::Display for IntRange {
+    /// `a multiple of 32 in [32, 1024]`, `a power of two in [1, 8]`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.power_of_two {
+            write!(f, "a power of two in [{}, {}]", self.min, self.max)
+        } else if self.step > 1 {
+            write!(
+                f,
+                "a multiple of {} in [{}, {}]",
+                self.step, self.min, self.max
+            )
+        } else {
+            write!(f, "in [{}, {}]", self.min, self.max)
+        }
+    }
+}
+
+const fn range(min: i64, max: i64) -> IntRange {
+    IntRange {
+        min,
+        max,
+        step: 1,
+        power_of_two: false,
+    }
+}
+
+const fn pow2(max: i64) -> IntRange {
+    IntRange {
+        min: 1,
+        max,
+        step: 1,
+        power_of_two: true,
+    }
+}
+
+/// Threads per block: whole warps, at most the 1,024 CUDA allows.
+const THREADS: IntRange = IntRange {
+    min: 32,
+    max: 1024,
+    step: 32,
+    power_of_two: false,
+};
 
 /// One kernel parameter.
 #[derive(Clone, Copy, Debug)]
@@ -67,15 +135,27 @@ pub const FUSED_PARAMS: &[ParamSpec] = &[
         ParamType::Str(&["register", "shared"]),
         "where intermediate values live",
     ),
-    p("threads", ParamType::Int, "threads per block"),
-    p("vector", ParamType::Int, "elements per vector access"),
-    p("items", ParamType::Int, "elements per thread per step"),
+    p("threads", ParamType::Int(THREADS), "threads per block"),
+    p(
+        "vector",
+        ParamType::Int(pow2(8)),
+        "elements per vector access",
+    ),
+    p(
+        "items",
+        ParamType::Int(range(1, 64)),
+        "elements per thread per step",
+    ),
     p(
         "threads_per_row",
-        ParamType::Int,
+        ParamType::Int(pow2(1024)),
         "threads reducing one row",
     ),
-    p("rows_per_block", ParamType::Int, "rows a block reduces"),
+    p(
+        "rows_per_block",
+        ParamType::Int(range(1, 1024)),
+        "rows a block reduces",
+    ),
     p(
         "row_cache",
         ParamType::Str(&["registers", "shared", "none"]),
@@ -86,16 +166,24 @@ pub const FUSED_PARAMS: &[ParamSpec] = &[
         ParamType::Str(&["implicit_gemm", "direct"]),
         "how a convolution is computed",
     ),
-    p("tile", ParamType::Ints, "block tile extents"),
+    p(
+        "tile",
+        ParamType::Ints(range(1, 4096)),
+        "block tile extents",
+    ),
     p(
         "tile_n",
-        ParamType::Int,
+        ParamType::Int(range(1, 4096)),
         "the pointwise stage's output columns per block",
     ),
-    p("block", ParamType::Ints, "query and key rows per block"),
+    p(
+        "block",
+        ParamType::Ints(range(1, 4096)),
+        "query and key rows per block",
+    ),
     p(
         "stages",
-        ParamType::Int,
+        ParamType::Int(range(1, 8)),
         "shared-memory buffers of the k loop",
     ),
     p(
@@ -105,12 +193,12 @@ pub const FUSED_PARAMS: &[ParamSpec] = &[
     ),
     p(
         "split_k",
-        ParamType::Int,
+        ParamType::Int(range(1, 256)),
         "blocks sharing one tile's k loop",
     ),
     p(
         "split_n",
-        ParamType::Int,
+        ParamType::Int(range(1, 256)),
         "blocks sharing one row tile's output columns",
     ),
 ];
@@ -215,14 +303,15 @@ pub fn check_fused_attrs(attrs: &Attrs) -> Result<(), AttrError> {
         }
         let spec = fused_param(name).expect("every listed parameter is in FUSED_PARAMS");
         let fits = match (spec.ty, value) {
-            (ParamType::Int, Attr::Int(_)) | (ParamType::Ints, Attr::Ints(_)) => true,
+            (ParamType::Int(r), Attr::Int(v)) => r.contains(*v),
+            (ParamType::Ints(r), Attr::Ints(vs)) => vs.iter().all(|&v| r.contains(v)),
             (ParamType::Str(values), Attr::Str(s)) => values.contains(&s.as_str()),
             _ => false,
         };
         if !fits {
             let wanted = match spec.ty {
-                ParamType::Int => "an integer".to_string(),
-                ParamType::Ints => "a list of integers".to_string(),
+                ParamType::Int(r) => format!("an integer, {r}"),
+                ParamType::Ints(r) => format!("a list of integers, each {r}"),
                 ParamType::Str(values) => format!("one of \"{}\"", values.join("\", \"")),
             };
             return Err(error(

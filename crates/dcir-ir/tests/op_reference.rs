@@ -58,7 +58,7 @@ fn reference() -> String {
     }
     out.push_str(
         "\n`fused` kernel parameters (`dcir_ir::fused`): without `kind` none; with it \
-         `level` and its kind's, typed; anything else is an error.\n\n\
+         `level` and its kind's, typed and in range; anything else is an error.\n\n\
          | kind | parameters |\n|---|---|\n",
     );
     for k in FUSED_KINDS {
@@ -67,8 +67,8 @@ fn reference() -> String {
     out.push_str("\n| parameter | type | sets |\n|---|---|---|\n");
     for spec in FUSED_PARAMS {
         let ty = match spec.ty {
-            ParamType::Int => "int".to_string(),
-            ParamType::Ints => "[int]".to_string(),
+            ParamType::Int(r) => format!("int, {r}"),
+            ParamType::Ints(r) => format!("[int], each {r}"),
             ParamType::Str(values) => values
                 .iter()
                 .map(|v| format!("`\"{v}\"`"))

@@ -1533,6 +1533,24 @@ fn fused() {
     assert_invalid(&g, "`fused` parameter `tile` must be a list of integers");
     g.op_mut(fused).attrs = attrs([kind("gemm"), ("math", Attr::Str("wmma".into()))]);
     assert_invalid(&g, "`math` must be one of \"fma\", \"tensor_core\"");
+    // Values outside a parameter's range are errors, not clamped.
+    for (name, value, wanted) in [
+        ("threads", 7, "an integer, a multiple of 32 in [32, 1024]"),
+        (
+            "threads",
+            2048,
+            "an integer, a multiple of 32 in [32, 1024]",
+        ),
+        ("vector", 3, "an integer, a power of two in [1, 8]"),
+        ("items", 0, "an integer, in [1, 64]"),
+    ] {
+        g.op_mut(fused).attrs = attrs([kind("elementwise"), (name, Attr::Int(value))]);
+        assert_invalid(&g, &format!("`fused` parameter `{name}` must be {wanted}"));
+    }
+    g.op_mut(fused).attrs = attrs([kind("gemm"), ("tile", ints([64, 0, 8]))]);
+    assert_invalid(&g, "`tile` must be a list of integers, each in [1, 4096]");
+    g.op_mut(fused).attrs = attrs([kind("gemm"), ("stages", Attr::Int(9))]);
+    assert_invalid(&g, "`stages` must be an integer, in [1, 8]");
     g.op_mut(fused).attrs = attrs([kind("gem")]);
     assert_invalid(&g, "`fused` has no kind `gem`");
     g.op_mut(fused).attrs = attrs([("threads", Attr::Int(1))]);
