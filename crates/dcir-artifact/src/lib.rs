@@ -272,6 +272,7 @@ impl Artifact {
             move |e| ArtifactError::Io(path, e)
         };
         std::fs::create_dir_all(dir).map_err(io(dir))?;
+        self.remove_stale_kernels(dir)?;
         for kernel in &self.kernels {
             let cu = dir.join(format!("{}.cu", kernel.name));
             std::fs::write(&cu, &kernel.source).map_err(io(&cu))?;
@@ -282,6 +283,51 @@ impl Artifact {
         }
         let json = dir.join(ARTIFACT_JSON);
         std::fs::write(&json, self.to_json()).map_err(io(&json))
+    }
+
+    /// Removes the kernel files an artifact already in `dir` wrote that this
+    /// one does not (an artifact owns `artifact.json` and the `.cu`/`.ptx`
+    /// files its kernels name; nothing else in `dir` is touched). A
+    /// `artifact.json` that cannot be read as an artifact is an error: what
+    /// it owns is unknown.
+    fn remove_stale_kernels(&self, dir: &Path) -> Result<(), ArtifactError> {
+        let json = dir.join(ARTIFACT_JSON);
+        let text = match std::fs::read_to_string(&json) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(ArtifactError::Io(json.display().to_string(), e)),
+        };
+        // Only the kernel names are read, so an artifact of another version
+        // is cleaned too.
+        #[derive(Deserialize)]
+        struct Named {
+            name: String,
+        }
+        #[derive(Deserialize)]
+        struct Kernels {
+            kernels: Vec<Named>,
+        }
+        let old: Kernels = serde_json::from_str(&text).map_err(|e| {
+            ArtifactError::Invalid(format!(
+                "{} cannot be read as an artifact ({e}), so what it owns is unknown; remove it or write to another directory",
+                json.display()
+            ))
+        })?;
+        for name in old.kernels.iter().map(|k| &k.name) {
+            if self.kernels.iter().any(|k| &k.name == name) || name.contains(['/', '\\']) {
+                continue;
+            }
+            for ext in ["cu", "ptx"] {
+                let file = dir.join(format!("{name}.{ext}"));
+                match std::fs::remove_file(&file) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(ArtifactError::Io(file.display().to_string(), e));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Reads an artifact written by [`Artifact::write_dir`].
@@ -351,6 +397,29 @@ mod tests {
         a.write_dir(&dir).unwrap();
         assert!(dir.join("g0.cu").exists() && dir.join("g0.ptx").exists());
         assert_eq!(Artifact::read_dir(&dir).unwrap(), a);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Writing into a directory that holds an older artifact removes the
+    /// kernel files only the older one had, and nothing else.
+    #[test]
+    fn rewriting_a_directory_removes_stale_kernels() {
+        let dir = std::env::temp_dir().join(format!("dcir-artifact-stale-{}", std::process::id()));
+        let mut two = sample();
+        let mut other = two.kernels[0].clone();
+        other.name = "g1".into();
+        two.kernels.push(other);
+        two.write_dir(&dir).unwrap();
+        std::fs::write(dir.join("notes.txt"), "mine").unwrap();
+        assert!(dir.join("g1.cu").exists() && dir.join("g1.ptx").exists());
+        sample().write_dir(&dir).unwrap();
+        assert!(!dir.join("g1.cu").exists() && !dir.join("g1.ptx").exists());
+        assert!(dir.join("g0.cu").exists() && dir.join("notes.txt").exists());
+        assert_eq!(Artifact::read_dir(&dir).unwrap(), sample());
+        // A directory whose artifact.json is something else is refused.
+        std::fs::write(dir.join(ARTIFACT_JSON), "{\"model\": 1}").unwrap();
+        let e = sample().write_dir(&dir).unwrap_err().to_string();
+        assert!(e.contains("cannot be read as an artifact"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

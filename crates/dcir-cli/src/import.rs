@@ -38,7 +38,7 @@ pub struct ImportArgs {
     /// it carries axes, sizes or repeats); repeatable.
     #[arg(long = "input-value", value_name = "NAME=FILE", value_parser = parse_input_value)]
     pub input_values: Vec<(String, PathBuf)>,
-    /// The dcir graph's name; default: the ONNX graph's name, or `main`.
+    /// The dcir graph's name (`main` or `@main`); default: the ONNX graph's name, or `main`.
     #[arg(long, value_name = "NAME")]
     pub graph_name: Option<String>,
     /// Seed of the random values given to initializers without data.
@@ -84,7 +84,7 @@ pub fn main_with(name: &str, args: impl IntoIterator<Item = OsString>) -> ExitCo
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
-            eprintln!("{name}: error: {message}");
+            crate::print_error(name, message);
             ExitCode::FAILURE
         }
     }
@@ -106,7 +106,10 @@ fn run(args: &ImportArgs) -> Result<(), String> {
     }
     let opts = ImportOptions {
         dims: args.dims.clone(),
-        graph_name: args.graph_name.clone(),
+        graph_name: args
+            .graph_name
+            .as_deref()
+            .map(|n| n.strip_prefix('@').unwrap_or(n).to_string()),
         seed: args.seed,
         known_inputs,
     };

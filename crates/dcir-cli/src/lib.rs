@@ -74,6 +74,33 @@ pub fn parse_args<T: clap::Parser>(
         })
 }
 
+/// Prints `diags` against `source` to standard error: coloured when standard
+/// error is a terminal, unless `NO_COLOR` is set; `CLICOLOR_FORCE=1` colours
+/// a pipe too (no-color.org, bixense.com/clicolors).
+pub fn print_diagnostics(file_name: &str, source: &str, diags: &[dcir_reader::Diagnostic]) {
+    use std::io::IsTerminal;
+    let set = |var: &str| std::env::var_os(var).is_some_and(|v| !v.is_empty() && v != "0");
+    let color = !set("NO_COLOR") && (set("CLICOLOR_FORCE") || std::io::stderr().is_terminal());
+    let style = if color {
+        dcir_reader::Style::Ansi
+    } else {
+        dcir_reader::Style::Plain
+    };
+    eprint!(
+        "{}",
+        dcir_reader::render_styled(file_name, source, diags, style)
+    );
+}
+
+/// Prints `{name}: error: {message}` to standard error, the message's
+/// control characters shown as `?` (it may quote the input).
+pub(crate) fn print_error(name: &str, message: impl std::fmt::Display) {
+    eprintln!(
+        "{name}: error: {}",
+        dcir_reader::printable(&message.to_string())
+    );
+}
+
 mod gpu;
 pub mod import;
 pub mod opt;

@@ -12,7 +12,7 @@ use dcir_fusion::{
 };
 use dcir_ir::{Module, OpKind, print_module, verify_module};
 use dcir_passes::{Instrumentation, PassManager, PassRegistry, PipelineFailure, build_pipeline};
-use dcir_reader::{Diagnostic, read_bytes, render};
+use dcir_reader::{Diagnostic, read_bytes};
 
 /// The command line of `dcir-opt` and of every tool built on [`main_with`].
 #[derive(Debug, Parser)]
@@ -20,7 +20,8 @@ use dcir_reader::{Diagnostic, read_bytes, render};
     about = "Read dcir IR, run a pass pipeline on it, and print the result.",
     long_about = "Read dcir IR (a .dcir file, or standard input), verify it, run the passes \
                   of --pipeline, and print the canonical text. Diagnostics name \
-                  file:line:col; the exit code is 0 on success and 1 on any error.\n\n\
+                  file:line:col, coloured on a terminal (NO_COLOR=1 turns colour off, \
+                  CLICOLOR_FORCE=1 on); the exit code is 0 on success and 1 on any error.\n\n\
                   Examples:\n  \
                   dcir-opt ir-examples/conv_bias_relu.dcir\n  \
                   dcir-opt --pipeline 'canonicalize,cse,dce' model.dcir -o out.dcir\n  \
@@ -200,9 +201,26 @@ fn run(name: &str, registry: &PassRegistry, args: &OptArgs) -> Result<(), Report
         eprintln!("{name}: error: --format json is a form of --emit plan");
         return Err(Reported);
     }
+    let printed = (args
+        .print_ir_before
+        .iter()
+        .map(|p| ("--print-ir-before", p)))
+    .chain(args.print_ir_after.iter().map(|p| ("--print-ir-after", p)));
+    for (flag, pass) in printed {
+        if registry.get(pass).is_none() {
+            crate::print_error(
+                name,
+                format!(
+                    "{flag} {pass}: no pass is named `{pass}`; {}",
+                    registry.unknown_name_help(pass)
+                ),
+            );
+            return Err(Reported);
+        }
+    }
     if args.emit == Emit::Artifact {
         dcir_cuda::nvrtc::check_arch(&artifact_arch(args)).map_err(|e| {
-            eprintln!("{name}: error: {e}");
+            crate::print_error(name, e);
             Reported
         })?;
     }
@@ -259,7 +277,7 @@ fn run(name: &str, registry: &PassRegistry, args: &OptArgs) -> Result<(), Report
             None => step(&mut module).map(|_| ()),
         };
         fused.map_err(|e| {
-            eprintln!("{name}: error: {e}");
+            crate::print_error(name, e);
             Reported
         })?;
         timings.push(("fuse", t.elapsed()));
@@ -498,7 +516,7 @@ fn write_artifacts(name: &str, args: &OptArgs, module: &Module) -> Result<(), Re
     };
     for graph in &module.graphs {
         let artifact = dcir_cuda::build_artifact(graph, &options).map_err(|e| {
-            eprintln!("{name}: error: {e}");
+            crate::print_error(name, e);
             Reported
         })?;
         let target = if module.graphs.len() == 1 {
@@ -507,7 +525,7 @@ fn write_artifacts(name: &str, args: &OptArgs, module: &Module) -> Result<(), Re
             dir.join(graph.name())
         };
         artifact.write_dir(&target).map_err(|e| {
-            eprintln!("{name}: error: {e}");
+            crate::print_error(name, e);
             Reported
         })?;
         eprintln!(
@@ -560,12 +578,12 @@ fn report_failure(name: &str, file_name: &str, source: &str, failure: PipelineFa
         PipelineFailure::Verify { pass, errors, ir } => {
             eprintln!("{name}: error: the IR does not verify after pass `{pass}`");
             let diags: Vec<Diagnostic> = errors.iter().map(Diagnostic::from).collect();
-            eprint!("{}", render(file_name, source, &diags));
+            crate::print_diagnostics(file_name, source, &diags);
             eprintln!("// -----// IR after `{pass}` (does not verify) //----- //\n{ir}");
             Reported
         }
         other @ PipelineFailure::Io { .. } => {
-            eprintln!("{name}: error: {other}");
+            crate::print_error(name, other);
             Reported
         }
     }
@@ -589,7 +607,7 @@ fn read_input(name: &str, input: &PathBuf) -> Result<(String, Vec<u8>), Reported
 }
 
 fn report(file_name: &str, source: &str, diags: &[Diagnostic]) -> Reported {
-    eprint!("{}", render(file_name, source, diags));
+    crate::print_diagnostics(file_name, source, diags);
     Reported
 }
 

@@ -621,3 +621,103 @@ fn without_nvrtc_an_artifact_is_a_clear_error_and_nothing_is_written() {
     assert!(stderr.contains("error: libnvrtc not found"), "{stderr}");
     assert!(!out_dir.exists(), "a half-written artifact");
 }
+
+/// The smaller items a new user met (issue 20, item 13): unknown pass names
+/// in `--print-ir-*`, a UTF-8 byte order mark, control characters in a
+/// diagnostic, colour, hand-edited kernel parameters out of range.
+#[test]
+fn small_things_a_user_meets() {
+    // An unknown pass name is an error with the nearest name.
+    let out = dcir_opt(
+        &[
+            "--print-ir-after",
+            "fsue",
+            "--fuse",
+            "ir-examples/ln_gelu.dcir",
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr)
+            .contains("--print-ir-after fsue: no pass is named `fsue`; did you mean `fuse`?"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = dcir_opt(
+        &["--print-ir-before", "bogus", "ir-examples/ln_gelu.dcir"],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("no pass is named `bogus`"));
+
+    // A byte order mark is not text; the rest reads as usual.
+    let plain = b"graph @g(%x: f32[2]) -> (f32[2]) {\n  %y = relu %x : f32[2]\n  return %y\n}\n";
+    let bom = [b"\xef\xbb\xbf".as_slice(), plain].concat();
+    let out = dcir_opt(&["-"], Some(&bom));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(out.stdout, plain);
+    // ... and positions still count from the file's first character.
+    let bad = [
+        b"\xef\xbb\xbf".as_slice(),
+        b"graph @g(%x: f32[2]) -> (f32[2]) {\n  %y = relux %x : f32[2]\n  return %y\n}\n",
+    ]
+    .concat();
+    let out = dcir_opt(&["-"], Some(&bad));
+    assert!(
+        text(&out.stderr).contains("<stdin>:2:8"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // Control characters of the input never reach the terminal.
+    let junk = b"graph @g(%x: f32[2]) -> (f32[2]) {\n  %y = re\x01\x1b[31mlu %x : f32[2]\n  return %y\n}\n";
+    let out = dcir_opt(&["-"], Some(junk));
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(
+        !stderr.contains('\x1b') && !stderr.contains('\x01'),
+        "{stderr:?}"
+    );
+    assert!(stderr.contains("re??[31mlu"), "{stderr}");
+
+    // Colour: on a terminal, or forced; NO_COLOR wins.
+    let colour = |vars: &[(&str, &str)]| {
+        use std::io::Write;
+        use std::process::{Command, Stdio};
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_dcir-opt"));
+        cmd.arg("-")
+            .env_remove("NO_COLOR")
+            .env_remove("CLICOLOR_FORCE");
+        cmd.envs(vars.iter().copied());
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("dcir-opt starts");
+        child
+            .stdin
+            .take()
+            .expect("piped")
+            .write_all(&bad)
+            .expect("writes");
+        text(&child.wait_with_output().expect("finishes").stderr)
+    };
+    assert!(!colour(&[]).contains('\x1b'), "a pipe gets no colour");
+    assert!(colour(&[("CLICOLOR_FORCE", "1")]).contains("\x1b["));
+    assert!(!colour(&[("CLICOLOR_FORCE", "1"), ("NO_COLOR", "1")]).contains('\x1b'));
+
+    // A hand-edited kernel parameter out of its range is an error at its
+    // place, not a silent default.
+    let fused = b"graph @g(%x: f32[64]) -> (f32[64]) {\n  %y = fused @g0(%x.in = %x) {kind = \"elementwise\", threads = 7} : f32[64] {\n    %r = relu %x.in : f32[64]\n    yield %r\n  }\n  return %y\n}\n";
+    let out = dcir_opt(&["-", "--emit", "cuda"], Some(fused));
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(
+            "`fused` parameter `threads` must be an integer, a multiple of 32 in [32, 1024]"
+        ) && stderr.contains("<stdin>:2:"),
+        "{stderr}"
+    );
+}

@@ -97,3 +97,46 @@ fn writing_a_pass_shows_the_example_crate_verbatim() {
     }
     assert_eq!(named, 3, "{}", toml[0]);
 }
+
+/// The README's quick start runs as written, on a small ONNX model, as far
+/// as this machine allows: import, plan, and the GPU run (which, without a
+/// driver, must fail only for want of one).
+#[test]
+fn the_readme_quick_start_runs() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let start = readme
+        .find("## Quick start")
+        .expect("a quick start section");
+    let block = &blocks_of(&readme[start..], "sh")[0];
+    let dir = std::env::temp_dir().join(format!("dcir-quick-start-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let model = root.join("crates/dcir-onnx/tests/fixtures/conv_bias_relu.onnx");
+    let mut ran = 0;
+    for line in block.lines().filter(|l| l.starts_with("target/release/")) {
+        let mut words = line.split_whitespace();
+        let exe = match words.next().expect("a command") {
+            "target/release/dcir-import" => env!("CARGO_BIN_EXE_dcir-import"),
+            "target/release/dcir-opt" => env!("CARGO_BIN_EXE_dcir-opt"),
+            "target/release/dcir-run" => env!("CARGO_BIN_EXE_dcir-run"),
+            other => panic!("the quick start names an unknown tool {other}"),
+        };
+        let args: Vec<String> = words
+            .map(|w| match w {
+                "model.onnx" => model.display().to_string(),
+                "model.dcir" | "model.safetensors" => dir.join(w).display().to_string(),
+                _ => w.to_string(),
+            })
+            .collect();
+        let out = std::process::Command::new(exe)
+            .args(&args)
+            .output()
+            .expect("the tool starts");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let no_gpu = stderr.contains("no CUDA driver");
+        assert!(out.status.success() || no_gpu, "`{line}` failed:\n{stderr}");
+        ran += 1;
+    }
+    assert_eq!(ran, 3, "import, plan, run");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -34,9 +34,17 @@ fn writes_ir_and_weights_that_dcir_opt_accepts() {
         "-o",
         out.to_str().unwrap(),
         "--graph-name",
-        "net",
+        "@net",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
+    // The weights get the mode the IR file gets (0666 less the umask), not
+    // the temporary file's 0600.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir.join("model.safetensors")), mode(&out));
+    }
     let text = std::fs::read_to_string(&out).unwrap();
     assert!(
         text.starts_with("graph @net(%x: f32[1,3,9,8], %w: f32[4,3,3,3], %b: f32[4])"),

@@ -120,6 +120,10 @@ fn picks_a_graph_by_name() {
         stdout.starts_with("%y f32[4] ") && stdout.contains("\n%x f32[4] "),
         "{stdout}"
     );
+    // `@h`, as the IR writes it, names the same graph.
+    let at = dcir_run(&["-", "--graph", "@h"], Some(ADD));
+    assert!(at.status.success(), "{}", text(&at.stderr));
+    assert_eq!(at.stdout, out.stdout);
     let out = dcir_run(&["-", "--graph", "nope"], Some(ADD));
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(
@@ -484,6 +488,8 @@ fn a_corrupt_artifact_is_a_clear_error() {
         ),
     ];
     for (text_of_json, says) in cases {
+        // A fresh directory: writing over an unreadable artifact is refused.
+        let _ = std::fs::remove_dir_all(&art);
         artifact.write_dir(&art).expect("writes");
         std::fs::write(art.join(dcir_artifact::ARTIFACT_JSON), &text_of_json).expect("edits");
         let out = dcir_run(
@@ -502,6 +508,90 @@ fn a_corrupt_artifact_is_a_clear_error() {
             stderr.contains(says) && !stderr.contains("panicked"),
             "{stderr}"
         );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--seed` checks a pass: `fold-batchnorm` (a weight becomes `w * k`, a
+/// variance `var + eps`) and `canonicalize` (`log(u + 0)` becomes
+/// `log(u)`) leave every parameter's random values as they were, and
+/// `--random-by type` draws them from the name, type and seed alone.
+#[test]
+fn a_seed_draws_the_same_values_before_and_after_a_pass() {
+    let dir = temp_dir("seed-pass");
+    let before = dir.join("before.dcir");
+    let after = dir.join("after.dcir");
+    std::fs::write(
+        &before,
+        "graph @g(%x: f32[1,4,6,6], %w: f32[8,4,3,3], %s: f32[8], %b: f32[8], %m: f32[8], %v: f32[8], %u: f32[8]) -> (f32[1,8,4,4], f32[8]) {
+  %c = conv2d %x, %w : f32[1,8,4,4]
+  %n = batchnorm %c, %s, %b, %m, %v : f32[1,8,4,4]
+  %z = constant {value = 0.0} : f32[8]
+  %a = add %u, %z : f32[8]
+  %l = log %a : f32[8]
+  return %n, %l
+}
+",
+    )
+    .expect("writes");
+    let opt = run_tool(
+        env!("CARGO_BIN_EXE_dcir-opt"),
+        &[
+            before.to_str().unwrap(),
+            "--pipeline",
+            "fold-batchnorm,canonicalize,dce",
+            "-o",
+            after.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(opt.status.success(), "{}", text(&opt.stderr));
+    let rewritten = std::fs::read_to_string(&after).expect("written");
+    assert!(
+        !rewritten.contains("batchnorm") && rewritten.contains("log %u"),
+        "{rewritten}"
+    );
+    for by in ["use", "type"] {
+        let saved = |file: &Path, tag: &str| {
+            let path = dir.join(format!("{tag}-{by}.safetensors"));
+            let out = dcir_run(
+                &[
+                    file.to_str().unwrap(),
+                    "--seed",
+                    "11",
+                    "--random-by",
+                    by,
+                    "--save-inputs",
+                    path.to_str().unwrap(),
+                ],
+                None,
+            );
+            assert!(out.status.success(), "{}", text(&out.stderr));
+            (
+                read_safetensors(&std::fs::read(&path).expect("saved")).expect("reads"),
+                out,
+            )
+        };
+        let (a, run_a) = saved(&before, "before");
+        let (b, run_b) = saved(&after, "after");
+        assert_eq!(a, b, "--random-by {by}: the same values before and after");
+        if by == "use" {
+            // Valid values, so both runs compute the same function.
+            let first = |o: &Output| text(&o.stdout).lines().next().unwrap_or("").to_string();
+            assert!(!first(&run_a).contains("NaN"), "{}", first(&run_a));
+            let mean = |o: &Output| -> f64 {
+                first(o)
+                    .split("mean=")
+                    .nth(1)
+                    .unwrap()
+                    .split(' ')
+                    .next()
+                    .unwrap()
+                    .parse()
+                    .unwrap()
+            };
+            assert!((mean(&run_a) - mean(&run_b)).abs() < 1e-4);
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -10,7 +10,7 @@ use half::{bf16, f16};
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
 use crate::InterpError;
-use crate::random::Sampler;
+use crate::random::{RandomBy, Sampler};
 use crate::tensor::{Tensor, TensorData};
 
 fn data_error(message: String) -> InterpError {
@@ -137,6 +137,16 @@ pub fn bind_inputs(
     given: Vec<(String, Tensor)>,
     seed: u64,
 ) -> Result<Bound, InterpError> {
+    bind_inputs_by(graph, given, seed, RandomBy::Use)
+}
+
+/// [`bind_inputs`], the random values drawn `by` use or by type only.
+pub fn bind_inputs_by(
+    graph: &Graph,
+    given: Vec<(String, Tensor)>,
+    seed: u64,
+    by: RandomBy,
+) -> Result<Bound, InterpError> {
     let params = graph.params();
     let mut slots: Vec<Option<Tensor>> = vec![None; params.len()];
     for (name, tensor) in given {
@@ -163,7 +173,7 @@ pub fn bind_inputs(
             return Err(data_error(format!("tensor `{name}` is given twice")));
         }
     }
-    let sampler = Sampler::new(graph, seed);
+    let sampler = Sampler::new(graph, seed, by);
     let mut random = Vec::new();
     let inputs = slots
         .into_iter()

@@ -49,7 +49,7 @@ use dcir_ir::{Graph, Location, OpData, TensorType};
 
 pub use compare::{Mismatch, Stats, Tolerance, compare, f32_reference, rel_l2};
 pub use eval::{eval_op, run_graph};
-pub use random::random_inputs;
+pub use random::{RandomBy, random_inputs};
 pub use tensor::{Summary, Tensor, TensorData};
 
 /// Why a graph or op cannot be evaluated, or data does not fit.

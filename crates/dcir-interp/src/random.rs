@@ -4,17 +4,22 @@
 //! and the FNV-1a hash of the parameter's name (one stream per block of
 //! 65,536 elements, so blocks fill in parallel), so a parameter's values
 //! depend only on (seed, name, type, role): adding, removing or reordering
-//! other parameters changes nothing. The role is what the values must be,
-//! read from the parameter's uses that reach the graph's outputs (dead uses
-//! count for nothing); through a `fused` op from the uses of the region
-//! argument it binds, through a view (`transpose`, `reshape`, `broadcast`,
-//! `slice`, `cast`) from the uses of the view. So the built-in passes keep
-//! every role, and `--seed` draws the same values before and after them
-//! (`crates/dcir-passes/tests/properties.rs`) — except `canonicalize`, whose
-//! identities can bring a parameter to a use with a role (`log(x + 0)` to
-//! `log(x)`), and `fold-batchnorm`, which turns a variance into `var + eps`
-//! and a weight into `w * k`; there, `dcir-run --save-inputs` and `--inputs`
-//! replay the same values. First match wins:
+//! other parameters changes nothing. The role is the constraint the graph's
+//! meaning puts on the values, read from the parameter's uses that reach the
+//! graph's outputs (dead uses count for nothing): through a `fused` op from
+//! the uses of the region argument it binds; through a view (`transpose`,
+//! `reshape`, `slice`, `cast`, and a `broadcast`, which passes a weight role
+//! only when it adds leading axes) from the uses of the view; through
+//! arithmetic that keeps the constraint (`add`, `mul`, `max`, `min` of
+//! same-typed operands, the first operand of `sub` and `div`) and through
+//! `gelu` and `layernorm` (what `decompose-*` expand them into) from the uses
+//! of the result. So no rewrite that keeps the graph's meaning moves a
+//! parameter to another role — `log(x + 0)` and `log(x)`, a variance and
+//! `var + eps`, a weight and `w * k` read the same — and `--seed` draws the
+//! same values before and after every built-in pass
+//! (`crates/dcir-passes/tests/properties.rs`). [`RandomBy::Type`] drops the
+//! role (floats uniform in `[-1, 1)`, integers in `[0, 8)`); `dcir-run
+//! --save-inputs` and `--inputs` replay exact values. First match wins:
 //!
 //! | role | values |
 //! |---|---|
@@ -126,9 +131,36 @@ fn mark_live(graph: &Graph, block: BlockId, live: &mut [bool]) {
     }
 }
 
+/// What one use asks of the value it reads.
+enum UseRole {
+    /// A role of its own.
+    Fixed(Role),
+    /// The role of another value: the op's result (views, arithmetic that
+    /// keeps the constraint, ops the decompose passes expand into such
+    /// arithmetic) or a region argument (through a `fused` op). With
+    /// `weight: false` a weight role stops there (a broadcast that does more
+    /// than add leading axes makes no weight of its operand).
+    Follows { value: ValueId, weight: bool },
+}
+
+/// What a parameter's random values depend on, besides the seed and the
+/// parameter's name and type.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RandomBy {
+    /// Also its role in the graph (the module doc's table): valid values for
+    /// every use, the same before and after every built-in pass.
+    #[default]
+    Use,
+    /// Nothing else: floats uniform in `[-1, 1)`, integers in `[0, 8)`, bools
+    /// 1/2 — the same across any rewrite, but a `sqrt`, `log`, divisor or
+    /// `gather` may get values outside its domain.
+    Type,
+}
+
 /// Draws parameters of one graph for one seed.
 pub(crate) struct Sampler<'g> {
     graph: &'g Graph,
+    by: RandomBy,
     uses: Vec<Vec<(OpId, usize)>>,
     /// Roles found so far, per value index (a value's role is read once,
     /// however many paths lead to it).
@@ -137,67 +169,122 @@ pub(crate) struct Sampler<'g> {
 }
 
 impl<'g> Sampler<'g> {
-    pub(crate) fn new(graph: &'g Graph, seed: u64) -> Sampler<'g> {
+    pub(crate) fn new(graph: &'g Graph, seed: u64, by: RandomBy) -> Sampler<'g> {
         Sampler {
             graph,
+            by,
             uses: uses(graph),
             roles: std::cell::RefCell::new(vec![None; graph.value_count()]),
             seed,
         }
     }
 
-    /// The role of value `v` from its uses (memoized).
+    /// The role of value `v` from its uses (memoized). Iterative, with an
+    /// explicit stack: a role can follow a chain of uses as long as the
+    /// graph is deep.
     fn role(&self, v: ValueId) -> Role {
-        if let Some(role) = self.roles.borrow()[v.index()] {
-            return role;
+        if self.by == RandomBy::Type {
+            return Role::Plain;
         }
-        let role = self.role_of_uses(v);
-        self.roles.borrow_mut()[v.index()] = Some(role);
-        role
+        let mut stack = vec![v];
+        while let Some(&top) = stack.last() {
+            if self.roles.borrow()[top.index()].is_some() {
+                stack.pop();
+                continue;
+            }
+            let pending: Vec<ValueId> = self.uses[top.index()]
+                .iter()
+                .filter_map(|&(op, i)| match self.use_role(op, i, top) {
+                    UseRole::Follows { value, .. } => Some(value),
+                    UseRole::Fixed(_) => None,
+                })
+                .filter(|d| self.roles.borrow()[d.index()].is_none())
+                .collect();
+            if pending.is_empty() {
+                let role = self.role_of_uses(top);
+                self.roles.borrow_mut()[top.index()] = Some(role);
+                stack.pop();
+            } else {
+                stack.extend(pending);
+            }
+        }
+        self.roles.borrow()[v.index()].unwrap_or(Role::Plain)
     }
 
-    fn role_of_uses(&self, v: ValueId) -> Role {
+    /// What operand `i` of `op_id`, which is `v`, asks of `v`.
+    fn use_role(&self, op_id: OpId, i: usize, v: ValueId) -> UseRole {
         let graph = self.graph;
+        let op = graph.op(op_id);
+        let ty = |k: usize| graph.ty(op.operands[k]);
+        let result = || UseRole::Follows {
+            value: op.results[0],
+            weight: true,
+        };
+        let same_type = || op.results.len() == 1 && graph.ty(op.results[0]) == graph.ty(v);
+        match (op.kind, i) {
+            (OpKind::Gather, 1) => {
+                let axis = op.attrs.int("axis").unwrap_or(0) as usize;
+                let extent = ty(0).dims().get(axis).copied().unwrap_or(0);
+                UseRole::Fixed(Role::Indices { extent })
+            }
+            (OpKind::Batchnorm, 4)
+            | (OpKind::Sqrt | OpKind::Rsqrt | OpKind::Log, 0)
+            | (OpKind::Div | OpKind::Mod, 1)
+            | (OpKind::Pow, 0) => UseRole::Fixed(Role::Positive),
+            (OpKind::Conv2d, 1) => UseRole::Fixed(Role::Weight {
+                fan_in: ty(1).dims()[1..].iter().product(),
+            }),
+            (OpKind::Matmul, 1) => {
+                let d = ty(1).dims();
+                let transposed = op.attrs.bool("transpose_b").unwrap_or(false);
+                UseRole::Fixed(Role::Weight {
+                    fan_in: d[d.len() - if transposed { 1 } else { 2 }],
+                })
+            }
+            // Views: the role of what they view.
+            (OpKind::Transpose | OpKind::Reshape | OpKind::Slice | OpKind::Cast, 0) => result(),
+            (OpKind::Broadcast, 0) => UseRole::Follows {
+                value: op.results[0],
+                weight: adds_leading_axes(graph, op_id),
+            },
+            // Arithmetic that keeps a positive, weight or index value one
+            // (`x + c`, `x * k`, `x - 0`, `x / 1`, max, min) and the ops the
+            // decompose passes expand into it (gelu is `x * Phi(x)`,
+            // layernorm `(x - mean) * rstd * scale + bias`): the result's
+            // role, so that `canonicalize`, `fold-batchnorm` and the
+            // decompositions keep every parameter's values.
+            (OpKind::Add | OpKind::Mul | OpKind::Max | OpKind::Min, _)
+            | (OpKind::Sub | OpKind::Div, 0)
+            | (OpKind::Gelu | OpKind::Layernorm, _)
+                if same_type() || op.kind == OpKind::Layernorm =>
+            {
+                result()
+            }
+            (OpKind::Fused, _) => match op.region {
+                Some(region) => UseRole::Follows {
+                    value: graph.block(region).args[i],
+                    weight: true,
+                },
+                None => UseRole::Fixed(Role::Plain),
+            },
+            _ => UseRole::Fixed(Role::Plain),
+        }
+    }
+
+    /// `v`'s role from its uses, whose followed values' roles are known.
+    fn role_of_uses(&self, v: ValueId) -> Role {
         let mut indices: Option<usize> = None;
         let mut positive = false;
         let mut weight: Option<usize> = None;
-        for &(op_id, i) in &self.uses[v.index()] {
-            let op = graph.op(op_id);
-            let ty = |k: usize| graph.ty(op.operands[k]);
-            let role = match (op.kind, i) {
-                (OpKind::Gather, 1) => {
-                    let axis = op.attrs.int("axis").unwrap_or(0) as usize;
-                    let extent = ty(0).dims().get(axis).copied().unwrap_or(0);
-                    Role::Indices { extent }
-                }
-                (OpKind::Batchnorm, 4)
-                | (OpKind::Sqrt | OpKind::Rsqrt | OpKind::Log, 0)
-                | (OpKind::Div | OpKind::Mod, 1)
-                | (OpKind::Pow, 0) => Role::Positive,
-                // Through views, to the uses of what they view.
-                (
-                    OpKind::Transpose
-                    | OpKind::Reshape
-                    | OpKind::Broadcast
-                    | OpKind::Slice
-                    | OpKind::Cast,
-                    0,
-                ) => self.role(op.results[0]),
-                (OpKind::Conv2d, 1) => Role::Weight {
-                    fan_in: ty(1).dims()[1..].iter().product(),
-                },
-                (OpKind::Matmul, 1) => {
-                    let d = ty(1).dims();
-                    let transposed = op.attrs.bool("transpose_b").unwrap_or(false);
-                    Role::Weight {
-                        fan_in: d[d.len() - if transposed { 1 } else { 2 }],
+        for &(op, i) in &self.uses[v.index()] {
+            let role = match self.use_role(op, i, v) {
+                UseRole::Fixed(role) => role,
+                UseRole::Follows { value, weight } => {
+                    match self.roles.borrow()[value.index()].unwrap_or(Role::Plain) {
+                        Role::Weight { .. } if !weight => Role::Plain,
+                        role => role,
                     }
                 }
-                (OpKind::Fused, _) => match op.region {
-                    Some(region) => self.role(graph.block(region).args[i]),
-                    None => Role::Plain,
-                },
-                _ => Role::Plain,
             };
             match role {
                 Role::Indices { extent } => {
@@ -252,6 +339,22 @@ fn uniform_for(role: Role, uniform: impl Fn(f64, f64) -> Vec<f32>) -> Vec<f32> {
     }
 }
 
+/// Whether broadcast `op` only adds leading axes (a batch of copies of its
+/// operand, as a batched matmul's weight), keeping every operand axis whole.
+fn adds_leading_axes(graph: &Graph, op: OpId) -> bool {
+    let d = graph.op(op);
+    let (from, to) = (
+        graph.ty(d.operands[0]).dims(),
+        graph.ty(d.results[0]).dims(),
+    );
+    let lead = to.len().saturating_sub(from.len());
+    d.attrs.ints("dims").is_some_and(|dims| {
+        dims.iter()
+            .enumerate()
+            .all(|(k, &axis)| axis == (lead + k) as i64)
+    }) && to[lead..] == *from
+}
+
 /// `n` values from `f`; block `b` of [`BLOCK`] values draws from its own
 /// stream, seeded `mix(seed ^ mix(b))`, so blocks are filled in parallel.
 fn draw<T: Send>(seed: u64, n: usize, f: impl Fn(&mut SplitMix64) -> T + Sync) -> Vec<T> {
@@ -268,7 +371,7 @@ fn draw<T: Send>(seed: u64, n: usize, f: impl Fn(&mut SplitMix64) -> T + Sync) -
 /// Random values for every parameter of `graph`, in parameter order (see the
 /// module doc for the distributions).
 pub fn random_inputs(graph: &Graph, seed: u64) -> Vec<Tensor> {
-    let sampler = Sampler::new(graph, seed);
+    let sampler = Sampler::new(graph, seed, RandomBy::Use);
     (0..graph.params().len())
         .map(|i| sampler.sample(i))
         .collect()

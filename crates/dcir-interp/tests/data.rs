@@ -309,3 +309,55 @@ fn an_f16_reference_is_measured_against_the_graph_in_f32() {
     assert!((wide.rel_l2 - 5e-3).abs() < 1e-12 && (wide.atol - 2.5e-2).abs() < 1e-12);
     assert_eq!(Tolerance::EXACT.widened(0.5), Tolerance::EXACT);
 }
+
+/// Roles follow arithmetic that keeps them, so a rewrite that keeps a
+/// graph's meaning keeps every parameter's values; `RandomBy::Type` drops
+/// the role.
+#[test]
+fn random_roles_see_through_arithmetic_and_can_be_dropped() {
+    use dcir_interp::RandomBy;
+    use dcir_interp::io::bind_inputs_by;
+    // %v reaches log through `add`, %w a matmul through `mul` by a
+    // same-typed factor, %k through a broadcast that spreads a vector
+    // (no weight), %g through a gelu, %p through a batch broadcast.
+    let g = parse(
+        "graph @g(%x: f32[2,16], %v: f32[16], %w: f32[16,4], %k: f32[16], %g: f32[16], %p: f32[16,4]) -> (f32[16], f32[2,4], f32[16], f32[3,2,4]) {
+  %c = constant {value = 0.25} : f32[16]
+  %s = add %v, %c : f32[16]
+  %l = log %s : f32[16]
+  %kb = broadcast %k {dims = [0]} : f32[16,4]
+  %wk = mul %w, %kb : f32[16,4]
+  %y = matmul %x, %wk : f32[2,4]
+  %e = gelu %g : f32[16]
+  %r = sqrt %e : f32[16]
+  %pb = broadcast %p {dims = [1, 2]} : f32[3,16,4]
+  %x3 = broadcast %x {dims = [1, 2]} : f32[3,2,16]
+  %z = matmul %x3, %pb : f32[3,2,4]
+  return %l, %y, %r, %z
+}",
+    );
+    let inputs = random_inputs(&g, 5);
+    let v = |k: usize| inputs[k].to_f64();
+    let within = |k: usize, lo: f64, hi: f64| v(k).iter().all(|&a| lo <= a && a < hi);
+    let a = (3.0f64 / 16.0).sqrt();
+    assert!(within(1, 0.5, 1.5), "log(v + c): v positive");
+    assert!(within(2, -a, a), "matmul(x, w * k): w a weight");
+    assert!(
+        v(3).iter().any(|&x| x.abs() > a),
+        "a spread vector is no weight"
+    );
+    assert!(within(4, 0.5, 1.5), "sqrt(gelu(g)): g positive");
+    assert!(within(5, -a, a), "a batch broadcast keeps the weight");
+    let by_type = bind_inputs_by(&g, Vec::new(), 5, RandomBy::Type).unwrap();
+    for (k, t) in by_type.inputs.iter().enumerate() {
+        assert!(t.to_f64().iter().all(|&x| (-1.0..1.0).contains(&x)));
+        assert!(t.to_f64().iter().any(|&x| x < 0.0), "input {k} is signed");
+    }
+    // By type, a parameter's values are those of the same name and type in
+    // any other graph.
+    let other =
+        parse("graph @h(%v: f32[16]) -> (f32[16]) {\n  %e = exp %v : f32[16]\n  return %e\n}");
+    let alone = bind_inputs_by(&other, Vec::new(), 5, RandomBy::Type).unwrap();
+    assert_eq!(alone.inputs[0], by_type.inputs[1]);
+    assert_eq!(random_inputs(&other, 5)[0], by_type.inputs[1]);
+}

@@ -346,10 +346,30 @@ pub fn weights_to_safetensors(weights: &[Weight]) -> Result<Vec<u8>, ImportError
 
 /// Writes the weights as a safetensors file at `path`, streaming the data.
 pub fn write_weights(weights: &[Weight], path: &Path) -> Result<(), ImportError> {
-    safetensors::tensor::serialize_to_file(views(weights)?, None, path).map_err(|e| {
-        ImportError::Io {
-            path: path.to_path_buf(),
-            message: e.to_string(),
+    let views = views(weights)?;
+    let io = |message: String| ImportError::Io {
+        path: path.to_path_buf(),
+        message,
+    };
+    // safetensors writes a temporary file (mode 0600) and renames it over
+    // `path`: give the result the permissions of the file it replaces, or
+    // of a file created there (0666 less the umask), as `std::fs::write`.
+    let (permissions, created) = match std::fs::metadata(path) {
+        Ok(m) => (m.permissions(), false),
+        Err(_) => {
+            let file = std::fs::File::create(path).map_err(|e| io(e.to_string()))?;
+            let permissions = file
+                .metadata()
+                .map_err(|e| io(e.to_string()))?
+                .permissions();
+            (permissions, true)
         }
-    })
+    };
+    let written = safetensors::tensor::serialize_to_file(views, None, path)
+        .map_err(|e| io(e.to_string()))
+        .and_then(|()| std::fs::set_permissions(path, permissions).map_err(|e| io(e.to_string())));
+    if written.is_err() && created {
+        let _ = std::fs::remove_file(path);
+    }
+    written
 }

@@ -140,10 +140,7 @@ pub fn build_pipeline(
         let Some(def) = registry.get(&entry.name) else {
             let mut e =
                 PipelineError::new(format!("unknown pass `{}`", entry.name), entry.span.clone());
-            e.help = Some(match closest(&entry.name, registry.names()) {
-                Some(near) => format!("did you mean `{near}`? (`--list-passes` lists them all)"),
-                None => "`--list-passes` lists the passes".to_string(),
-            });
+            e.help = Some(registry.unknown_name_help(&entry.name));
             return Err(e);
         };
         let mut options = def.default_options();
@@ -183,7 +180,10 @@ pub fn build_pipeline(
 }
 
 /// The candidate within edit distance 2 of `name`, if any (closest first).
-fn closest<'a>(name: &str, candidates: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+pub(crate) fn closest<'a>(
+    name: &str,
+    candidates: impl Iterator<Item = &'a str>,
+) -> Option<&'a str> {
     candidates
         .map(|c| (edit_distance(name, c), c))
         .filter(|&(d, _)| d <= 2)
@@ -191,19 +191,30 @@ fn closest<'a>(name: &str, candidates: impl Iterator<Item = &'a str>) -> Option<
         .map(|(_, c)| c)
 }
 
+/// Edits (insertions, deletions, substitutions, swaps of two neighbours)
+/// from `a` to `b`: the optimal string alignment distance.
 fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut prev = row[0];
-        row[0] = i + 1;
-        for (j, &cb) in b.iter().enumerate() {
-            let cur = row[j + 1];
-            row[j + 1] = (prev + usize::from(ca != cb)).min(row[j] + 1).min(cur + 1);
-            prev = cur;
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in d[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut best = (d[i - 1][j - 1] + cost)
+                .min(d[i - 1][j] + 1)
+                .min(d[i][j - 1] + 1);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(d[i - 2][j - 2] + 1);
+            }
+            d[i][j] = best;
         }
     }
-    row[b.len()]
+    d[a.len()][b.len()]
 }
 
 #[cfg(test)]
@@ -238,5 +249,10 @@ mod tests {
         assert_eq!(edit_distance("csee", "cse"), 1);
         assert_eq!(edit_distance("dce", "cse"), 2);
         assert_eq!(edit_distance("abc", "xyz"), 3);
+        assert_eq!(
+            edit_distance("fsue", "fuse"),
+            1,
+            "a swap of neighbours is one edit"
+        );
     }
 }

@@ -204,4 +204,13 @@ impl PassRegistry {
     pub fn names(&self) -> impl Iterator<Item = &'static str> + '_ {
         self.passes.keys().copied()
     }
+
+    /// The help for a `name` no pass has: the nearest name (within two
+    /// edits), and where the list is.
+    pub fn unknown_name_help(&self, name: &str) -> String {
+        match crate::pipeline::closest(name, self.names()) {
+            Some(near) => format!("did you mean `{near}`? (`--list-passes` lists them all)"),
+            None => "`--list-passes` lists the passes".to_string(),
+        }
+    }
 }

@@ -106,29 +106,82 @@ fn fit(span: Span, source: &str) -> std::ops::Range<usize> {
 /// ```
 ///
 /// A source that was not UTF-8 is rendered from its lossy conversion
-/// ([`String::from_utf8_lossy`]); spans are clamped to the text.
+/// ([`String::from_utf8_lossy`]); spans are clamped to the text. Control
+/// characters of the source and the messages are shown as `?` (see
+/// [`printable`]).
 pub fn render(file_name: &str, source: &str, diags: &[Diagnostic]) -> String {
-    let file = SimpleFile::new(file_name, source);
+    render_styled(file_name, source, diags, Style::Plain)
+}
+
+/// How [`render_styled`] marks up its text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Style {
+    /// Plain text (files, pipes).
+    Plain,
+    /// Coloured with ANSI escapes (a terminal).
+    Ansi,
+}
+
+/// [`render`], coloured for a terminal with [`Style::Ansi`].
+pub fn render_styled(file_name: &str, source: &str, diags: &[Diagnostic], style: Style) -> String {
+    let source = printable(source);
+    let file = SimpleFile::new(printable(file_name), source.as_ref());
     let config = Config::default();
     let mut out = String::new();
     for d in diags {
         let mut labels = Vec::new();
         if let Some(span) = d.span {
-            labels.push(Label::primary((), fit(span, source)).with_message(&d.label));
+            labels.push(Label::primary((), fit(span, &source)).with_message(printable(&d.label)));
         }
         for (span, note) in &d.notes {
-            labels.push(Label::secondary((), fit(*span, source)).with_message(note));
+            labels.push(Label::secondary((), fit(*span, &source)).with_message(printable(note)));
         }
         let diagnostic = codespan_reporting::diagnostic::Diagnostic::error()
-            .with_message(&d.message)
+            .with_message(printable(&d.message))
             .with_labels(labels)
-            .with_notes(d.help.iter().map(|h| format!("help: {h}")).collect());
-        match term::emit_into_string(&config, &file, &diagnostic) {
-            Ok(text) => out.push_str(&text),
-            Err(_) => {
-                out.push_str(&format!("error: {}\n", d.message));
+            .with_notes(
+                d.help
+                    .iter()
+                    .map(|h| format!("help: {}", printable(h)))
+                    .collect(),
+            );
+        let rendered = match style {
+            Style::Plain => term::emit_into_string(&config, &file, &diagnostic).ok(),
+            Style::Ansi => {
+                let mut ansi = term::termcolor::Ansi::new(Vec::new());
+                term::emit_to_write_style(&mut ansi, &config, &file, &diagnostic)
+                    .ok()
+                    .and_then(|()| String::from_utf8(ansi.into_inner()).ok())
             }
+        };
+        match rendered {
+            Some(text) => out.push_str(&text),
+            None => out.push_str(&format!("error: {}\n", printable(&d.message))),
         }
     }
     out
+}
+
+/// `text` with every control character but tab, newline and carriage return
+/// (C0, DEL, C1) and every bidirectional override or isolate (which can make
+/// shown text read other than it is) replaced by as many `?` as it has
+/// bytes, so that a diagnostic never sends the input's escapes to a
+/// terminal and every span still points at the same bytes.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    let hidden = |c: char| {
+        (c.is_control() && !matches!(c, '\t' | '\n' | '\r'))
+            || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !text.chars().any(hidden) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if hidden(c) {
+            out.extend(std::iter::repeat_n('?', c.len_utf8()));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }

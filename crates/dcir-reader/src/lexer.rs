@@ -1,6 +1,7 @@
 //! The tokens of `.dcir` text, recognized by a [`logos`] lexer.
 //!
-//! Whitespace and `//` comments are skipped. Every malformed token (an
+//! Whitespace, `//` comments and a leading UTF-8 byte order mark are
+//! skipped. Every malformed token (an
 //! integer out of the `i64` range, a bad string escape, an unterminated
 //! string, a character that starts no token) becomes a spanned
 //! [`Diagnostic`]; the lexer never panics.
@@ -241,12 +242,16 @@ fn escape(s: &str) -> (Option<char>, usize) {
 /// The tokens of `source` with their byte ranges, in the form the parser
 /// takes; a malformed token is an error item.
 pub fn tokens(source: &str) -> impl Iterator<Item = Result<(usize, Token<'_>, usize), Diagnostic>> {
-    Token::lexer(source)
-        .spanned()
-        .map(|(token, span)| match token {
-            Ok(t) => Ok((span.start, t, span.end)),
-            Err(e) => Err(e.into()),
-        })
+    let mut lexer = Token::lexer(source);
+    // A UTF-8 byte order mark at the start (editors on Windows write one) is
+    // not text; spans keep counting from the file's first byte.
+    if source.starts_with('\u{feff}') {
+        lexer.bump('\u{feff}'.len_utf8());
+    }
+    lexer.spanned().map(|(token, span)| match token {
+        Ok(t) => Ok((span.start, t, span.end)),
+        Err(e) => Err(e.into()),
+    })
 }
 
 #[cfg(test)]

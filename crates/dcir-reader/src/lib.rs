@@ -32,7 +32,7 @@ lalrpop_util::lalrpop_mod!(
 use dcir_ir::{Module, Span};
 use lalrpop_util::ParseError;
 
-pub use diagnostic::{Diagnostic, render};
+pub use diagnostic::{Diagnostic, Style, printable, render, render_styled};
 
 use lexer::Token;
 
