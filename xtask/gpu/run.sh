@@ -40,6 +40,12 @@
 #             SANITIZE_TOOLS (memcheck racecheck initcheck synccheck),
 #             SANITIZE_JOBS at once (4); one line per run in sanitize.log
 #   test      the GPU test target (crates/dcir-cli/tests/gpu_check.rs)
+#   ab        two builds of dcir-run on zoo models (batch 1, f32 and f16):
+#             $B/dcir-run (A) against $AB_RUN (B, default $B/ab/dcir-run, the
+#             other build's binary copied there), AB_MODELS (a default list),
+#             AB_ROUNDS (3) alternating rounds of --bench 50 after a parallel
+#             --check of both (which also fills the NVRTC cache); ab.log has
+#             each run's median and the B/A ratio of the medians' medians
 #   random    differential testing: RANDOM_CASES (5000) random graphs of
 #             dcir-testgen from RANDOM_SEED through dcir-run --check, failures
 #             shrunk into $OUT/random/ (crates/dcir-cli/tests/gpu_random.rs);
@@ -253,9 +259,64 @@ random() {
     grep -A3 'FAIL' "$OUT/random.log" | head -30
 }
 
+# Two builds of dcir-run on the same models and card, rounds interleaved.
+ab_check() {
+    local which=$1 m=$2 dt=$3 run=$B/dcir-run src=/tmp/ab/$2.dcir
+    [ "$which" = B ] && run=${AB_RUN:-$B/ab/dcir-run}
+    [ "$dt" = f16 ] && src=/tmp/ab/${m}_f16.dcir
+    if timeout 300 "$run" "$src" --backend cuda --check >"$OUT/ab/${m}_${dt}_$which.check.log" 2>&1; then
+        echo "$m $dt $which check PASS"
+    else
+        echo "$m $dt $which check FAIL"
+    fi
+}
+
+ab() {
+    mkdir -p /tmp/ab "$OUT/ab"
+    local models=${AB_MODELS:-efficientnet_b0 resnet50 mobilenet_v2 densenet121 vit_b_16 regnet_y_400mf convnext_tiny mnasnet1_0 bert_base}
+    for m in $models; do
+        "$B/dcir-import" "crates/dcir-onnx/zoo/$m.onnx" -o "/tmp/ab/$m.dcir" --no-weights >/dev/null 2>&1 &&
+            to_f16 "/tmp/ab/$m.dcir" "/tmp/ab/${m}_f16.dcir"
+    done
+    builtin export -f ab_check
+    builtin export B OUT AB_RUN
+    for m in $models; do for dt in f32 f16; do echo "A $m $dt"; echo "B $m $dt"; done; done |
+        xargs -P "${AB_JOBS:-8}" -L 1 bash -c 'ab_check "$0" "$1" "$2"' | sort >"$OUT/ab.log"
+    grep -q FAIL "$OUT/ab.log" && status=1
+    local r m dt which run src
+    for r in $(seq "${AB_ROUNDS:-3}"); do
+        for m in $models; do for dt in f32 f16; do for which in A B; do
+            run=$B/dcir-run
+            [ $which = B ] && run=${AB_RUN:-$B/ab/dcir-run}
+            src=/tmp/ab/$m.dcir
+            [ $dt = f16 ] && src=/tmp/ab/${m}_f16.dcir
+            echo "$m $dt $which $r $(timeout 120 "$run" "$src" --backend cuda --bench 50 2>&1 | grep '^bench:' | sed 's/.*median \([0-9.]*\) ms.*/\1/')"
+        done; done; done
+    done >"$OUT/ab_times.log"
+    python3 - "$OUT/ab_times.log" >>"$OUT/ab.log" <<'PY'
+import statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    f = line.split()
+    if len(f) == 5:
+        runs.setdefault((f[0], f[1]), {}).setdefault(f[2], []).append(float(f[4]))
+ratios = []
+print("model dtype A_ms B_ms B/A")
+for (m, dt), t in runs.items():
+    if "A" in t and "B" in t:
+        a, b = statistics.median(t["A"]), statistics.median(t["B"])
+        ratios.append(b / a)
+        print(f"{m} {dt} {a:.4f} {b:.4f} {b / a:.3f}")
+if ratios:
+    print(f"geomean B/A {statistics.geometric_mean(ratios):.3f} over {len(ratios)}")
+PY
+    summary+=("ab: $(tail -1 "$OUT/ab.log") (ab.log)")
+    tail -25 "$OUT/ab.log"
+}
+
 for step in "$@"; do
     case $step in
-        kernels|examples|export|models|zoo|variants|profile|ncu|perf|peers|suite|sanitize|test|random) $step ;;
+        kernels|examples|export|models|zoo|variants|profile|ncu|perf|peers|suite|sanitize|test|random|ab) $step ;;
         zoo-peers) zoo_peers ;;
         onnx-node) onnx_node ;;
         *) echo "unknown step $step"; exit 2 ;;
