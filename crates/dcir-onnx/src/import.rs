@@ -2428,7 +2428,13 @@ impl<'m> Importer<'m> {
 
     /// Conv over 1 or 2 spatial dims; a 1-D convolution is the 2-D op over
     /// `[N, C, 1, L]` with a `[O, C/g, 1, K]` weight.
-    fn conv(&mut self, node: &'m NodeProto, at: &At<'_>) -> R<()> {
+    /// The input and weight of a convolution `node` (inputs 0 and 1): the
+    /// input 3-D or 4-D (a 1-D or 2-D convolution), the weight of its rank.
+    /// Returns the input, its type, the spatial rank, the weight and its dims.
+    pub(super) fn conv_operands(
+        &mut self,
+        node: &'m NodeProto,
+    ) -> R<(ValueId, TensorType, usize, ValueId, Vec<usize>)> {
         let x = self.ir_in(node, 0)?;
         let xt = self.b.ty(x).clone();
         let n = xt.rank().saturating_sub(2);
@@ -2446,6 +2452,11 @@ impl<'m> Importer<'m> {
                 n + 2
             ));
         }
+        Ok((x, xt, n, w, wd))
+    }
+
+    fn conv(&mut self, node: &'m NodeProto, at: &At<'_>) -> R<()> {
+        let (x, xt, n, w, wd) = self.conv_operands(node)?;
         let kernel: Vec<i64> = wd[2..].iter().map(|&k| k as i64).collect();
         let stride = Self::window_attr(at, "strides", n, 1)?;
         let dilation = Self::window_attr(at, "dilations", n, 1)?;

@@ -1235,21 +1235,10 @@ impl<'m> Importer<'m> {
     /// them; the bias is added per channel.
     pub(super) fn conv_transpose(&mut self, node: &'m NodeProto, at: &At<'_>) -> R<()> {
         use OpKind as K;
-        let x = self.ir_in(node, 0)?;
-        let xt = self.b.ty(x).clone();
-        let n = xt.rank().saturating_sub(2);
-        if !(1..=2).contains(&n) || !xt.dtype.is_float() {
+        let (x, xt, n, w, wd) = self.conv_operands(node)?;
+        if !xt.dtype.is_float() {
             return Err(format!(
-                "ConvTranspose of {xt}: only 1-D and 2-D float inputs (3-D or 4-D tensors) are supported"
-            ));
-        }
-        let wv = self.req(node, 1)?;
-        let wd = self.dims_of(&wv);
-        let w = self.operand(Self::in_name(node, 1), &wv, xt.dtype, &wd)?;
-        if wd.len() != n + 2 {
-            return Err(format!(
-                "ConvTranspose weight must be {}-D, found {wd:?}",
-                n + 2
+                "ConvTranspose of {xt}: only float inputs are supported"
             ));
         }
         let group = at.int_or("group", 1).max(1) as usize;
