@@ -760,7 +760,9 @@ fn load_row_vectors(
         let low = (q < 0).then(|| bin(BinOp::Ge, col.clone(), int(0)));
         let last = (col_groups as i64 - 1 + q) * cols_i + cols_i;
         let high = (last > w_i).then(|| lt(col, w));
-        let group = clamp_to(add(cg.clone(), int(q)), col_groups, (q < 0, last > w_i));
+        // A vector of the input row, which may hold more vectors than there
+        // are column groups (an input wider than the output).
+        let group = clamp_to(add(cg.clone(), int(q)), w / cols, (q < 0, last > w_i));
         let index = add(mul(row_start.clone(), int(w_i / cols_i)), group);
         let v = l.vector_load(param, dw.dtype, index, cols);
         let inside = and_opt(row.inside.clone(), and_opt(low, high));
