@@ -13,10 +13,10 @@
 //! arithmetic that keeps the constraint (`add`, `mul`, `max`, `min` of
 //! same-typed operands, the first operand of `sub` and `div`) and through
 //! `gelu` and `layernorm` (what `decompose-*` expand them into) from the uses
-//! of the result. So no rewrite that keeps the graph's meaning moves a
-//! parameter to another role — `log(x + 0)` and `log(x)`, a variance and
-//! `var + eps`, a weight and `w * k` read the same — and `--seed` draws the
-//! same values before and after every built-in pass
+//! of the result. So the rewrites of the built-in passes move no parameter
+//! to another role — `log(x + 0)` and `log(x)`, a variance and `var + eps`,
+//! a weight and `w * k` read the same — and `--seed` draws the same values
+//! before and after every built-in pass
 //! (`crates/dcir-passes/tests/properties.rs`). [`RandomBy::Type`] drops the
 //! role (floats uniform in `[-1, 1)`, integers in `[0, 8)`); `dcir-run
 //! --save-inputs` and `--inputs` replay exact values. First match wins:
