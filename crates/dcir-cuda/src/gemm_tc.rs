@@ -1890,8 +1890,11 @@ fn lower_problem(
         || cfg.stages as i64 != planned_stages
     {
         format!(
-            " (planned tile [{}, {}, {}], {planned_stages} stages)",
-            tile[0], tile[1], tile[2]
+            " (planned tile [{}, {}, {}], {planned_stages} stage{})",
+            tile[0],
+            tile[1],
+            tile[2],
+            if planned_stages == 1 { "" } else { "s" }
         )
     } else {
         String::new()
