@@ -40,6 +40,11 @@
 #             SANITIZE_TOOLS (memcheck racecheck initcheck synccheck),
 #             SANITIZE_JOBS at once (4); one line per run in sanitize.log
 #   test      the GPU test target (crates/dcir-cli/tests/gpu_check.rs)
+#   library   the cuBLASLt calls: every graph of tests/filetests/cuda/cublaslt.dcir
+#             through --check and --bench; the BERT layer at batch 32 (suite.py's
+#             graph) and ViT-B/16 at batch 32 (exported here) in f16 with and
+#             without --no-library, checked and timed, and torch eager and
+#             torch.compile (CUDA graphs) on ViT-B/16 b32 f16; library.log
 #   ab        two builds of dcir-run on zoo models (batch 1, f32 and f16):
 #             $B/dcir-run (A) against $AB_RUN (B, default $B/ab/dcir-run, the
 #             other build's binary copied there), AB_MODELS (a default list),
@@ -314,9 +319,55 @@ PY
     tail -25 "$OUT/ab.log"
 }
 
+library() {
+    local log=$OUT/library.log
+    : >"$log"
+    lib_run() {
+        echo "== $*" >>"$log"
+        timeout 300 "$B/dcir-run" "$@" --backend cuda >>"$log" 2>&1 || { status=1; echo "FAIL $*" >>"$log"; }
+    }
+    for g in lt_bias_relu lt_batched_tb lt_f32_ta lt_residual lt_gelu_tanh lt_odd; do
+        lib_run tests/filetests/cuda/cublaslt.dcir --graph "$g" --check --bench 20
+    done
+    python3 -c "import sys; sys.path.insert(0, '$B'); import suite; open('/tmp/bert_b32.dcir', 'w').write(suite.bert_layer_text(32).replace('f32', 'f16'))"
+    python3 - <<'PY' >>"$log" 2>&1
+import torch, torchvision
+torch.onnx.export(torchvision.models.vit_b_16().eval(), (torch.randn(32, 3, 224, 224),),
+                  "/tmp/vit_b32.onnx", dynamo=False, opset_version=17)
+PY
+    "$B/dcir-import" /tmp/vit_b32.onnx -o /tmp/vit_b32_f32.dcir --no-weights >>"$log" 2>&1
+    to_f16 /tmp/vit_b32_f32.dcir /tmp/vit_b32.dcir
+    for f in /tmp/bert_b32.dcir /tmp/vit_b32.dcir; do
+        lib_run "$f" --check --bench 100
+        lib_run "$f" --no-library --bench 100
+        "$B/dcir-opt" --fuse --emit plan --explain-fusion "$f" >>"$log" 2>&1
+        lib_run "$f" --bench 20 --per-kernel
+    done
+    python3 - <<'PY' >>"$log" 2>&1
+import torch, torchvision
+m = torchvision.models.vit_b_16().eval().cuda().half()
+x = torch.randn(32, 3, 224, 224, device="cuda", dtype=torch.half)
+def timed(fn, warm=10, iters=30, rounds=5):
+    with torch.no_grad():
+        for _ in range(warm): fn()
+        torch.cuda.synchronize(); ts = []
+        for _ in range(rounds):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            for _ in range(iters): fn()
+            e.record(); e.synchronize(); ts.append(s.elapsed_time(e) / iters)
+        return sorted(ts)[len(ts) // 2]
+print(f"vit_b32 f16 eager {timed(lambda: m(x)):.3f} ms", flush=True)
+c = torch.compile(m, mode="reduce-overhead")
+print(f"vit_b32 f16 inductor+CG {timed(lambda: c(x)):.3f} ms", flush=True)
+PY
+    summary+=("library: $(grep -c '^FAIL' "$log") failed runs; $(grep -cE 'median' "$log") timed (library.log)")
+    grep -E '^(==|FAIL)|median|check|vit_b32' "$log" | tail -40
+}
+
 for step in "$@"; do
     case $step in
-        kernels|examples|export|models|zoo|variants|profile|ncu|perf|peers|suite|sanitize|test|random|ab) $step ;;
+        kernels|examples|export|models|zoo|variants|profile|ncu|perf|peers|suite|sanitize|test|random|ab|library) $step ;;
         zoo-peers) zoo_peers ;;
         onnx-node) onnx_node ;;
         *) echo "unknown step $step"; exit 2 ;;

@@ -55,6 +55,113 @@ pub struct KernelEntry {
     pub dynamic_shared: u32,
     /// The kernel's pointer parameters, in order.
     pub params: Vec<KernelParam>,
+    /// A vendor library call instead of a CUDA kernel: the runtime calls the
+    /// library with the bound buffers; `source` is empty, `ptx` absent and
+    /// the launch shape zero.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub library: Option<LibraryCall>,
+}
+
+/// A call of a vendor library, bound like a kernel: its parameters are its
+/// operands in [`LibraryCall::operands`] order, then its output.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "library", rename_all = "snake_case")]
+pub enum LibraryCall {
+    /// A cuBLASLt matmul (`cublasLtMatmul`).
+    Cublaslt(GemmCall),
+}
+
+/// `out = act(a · b + c + bias)` over row-major matrices: `batch` products
+/// of `m × k` by `k × n` (`a` stored `k × m` when `transpose_a`, `b` stored
+/// `n × k` when `transpose_b`), `c` of the output's shape, `bias` of `n`
+/// elements added to every row. f16 and bf16 accumulate in f32; f32 computes
+/// in strict f32 (never TF32).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GemmCall {
+    /// Element dtype of every operand and of the output (`f32`, `f16`, `bf16`).
+    pub dtype: String,
+    /// Independent products.
+    pub batch: u64,
+    /// Output rows.
+    pub m: u64,
+    /// Output columns.
+    pub n: u64,
+    /// The contracted extent.
+    pub k: u64,
+    /// `a` is stored transposed.
+    pub transpose_a: bool,
+    /// `b` is stored transposed.
+    pub transpose_b: bool,
+    /// A `c` operand is bound (after `a` and `b`).
+    pub c: bool,
+    /// A `bias` operand is bound (after `c`).
+    pub bias: bool,
+    /// The activation applied last: `none`, `relu` or `gelu_tanh`.
+    pub activation: String,
+    /// The library's algorithm chosen by measurement (its opaque words),
+    /// replayed when the library on the machine accepts it; absent, the
+    /// runtime asks the library's heuristic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub algorithm: Option<Vec<u64>>,
+}
+
+impl GemmCall {
+    /// The elements of each bound buffer, in parameter order: a, b, then c
+    /// and bias where bound, then the output.
+    pub fn operand_elements(&self) -> Vec<u64> {
+        let (b, m, n, k) = (self.batch, self.m, self.n, self.k);
+        let mut v = vec![b * m * k, b * k * n];
+        if self.c {
+            v.push(b * m * n);
+        }
+        if self.bias {
+            v.push(n);
+        }
+        v.push(b * m * n);
+        v
+    }
+}
+
+impl LibraryCall {
+    /// What the call needs of its bound buffers: (dtype, elements) each, in
+    /// parameter order; `Err` for a call that contradicts itself.
+    pub fn operands(&self) -> Result<Vec<(&str, u64)>, String> {
+        match self {
+            LibraryCall::Cublaslt(g) => {
+                if !matches!(g.dtype.as_str(), "f32" | "f16" | "bf16") {
+                    return Err(format!("a cuBLASLt call of dtype `{}`", g.dtype));
+                }
+                if !matches!(g.activation.as_str(), "none" | "relu" | "gelu_tanh") {
+                    return Err(format!(
+                        "a cuBLASLt call with activation `{}`",
+                        g.activation
+                    ));
+                }
+                // Every extent a positive `int` and every product of two and
+                // the batch inside u64 (2^31 cubed is 2^93: checked).
+                let fits = |x: u64| (1..=i32::MAX as u64).contains(&x);
+                let largest = g.m.max(g.n).max(g.k);
+                let products_fit = g
+                    .batch
+                    .checked_mul(largest)
+                    .and_then(|x| x.checked_mul(largest))
+                    .is_some();
+                if ![g.batch, g.m, g.n, g.k].into_iter().all(fits) || !products_fit {
+                    return Err(format!(
+                        "a cuBLASLt call of extents batch {} m {} n {} k {}",
+                        g.batch, g.m, g.n, g.k
+                    ));
+                }
+                if g.algorithm.as_ref().is_some_and(|a| a.len() != 8) {
+                    return Err("a cuBLASLt algorithm of other than 8 words".into());
+                }
+                Ok(g.operand_elements()
+                    .into_iter()
+                    .map(|e| (g.dtype.as_str(), e))
+                    .collect())
+            }
+        }
+    }
 }
 
 /// A kernel parameter: a pointer to a buffer of one dtype.
@@ -255,6 +362,29 @@ impl Artifact {
             if let Some(&a) = l.args.iter().find(|&&a| a as usize >= n) {
                 return Err(format!("launch {i} binds buffer {a}, of {n}"));
             }
+            if let Some(call) = &k.library {
+                let wanted = call
+                    .operands()
+                    .map_err(|e| format!("kernel `{}`: {e}", k.name))?;
+                if wanted.len() != k.params.len() {
+                    return Err(format!(
+                        "kernel `{}` calls a library with {} operands through {} parameters",
+                        k.name,
+                        wanted.len(),
+                        k.params.len()
+                    ));
+                }
+                for (&a, (dtype, elements)) in l.args.iter().zip(wanted) {
+                    let b = &self.buffers[a as usize];
+                    let bytes = dtype_size(dtype).map(|s| s.saturating_mul(elements));
+                    if b.dtype != dtype || bytes != Some(b.bytes) {
+                        return Err(format!(
+                            "launch {i} binds `{}` ({} bytes of {}) where its library call reads {elements} elements of {dtype}",
+                            b.name, b.bytes, b.dtype
+                        ));
+                    }
+                }
+            }
         }
         for (what, ids) in [("input", &self.inputs), ("output", &self.outputs)] {
             if let Some(&id) = ids.iter().find(|&&id| id as usize >= n) {
@@ -265,7 +395,7 @@ impl Artifact {
     }
 
     /// Writes `artifact.json` and each kernel's `<name>.cu` (and `<name>.ptx`
-    /// when compiled) into `dir`, creating it.
+    /// when compiled; a library call has neither) into `dir`, creating it.
     pub fn write_dir(&self, dir: &Path) -> Result<(), ArtifactError> {
         let io = |path: &Path| {
             let path = path.display().to_string();
@@ -273,7 +403,7 @@ impl Artifact {
         };
         std::fs::create_dir_all(dir).map_err(io(dir))?;
         self.remove_stale_kernels(dir)?;
-        for kernel in &self.kernels {
+        for kernel in self.kernels.iter().filter(|k| k.library.is_none()) {
             let cu = dir.join(format!("{}.cu", kernel.name));
             std::fs::write(&cu, &kernel.source).map_err(io(&cu))?;
             if let Some(ptx) = &kernel.ptx {
@@ -360,6 +490,7 @@ mod tests {
                     dtype: "f32".into(),
                     output: false,
                 }],
+                library: None,
             }],
             launches: vec![Launch {
                 name: "g0".into(),
@@ -472,5 +603,124 @@ mod tests {
                 .unwrap_err()
                 .contains("3 bytes of data for 64 bytes")
         );
+    }
+
+    /// `x[2,4] · w[4,3] + bias[3]` as one cuBLASLt call of f16.
+    fn library_sample() -> Artifact {
+        let buffer = |id: u32, name: &str, shape: Vec<u64>, kind| Buffer {
+            id,
+            name: name.into(),
+            bytes: 2 * shape.iter().product::<u64>(),
+            dtype: "f16".into(),
+            shape,
+            view_of: None,
+            view_offset: 0,
+            first_use: Some(0),
+            last_use: Some(0),
+            kind,
+            data: None,
+        };
+        let param = |name: &str, output| KernelParam {
+            name: name.into(),
+            dtype: "f16".into(),
+            output,
+        };
+        Artifact {
+            graph: "linear".into(),
+            arch: "sm_90".into(),
+            kernels: vec![KernelEntry {
+                name: "linear_g0".into(),
+                source: String::new(),
+                ptx: None,
+                cubin: None,
+                block: [0; 3],
+                grid: [0; 3],
+                dynamic_shared: 0,
+                params: vec![
+                    param("a", false),
+                    param("b", false),
+                    param("bias", false),
+                    param("out", true),
+                ],
+                library: Some(LibraryCall::Cublaslt(GemmCall {
+                    dtype: "f16".into(),
+                    batch: 1,
+                    m: 2,
+                    n: 3,
+                    k: 4,
+                    transpose_a: false,
+                    transpose_b: false,
+                    c: false,
+                    bias: true,
+                    activation: "relu".into(),
+                    algorithm: Some(vec![1, 2, 3, 4, 5, 6, 7, 8]),
+                })),
+            }],
+            launches: vec![Launch {
+                name: "linear_g0".into(),
+                kernel: 0,
+                args: vec![0, 1, 2, 3],
+            }],
+            buffers: vec![
+                buffer(0, "x", vec![2, 4], BufferKind::Input),
+                buffer(1, "w", vec![4, 3], BufferKind::Input),
+                buffer(2, "b", vec![3], BufferKind::Input),
+                buffer(3, "y", vec![2, 3], BufferKind::Output),
+            ],
+            inputs: vec![0, 1, 2],
+            outputs: vec![3],
+        }
+    }
+
+    #[test]
+    fn a_library_call_round_trips() {
+        let a = library_sample();
+        assert_eq!(Artifact::from_json(&a.to_json()).unwrap(), a);
+        let dir = std::env::temp_dir().join(format!("dcir-artifact-lib-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        a.write_dir(&dir).unwrap();
+        assert_eq!(Artifact::read_dir(&dir).unwrap(), a);
+        // A library call has no source to write.
+        assert!(!dir.join("linear_g0.cu").exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A library call the runtime would misread is refused, naming it.
+    #[test]
+    fn an_edited_library_call_is_refused() {
+        type Edit = fn(&mut Artifact);
+        fn call(a: &mut Artifact) -> &mut GemmCall {
+            match a.kernels[0].library.as_mut().unwrap() {
+                LibraryCall::Cublaslt(g) => g,
+            }
+        }
+        let edits: [(Edit, &str); 6] = [
+            (
+                |a| call(a).k = 5,
+                "binds `x` (16 bytes of f16) where its library call reads 10 elements",
+            ),
+            (
+                |a| call(a).bias = false,
+                "with 3 operands through 4 parameters",
+            ),
+            (
+                |a| call(a).dtype = "i32".into(),
+                "a cuBLASLt call of dtype `i32`",
+            ),
+            (
+                |a| call(a).activation = "swish".into(),
+                "activation `swish`",
+            ),
+            (|a| call(a).m = 1 << 40, "extents batch 1 m 1099511627776"),
+            (|a| call(a).algorithm = Some(vec![1]), "other than 8 words"),
+        ];
+        for (edit, says) in edits {
+            let mut a = library_sample();
+            edit(&mut a);
+            match Artifact::from_json(&a.to_json()) {
+                Err(ArtifactError::Invalid(why)) => assert!(why.contains(says), "{says}: {why}"),
+                other => panic!("{says}: {other:?}"),
+            }
+        }
     }
 }

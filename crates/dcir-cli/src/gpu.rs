@@ -4,7 +4,9 @@
 use std::path::{Path, PathBuf};
 
 use dcir_artifact::Artifact;
-use dcir_fusion::{CostModel, DeviceSpec, LiveDevice, apply_plan, plan_graph, plan_unfused};
+use dcir_fusion::{
+    CostModel, DeviceSpec, Libraries, LiveDevice, apply_plan, plan_graph, plan_unfused,
+};
 use dcir_interp::Tensor;
 use dcir_interp::memory::human_bytes;
 use dcir_ir::{Graph, Module, OpKind, verify_module};
@@ -19,6 +21,30 @@ pub(crate) struct Bench {
     pub timing: dcir_runtime::Timing,
     /// Per launch: kernel name and median milliseconds (launched one by one).
     pub per_launch: Option<Vec<(String, f64)>>,
+}
+
+/// Why a compiled graph did not run.
+#[derive(Debug)]
+pub(crate) enum ExecuteError {
+    /// A vendor library on this machine refused one of its calls (an
+    /// unsupported shape or alignment): compiling without libraries runs.
+    Library(String),
+    /// Anything else.
+    Other(String),
+}
+
+impl From<String> for ExecuteError {
+    fn from(e: String) -> Self {
+        ExecuteError::Other(e)
+    }
+}
+
+impl std::fmt::Display for ExecuteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExecuteError::Library(e) | ExecuteError::Other(e) => f.write_str(e),
+        }
+    }
 }
 
 /// What a CUDA run produced.
@@ -58,17 +84,51 @@ pub struct TuneArgs {
 /// Timed runs per tuning candidate (the median is kept).
 const TUNE_REPS: usize = 20;
 
+/// How `dcir-run` compiles a graph for the GPU.
+pub(crate) struct CompileOptions<'a> {
+    /// The cost model's device (`live`, or a preset).
+    pub device: &'a str,
+    /// The tuning flags.
+    pub tune: &'a TuneArgs,
+    /// Every op its own kernel.
+    pub no_fuse: bool,
+    /// No vendor library call.
+    pub no_library: bool,
+    /// The GPU's ordinal.
+    pub gpu: usize,
+}
+
+/// The libraries a run on this machine may call, and a note when one is
+/// missing (`--no-library` asks for none, silently).
+pub(crate) fn run_libraries(no_library: bool) -> (Libraries, Option<String>) {
+    if no_library {
+        return (Libraries::NONE, None);
+    }
+    if dcir_runtime::cublaslt_present() {
+        return (Libraries::ALL, None);
+    }
+    (
+        Libraries::NONE,
+        Some(
+            "note: cuBLASLt (libcublasLt.so) is not on the library path; every group runs on dcir's own kernels (README, \"Prerequisites\")".into(),
+        ),
+    )
+}
+
 /// Fuses `graph` (cleanup pipeline, then the planner with `device`'s cost
 /// model, or with measured times under `--tune-fusion`; every op its own
 /// kernel with `no_fuse`) unless it already has `fused` ops, tunes it under
 /// `--tune`, and builds its artifact with NVRTC for GPU `gpu`'s architecture.
-pub(crate) fn compile(
-    graph: &Graph,
-    device: &str,
-    tune: &TuneArgs,
-    no_fuse: bool,
-    gpu: usize,
-) -> Result<Artifact, String> {
+/// Groups may call the vendor libraries found on the machine unless
+/// `no_library`.
+pub(crate) fn compile(graph: &Graph, options: &CompileOptions<'_>) -> Result<Artifact, String> {
+    let CompileOptions {
+        device,
+        tune,
+        no_fuse,
+        no_library,
+        gpu,
+    } = *options;
     // The driver first: without a GPU nothing else matters.
     let info = dcir_runtime::query_device(gpu).map_err(|e| e.to_string())?;
     if let Some(reason) = dcir_cuda::nvrtc::unavailable_reason() {
@@ -79,8 +139,12 @@ pub(crate) fn compile(
         info.compute_capability.0, info.compute_capability.1
     );
     dcir_cuda::nvrtc::check_arch(&arch)?;
+    let (libraries, note) = run_libraries(no_library);
+    if let Some(note) = note {
+        eprintln!("{note}");
+    }
     let mut session = match tune.tune {
-        true => Some(TuneSession::open(device, tune, gpu)?),
+        true => Some(TuneSession::open(device, tune, gpu, libraries)?),
         false => None,
     };
     let mut module = Module::new();
@@ -100,7 +164,10 @@ pub(crate) fn compile(
         let plan = match &mut session {
             Some(s) if s.fusion && !no_fuse => s.plan(g)?,
             _ => {
-                let model = CostModel::new(device_spec(device, gpu)?);
+                let model = CostModel {
+                    libraries,
+                    ..CostModel::new(device_spec(device, gpu)?)
+                };
                 let plan = if no_fuse { plan_unfused } else { plan_graph };
                 plan(g, &model, &dcir_cuda::CudaTarget)
                     .map_err(|e| format!("cannot fuse @{}: {e}", g.name()))?
@@ -139,9 +206,15 @@ impl TuneSession {
     /// Opens GPU `gpu` and the cache `tune` names, the candidates ranked by
     /// `device`'s cost model (`live`: that GPU, or a preset) and compiled
     /// for that GPU's architecture.
-    pub(crate) fn open(device: &str, tune: &TuneArgs, gpu: usize) -> Result<TuneSession, String> {
+    pub(crate) fn open(
+        device: &str,
+        tune: &TuneArgs,
+        gpu: usize,
+        libraries: Libraries,
+    ) -> Result<TuneSession, String> {
         let measure = dcir_tune::GpuMeasure::new(TUNE_REPS, gpu)?;
         let mut options = dcir_tune::TuneOptions::new(device_spec(device, gpu)?);
+        options.libraries = libraries;
         options.top_k = tune.tune_top_k.max(1);
         let (major, minor) = measure.device().compute_capability;
         options.arch = format!("sm_{major}{minor}");
@@ -382,7 +455,7 @@ pub(crate) fn execute(
     bench: Option<(usize, bool)>,
     budget: Option<u64>,
     gpu: usize,
-) -> Result<CudaRun, String> {
+) -> Result<CudaRun, ExecuteError> {
     // Checked before the driver is touched: a budget the plan exceeds is
     // an error with or without a GPU (the device's free memory is checked
     // by the executor).
@@ -390,14 +463,17 @@ pub(crate) fn execute(
     if let Some(budget) = budget
         && planned > budget
     {
-        return Err(format!(
+        return Err(ExecuteError::Other(format!(
             "@{} needs {} of device memory (the intermediates' arena, inputs, outputs and constants), more than the budget of {} (--memory-budget)",
             graph.name(),
             human_bytes(u128::from(planned)),
             human_bytes(u128::from(budget))
-        ));
+        )));
     }
-    let mut ex = Executor::new(artifact, gpu).map_err(|e| e.to_string())?;
+    let mut ex = Executor::new(artifact, gpu).map_err(|e| match e {
+        dcir_runtime::RuntimeError::Library { .. } => ExecuteError::Library(e.to_string()),
+        e => ExecuteError::Other(e.to_string()),
+    })?;
     let tensors = dcir_tune::measure::run_outputs(&mut ex, graph, inputs)?;
     let bench = match bench {
         None => None,
@@ -424,4 +500,24 @@ pub(crate) fn execute(
         launches: artifact.launches.len(),
         bench,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--no-library` asks for none; otherwise the libraries the machine has,
+    /// with one note where cuBLASLt is missing (CI's machine has none).
+    #[test]
+    fn libraries_follow_the_machine_and_the_flag() {
+        assert_eq!(run_libraries(true), (Libraries::NONE, None));
+        let (libraries, note) = run_libraries(false);
+        if dcir_runtime::cublaslt_present() {
+            assert_eq!((libraries, note), (Libraries::ALL, None));
+        } else {
+            assert_eq!(libraries, Libraries::NONE);
+            let note = note.expect("a note");
+            assert!(note.contains("cuBLASLt (libcublasLt.so) is not on the library path"));
+        }
+    }
 }

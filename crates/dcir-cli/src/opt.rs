@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use dcir_fusion::{
-    CostModel, DeviceSpec, FUSE_NAME, apply_plan, explain, plan_graph, plan_unfused,
+    CostModel, DeviceSpec, FUSE_NAME, Libraries, apply_plan, explain, plan_graph, plan_unfused,
 };
 use dcir_ir::{Module, OpKind, print_module, verify_module};
 use dcir_passes::{Instrumentation, PassManager, PassRegistry, PipelineFailure, build_pipeline};
@@ -43,6 +43,10 @@ pub struct OptArgs {
     /// Plan every op as its own kernel (the unfused baseline); implies --fuse.
     #[arg(long, conflicts_with = "tune_fusion")]
     pub no_fuse: bool,
+    /// Plan every group on dcir's own kernels: no vendor library call (cuBLASLt), which the
+    /// cost model otherwise picks where it prices the call faster.
+    #[arg(long)]
+    pub no_library: bool,
     /// What to print: the IR, the fusion plan (a table per graph), Graphviz of the plan, or CUDA.
     #[arg(long, value_enum, default_value_t = Emit::Ir)]
     pub emit: Emit,
@@ -194,7 +198,7 @@ fn run(name: &str, registry: &PassRegistry, args: &OptArgs) -> Result<(), Report
         return Err(Reported);
     }
     let model = match fusing {
-        true => Some(cost_model(name, &args.device)?),
+        true => Some(cost_model(name, &args.device, args.no_library)?),
         false => None,
     };
     if args.format == PlanFormat::Json && args.emit != Emit::Plan {
@@ -320,9 +324,17 @@ fn run(name: &str, registry: &PassRegistry, args: &OptArgs) -> Result<(), Report
 /// What `--fuse` runs before fusing when no `--pipeline` is given.
 const FUSION_CLEANUP: &str = "canonicalize,cse,dce";
 
-fn cost_model(name: &str, device: &str) -> Result<CostModel, Reported> {
+fn cost_model(name: &str, device: &str, no_library: bool) -> Result<CostModel, Reported> {
     match DeviceSpec::preset(device) {
-        Some(device) => Ok(CostModel { device, top_k: 8 }),
+        Some(device) => Ok(CostModel {
+            device,
+            top_k: 8,
+            libraries: if no_library {
+                Libraries::NONE
+            } else {
+                Libraries::ALL
+            },
+        }),
         None => {
             eprintln!(
                 "{name}: error: unknown device `{device}` (presets: {})",
@@ -341,7 +353,12 @@ fn fuse(args: &OptArgs, model: &CostModel, module: &mut Module) -> Result<Option
     // Per graph, its plan as printed (a JSON value under --format json).
     let mut plans: Vec<PlanText> = Vec::new();
     let mut session = match args.tune.tune {
-        true => Some(crate::gpu::TuneSession::open(&args.device, &args.tune, 0)?),
+        true => Some(crate::gpu::TuneSession::open(
+            &args.device,
+            &args.tune,
+            0,
+            model.libraries,
+        )?),
         false => None,
     };
     for graph in &mut module.graphs {

@@ -60,6 +60,10 @@ pub struct RunArgs {
     /// With the cuda backend, run every op as its own kernel (the unfused baseline).
     #[arg(long)]
     pub no_fuse: bool,
+    /// With the cuda backend, run every group on dcir's own kernels: no vendor library call
+    /// (cuBLASLt) is planned or tuned.
+    #[arg(long)]
+    pub no_library: bool,
     /// The graph to run, when the module has several (default: the first); `main` or `@main`.
     #[arg(long, value_name = "NAME")]
     pub graph: Option<String>,
@@ -245,25 +249,45 @@ fn run(name: &str, args: &RunArgs) -> Result<(), Reported> {
         Backend::Cpu => dcir_interp::run_graph(graph, &bound.inputs)
             .map_err(|e| report_run_error(name, &file_name, &source(), &e))?,
         Backend::Cuda => {
+            let compile = |no_library: bool| {
+                let options = crate::gpu::CompileOptions {
+                    device: &args.device,
+                    tune: &args.tune,
+                    no_fuse: args.no_fuse,
+                    no_library,
+                    gpu: args.gpu,
+                };
+                crate::gpu::compile(graph, &options)
+            };
             let artifact = match &args.artifact {
                 Some(dir) => crate::gpu::load(dir, graph),
-                None => {
-                    crate::gpu::compile(graph, &args.device, &args.tune, args.no_fuse, args.gpu)
-                }
+                None => compile(args.no_library),
             }
             .map_err(fail)?;
             timings.push(("compile", t.elapsed()));
             let t = Instant::now();
             let bench = args.bench.map(|reps| (reps, args.per_kernel));
-            let run = crate::gpu::execute(
-                &artifact,
-                graph,
-                &bound.inputs,
-                bench,
-                args.memory_budget,
-                args.gpu,
-            )
-            .map_err(fail)?;
+            let execute = |artifact: &dcir_artifact::Artifact| {
+                crate::gpu::execute(
+                    artifact,
+                    graph,
+                    &bound.inputs,
+                    bench,
+                    args.memory_budget,
+                    args.gpu,
+                )
+            };
+            let run = match execute(&artifact) {
+                // A library that refuses a call it was planned for is a
+                // candidate lost, not a failed run: compiled again without.
+                Err(crate::gpu::ExecuteError::Library(why)) if args.artifact.is_none() => {
+                    eprintln!("{name}: note: {why}; compiling again with dcir's own kernels only");
+                    let artifact = compile(true).map_err(fail)?;
+                    execute(&artifact)
+                }
+                other => other,
+            }
+            .map_err(|e| fail(e.to_string()))?;
             timings.push(("run", t.elapsed()));
             report_cuda(&run);
             if args.check {

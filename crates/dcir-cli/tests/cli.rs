@@ -721,3 +721,100 @@ fn small_things_a_user_meets() {
         "{stderr}"
     );
 }
+
+/// A large f16 linear layer: the cost model prices cuBLASLt faster than our
+/// `mma.sync` kernel, so the plan calls it, says so in the plan table and in
+/// `--explain-fusion`, and records the call in the artifact; `--no-library`
+/// plans our kernel instead.
+#[test]
+fn library_calls_are_planned_shown_and_turned_off() {
+    let src = b"graph @linear(%x: f16[4096,768], %w: f16[768,3072], %b: f16[3072]) -> (f16[4096,3072]) {\n\
+  %h = matmul %x, %w : f16[4096,3072]\n\
+  %bb = broadcast %b {dims = [1]} : f16[4096,3072]\n\
+  %y = add %h, %bb : f16[4096,3072]\n\
+  return %y\n}\n";
+    let out = dcir_opt(&["--fuse", "-"], Some(src));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("library = \"cublaslt\""));
+
+    let out = dcir_opt(
+        &["--fuse", "--emit", "plan", "--explain-fusion", "-"],
+        Some(src),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("| gemm (cublaslt) |"));
+    let why = text(&out.stderr);
+    assert!(why.contains("@g0 calls cublaslt: estimated"), "{why}");
+
+    let out = dcir_opt(&["--fuse", "--no-library", "-"], Some(src));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let ir = text(&out.stdout);
+    assert!(
+        !ir.contains("library") && ir.contains("math = \"tensor_core\""),
+        "{ir}"
+    );
+    let out = dcir_opt(
+        &[
+            "--fuse",
+            "--no-library",
+            "--emit",
+            "plan",
+            "--explain-fusion",
+            "-",
+        ],
+        Some(src),
+    );
+    assert!(!text(&out.stderr).contains("cublaslt"));
+
+    // The artifact records the call (no kernel source for it).
+    let dir = std::env::temp_dir().join(format!("dcir-opt-lib-{}", std::process::id()));
+    let dir_arg = dir.to_string_lossy().into_owned();
+    let out = dcir_opt(
+        &["--fuse", "--emit", "artifact", "-o", &dir_arg, "-"],
+        Some(src),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let json = std::fs::read_to_string(dir.join("artifact.json")).expect("artifact.json");
+    let artifact = dcir_artifact::Artifact::from_json(&json).expect("validates");
+    let call = artifact.kernels[0]
+        .library
+        .as_ref()
+        .expect("a library call");
+    let dcir_artifact::LibraryCall::Cublaslt(g) = call;
+    assert_eq!((g.m, g.n, g.k, g.bias, g.c), (4096, 3072, 768, true, false));
+    assert!(
+        !dir.join(format!("{}.cu", artifact.kernels[0].name))
+            .exists()
+    );
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+
+    // The verifier refuses kernel parameters beside `library`.
+    let fused = b"graph @g(%x: f16[64,64], %w: f16[64,64]) -> (f16[64,64]) {\n\
+  %y = fused @g0(%x.in = %x, %w.in = %w) {kind = \"gemm\", library = \"cublaslt\", threads = 128} : f16[64,64] {\n\
+    %y.r = matmul %x.in, %w.in : f16[64,64]\n\
+    yield %y.r\n\
+  }\n\
+  return %y\n}\n";
+    let out = dcir_opt(&["-"], Some(fused));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("takes no kernel parameter, found `threads`"),
+        "{}",
+        text(&out.stderr)
+    );
+    // A group cuBLASLt cannot run, marked as a call: a clear refusal.
+    let gelu = b"graph @g(%x: f16[64,64], %w: f16[64,64]) -> (f16[64,64]) {\n\
+  %y = fused @g0(%x.in = %x, %w.in = %w) {kind = \"gemm\", library = \"cublaslt\"} : f16[64,64] {\n\
+    %h = matmul %x.in, %w.in : f16[64,64]\n\
+    %y.r = gelu %h : f16[64,64]\n\
+    yield %y.r\n\
+  }\n\
+  return %y\n}\n";
+    let out = dcir_opt(&["--emit", "cuda", "-"], Some(gelu));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("GELU is the tanh form"),
+        "{}",
+        text(&out.stderr)
+    );
+}

@@ -313,7 +313,7 @@ fn fuse_module(module: &Module) -> Result<String, String> {
 /// source of every kernel and compiles each with NVRTC when it is present;
 /// the graph's artifact (launches, buffers, constants' bytes) must build too.
 fn cuda_module(module: &Module) -> Result<String, String> {
-    let model = CostModel::new(DeviceSpec::h200());
+    let model = CostModel::kernels_only(DeviceSpec::h200());
     let mut fused = module.clone();
     for graph in &mut fused.graphs {
         let already = graph
@@ -339,6 +339,9 @@ fn cuda_module(module: &Module) -> Result<String, String> {
                 "// ===== kernel {} =====\n{source}\n",
                 kernel.name
             ));
+        }
+        for line in dcir_cuda::library::library_call_lines(graph).map_err(|e| e.to_string())? {
+            out.push_str(&line);
         }
     }
     Ok(out)
@@ -585,7 +588,7 @@ fn fusion_plans_of_examples_and_models() {
 /// kernel (their sources repeat the families' snapshots).
 #[test]
 fn cuda_of_examples_and_models() {
-    let model = CostModel::new(DeviceSpec::h200());
+    let model = CostModel::kernels_only(DeviceSpec::h200());
     let fuse = |name: &str, mut module: Module| -> Vec<(dcir_cuda::kir::Kernel, String)> {
         let mut kernels = Vec::new();
         for graph in &mut module.graphs {

@@ -215,7 +215,7 @@ fn check_file(
     rows: &mut Vec<Row>,
 ) -> Result<(), String> {
     let source = std::fs::read_to_string(file).map_err(|e| e.to_string())?;
-    let model = CostModel::new(spec.clone());
+    let model = CostModel::kernels_only(spec.clone());
     for case in split_cases(&source) {
         let mut module =
             dcir_reader::parse_module(&case).map_err(|d| dcir_reader::render(file, &case, &d))?;

@@ -17,6 +17,8 @@
 //! the one launch, and its arrival counters, a `zeroed` buffer).
 //! Groups that lower to the same kernel up to the names it declares (BERT's
 //! twelve layers) share one kernel entry: compiled once, loaded once.
+//! A group with `library` is a library call: an entry with the recorded
+//! call and no source, bound to the call's operands then its output.
 
 use std::collections::{HashMap, HashSet};
 
@@ -24,7 +26,8 @@ use dcir_artifact::{Artifact, Buffer, BufferKind, KernelEntry, KernelParam, Laun
 use dcir_ir::{Graph, OpKind, ValueId};
 
 use crate::kir::{Kernel, Stmt};
-use crate::{lower_fused, nvrtc, print_kernel};
+use crate::library::{library_call, library_of};
+use crate::{kernel_name, lower_fused, nvrtc, print_kernel};
 
 /// How to build an artifact.
 #[derive(Clone, Debug)]
@@ -105,6 +108,38 @@ pub fn build_artifact(g: &Graph, options: &BuildOptions) -> Result<Artifact, Str
         let data = g.op(op);
         match data.kind {
             OpKind::Return => {}
+            OpKind::Fused if library_of(g, op).is_some() => {
+                let bound = library_call(g, op).map_err(|e| e.to_string())?;
+                let name = kernel_name(g, op);
+                // One entry per distinct call; launches of it differ by name.
+                let key = format!("library {:?}", bound.call);
+                let index = match kernel_of.get(&key) {
+                    Some(&i) => i,
+                    None => {
+                        let i = a.kernels.len() as u32;
+                        kernel_of.insert(key, i);
+                        a.kernels.push(KernelEntry {
+                            name: name.clone(),
+                            source: String::new(),
+                            ptx: None,
+                            cubin: None,
+                            block: [0; 3],
+                            grid: [0; 3],
+                            dynamic_shared: 0,
+                            params: bound.params,
+                            library: Some(bound.call),
+                        });
+                        i
+                    }
+                };
+                let mut args: Vec<u32> = bound.operands.iter().map(|v| buffer_of[v]).collect();
+                args.push(result_buffer(&mut a, &mut buffer_of, data.results[0]));
+                a.launches.push(Launch {
+                    name,
+                    kernel: index,
+                    args,
+                });
+            }
             OpKind::Fused => {
                 let kernel = lower_fused(g, op).map_err(|e| e.to_string())?;
                 let source = print_kernel(&kernel);
@@ -364,6 +399,7 @@ fn kernel_entry(
                 output: p.output,
             })
             .collect(),
+        library: None,
     })
 }
 

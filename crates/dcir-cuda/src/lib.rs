@@ -9,13 +9,16 @@
 //! `elementwise`, `reduction`, `pool`, `gemm` (FMA, or `mma.sync` for
 //! f16/bf16), `conv` (implicit GEMM, or direct for depthwise),
 //! `depthwise_pointwise`, `contraction_chain`, `attention`; a form a family
-//! does not handle is an [`EmitError::Unsupported`] naming it.
+//! does not handle is an [`EmitError::Unsupported`] naming it. A group with
+//! `library = "cublaslt"` is no kernel but a recorded call
+//! ([`library::library_call`]).
 //! [`CudaTarget`] hands that verdict to the planner, which forms no group
 //! the emitter refuses; [`FUSE`] is the `fuse` pass planning for it.
 //! See `docs/cuda.md`.
 
 pub mod artifact;
 pub mod kir;
+pub mod library;
 pub mod lower;
 pub mod nvrtc;
 pub mod print;
@@ -31,11 +34,14 @@ pub use target::{CudaTarget, FUSE};
 /// The CUDA source of every kernel of every graph of `module` as one
 /// translation unit (what `dcir-opt --emit cuda` prints): the helpers any
 /// kernel uses, once, then each kernel under a `// ===== kernel <name> =====`
-/// line. It compiles with NVRTC as one program.
+/// line, then one comment line per library call. It compiles with NVRTC as
+/// one program.
 pub fn emit_module_source(module: &Module) -> Result<String, EmitError> {
     let mut kernels = Vec::new();
+    let mut calls = Vec::new();
     for graph in &module.graphs {
         kernels.extend(lower_graph(graph)?);
+        calls.extend(library::library_call_lines(graph)?);
     }
     let helpers: std::collections::BTreeSet<kir::Helper> = kernels
         .iter()
@@ -47,5 +53,6 @@ pub fn emit_module_source(module: &Module) -> Result<String, EmitError> {
         out.push_str(&print::print_kernel_only(kernel));
         out.push('\n');
     }
+    out.extend(calls);
     Ok(out)
 }

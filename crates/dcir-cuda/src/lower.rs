@@ -25,6 +25,7 @@ use crate::kir::{
     ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Param, SharedArray, Shuffle, Stmt, Ty, add,
     bin, call, clamp, div, int, mul, rem, select, sub, ty_bytes, var,
 };
+use crate::library::library_of;
 use crate::print::expr as print_expr;
 
 // The other families live in their own files but are children of this
@@ -1107,6 +1108,11 @@ pub fn lower_fused(g: &Graph, op: OpId) -> Result<Kernel> {
     if data.kind != OpKind::Fused || data.region.is_none() {
         return Err(l.unsupported("an op that is not `fused`"));
     }
+    if let Some(library) = data.attrs.get("library").and_then(Attr::as_str) {
+        return Err(l.unsupported(Reason::Parameters(format!(
+            "library = \"{library}\": the group is a library call, not a kernel (crate::library)"
+        ))));
+    }
     let tensor_cores = data.attrs.get("math").and_then(Attr::as_str) == Some("tensor_core");
     if tensor_cores
         && matches!(kind.as_str(), "gemm" | "conv")
@@ -2154,12 +2160,13 @@ fn check_epilogue(l: &Lower, op: OpId, rv: ValueId) -> Result<()> {
     Ok(())
 }
 
-/// Lowers every `fused` op of `g`, in body order.
+/// Lowers every `fused` op of `g` that is a kernel (a library call is not:
+/// [`crate::library`]), in body order.
 pub fn lower_graph(g: &Graph) -> Result<Vec<Kernel>> {
     g.block(g.body())
         .ops
         .iter()
-        .filter(|&&o| g.op(o).kind == OpKind::Fused)
+        .filter(|&&o| g.op(o).kind == OpKind::Fused && library_of(g, o).is_none())
         .map(|&o| lower_fused(g, o))
         .collect()
 }

@@ -78,7 +78,19 @@ pub struct DeviceSpec {
     pub shared_latency_cycles: f64,
     /// Cost of one kernel launch in a CUDA graph replay, seconds.
     pub launch_overhead: f64,
+    /// Fraction of the matrix rate `mma.sync` reaches, dcir's own
+    /// tensor-core kernels' instruction: 1 where it is the fastest the chip
+    /// has; on Hopper, whose full rate needs `wgmma`, about two thirds. The
+    /// cost model applies it where it weighs a kernel of ours against a
+    /// library call (docs/cost-model.md, "Library calls").
+    pub mma_sync_fraction: f64,
 }
+
+/// Fraction of Hopper's matrix rate `mma.sync` kernels reach: dcir's own
+/// tensor-core groups measured 1.53× (ResNet-50 f16) and 1.57× (a BERT
+/// layer f16) their estimates at the full rate (geomeans over groups, an
+/// H100, 2026-12-05), and cuBLAS's `wgmma` GEMMs about twice dcir's.
+pub const MMA_SYNC_FRACTION_SM90: f64 = 0.65;
 
 impl DeviceSpec {
     /// The rate matrix math of `dtype` runs at, flop/s.
@@ -124,6 +136,7 @@ impl DeviceSpec {
             clock_hz: 1.98e9,
             shared_latency_cycles: 30.0,
             launch_overhead: 2.0e-6,
+            mma_sync_fraction: MMA_SYNC_FRACTION_SM90,
         }
     }
 
@@ -155,6 +168,7 @@ impl DeviceSpec {
             bf16_tensor_rate: 312e12,
             clock_hz: 1.41e9,
             shared_latency_cycles: 30.0,
+            mma_sync_fraction: 1.0,
             ..DeviceSpec::h200()
         }
     }
@@ -175,6 +189,7 @@ impl DeviceSpec {
             clock_hz: 1.53e9,
             shared_latency_cycles: 28.0,
             launch_overhead: 3.0e-6,
+            mma_sync_fraction: 1.0,
             ..DeviceSpec::h200()
         }
     }
@@ -197,6 +212,7 @@ impl DeviceSpec {
             clock_hz: 1.71e9,
             shared_latency_cycles: 28.0,
             launch_overhead: 3.0e-6,
+            mma_sync_fraction: 1.0,
             ..DeviceSpec::h200()
         }
     }

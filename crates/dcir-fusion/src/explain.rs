@@ -3,11 +3,11 @@
 
 use std::fmt::Write;
 
-use dcir_ir::{Graph, OpId, ValueId};
+use dcir_ir::{Attr, Graph, OpId, ValueId};
 use dcir_passes::analysis::op_cost;
 use rustc_hash::FxHashMap;
 
-use crate::cost::{Bound, KernelParams};
+use crate::cost::{Bound, KernelParams, LibraryVerdict};
 use crate::planner::Plan;
 
 fn op_label(graph: &Graph, op: OpId) -> String {
@@ -137,12 +137,17 @@ pub fn plan_table(graph: &Graph, plan: &Plan, device: &str) -> String {
         } else {
             r.flops as f64 / moved as f64
         };
+        // A library call shows in the kind: `gemm (cublaslt)`.
+        let kind = match r.params.get("library").and_then(Attr::as_str) {
+            Some(library) => format!("{} ({library})", r.kind),
+            None => r.kind.to_string(),
+        };
         let _ = writeln!(
             out,
             "| @{} | {} | {} | {} | {:.3} | {} | {} | {intensity:.1} | {} | {:.2} | {:.2} | {} |",
             r.symbol,
             r.ops.join("+"),
-            r.kind,
+            kind,
             r.level,
             r.flops as f64 / 1e9,
             human_bytes(r.bytes_in),
@@ -240,6 +245,31 @@ pub fn explain(graph: &Graph, plan: &Plan) -> String {
             op_label(graph, r.consumer),
             r.reason
         );
+    }
+    for (i, g) in plan.groups.iter().enumerate() {
+        let line = match &g.estimate.library {
+            None => continue,
+            Some(LibraryVerdict::Priced {
+                library,
+                library_time,
+                kernel_time,
+            }) => {
+                let (verb, than) = if g.estimate.params.get("library").is_some() {
+                    ("calls", "against")
+                } else {
+                    ("runs our kernel, not", "for the call against")
+                };
+                format!(
+                    "@g{i} {verb} {library}: estimated {:.2} us {than} {:.2} us for our kernel",
+                    library_time * 1e6,
+                    kernel_time * 1e6
+                )
+            }
+            Some(LibraryVerdict::Refused { library, reason }) => {
+                format!("@g{i} cannot call {library}: {reason}")
+            }
+        };
+        let _ = writeln!(out, "  {line}");
     }
     out
 }

@@ -6,6 +6,7 @@
 //! - [`group`]: a candidate group of ops;
 //! - [`cost`]: the DeepCuts performance model (PUL) and roofline estimates;
 //! - [`target`]: what a backend lowers, asked by the planner;
+//! - [`library`]: which groups a vendor library runs, and at what cost;
 //! - [`planner`], [`apply`]: the partition search and the rewrite into `fused` ops.
 
 pub mod class;
@@ -13,13 +14,15 @@ pub mod cost;
 pub mod device;
 pub mod group;
 pub mod legality;
+pub mod library;
 mod storage;
 pub mod target;
 
-pub use cost::{Bound, CostModel, Estimate, Estimator, KernelParams};
+pub use cost::{Bound, CostModel, Estimate, Estimator, KernelParams, LibraryVerdict};
 pub use device::{DeviceSpec, LiveDevice};
 pub use group::Group;
 pub use legality::{EdgeRule, GroupKind, Level, check_group, edge_rule, group_kind};
+pub use library::{GemmCall, Libraries};
 pub use storage::{ConcatStorage, Slot, concat_storage};
 pub use target::{AnyGroup, Reason, Refusal, Target};
 pub mod planner;

@@ -10,6 +10,7 @@ use dcir_passes::{OptionKind, Pass, PassError, PassOptionDef, PassOptions, PassR
 use crate::apply::apply_plan;
 use crate::cost::CostModel;
 use crate::device::DeviceSpec;
+use crate::library::Libraries;
 use crate::planner::plan_graph;
 use crate::target::Target;
 
@@ -33,6 +34,12 @@ pub const FUSE_OPTIONS: &[PassOptionDef] = &[
         default: "8",
         help: "parameter sets kept per group for measurement",
     },
+    PassOptionDef {
+        name: "library",
+        kind: OptionKind::Bool,
+        default: "true",
+        help: "let vendor library calls (cuBLASLt) run groups the cost model prices faster",
+    },
 ];
 
 /// A `fuse` pass with `options` (of [`FUSE_OPTIONS`]) planning for `target`.
@@ -49,7 +56,15 @@ pub fn fuse_pass(options: &PassOptions, target: Box<dyn Target>) -> Result<Box<d
         .filter(|&k| k > 0)
         .ok_or("top-k must be at least 1")?;
     Ok(Box::new(Fuse {
-        model: CostModel { device, top_k },
+        model: CostModel {
+            device,
+            top_k,
+            libraries: if options.bool("library") {
+                Libraries::ALL
+            } else {
+                Libraries::NONE
+            },
+        },
         target,
     }))
 }

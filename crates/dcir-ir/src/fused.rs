@@ -9,6 +9,9 @@
 //! another kind, a string outside its values, `threads = 7`) is an error,
 //! never a silent default. What a family's emitter needs beyond the range
 //! (a tile its threads divide) it checks, and refuses with the reason.
+//!
+//! `library` names a vendor library that runs the group instead of a
+//! generated kernel; such a group carries no other kernel parameter.
 
 use crate::attr::{Attr, Attrs};
 use crate::op::AttrError;
@@ -201,6 +204,11 @@ pub const FUSED_PARAMS: &[ParamSpec] = &[
         ParamType::Int(range(1, 256)),
         "blocks sharing one row tile's output columns",
     ),
+    p(
+        "library",
+        ParamType::Str(&["cublaslt"]),
+        "a vendor library call instead of a generated kernel (takes no other parameter)",
+    ),
 ];
 
 /// Every group kind with its parameters.
@@ -225,7 +233,7 @@ pub const FUSED_KINDS: &[FusedKind] = &[
     },
     FusedKind {
         name: "gemm",
-        params: &["tile", "threads", "stages", "math", "split_k"],
+        params: &["tile", "threads", "stages", "math", "split_k", "library"],
     },
     FusedKind {
         name: "conv",
@@ -275,9 +283,18 @@ pub fn check_fused_attrs(attrs: &Attrs) -> Result<(), AttrError> {
         })?),
         Some(_) => return Err(error("kind", "`fused`'s `kind` must be a string".into())),
     };
+    let library = attrs.get("library").is_some();
     for (name, value) in attrs.iter() {
         if name == "kind" {
             continue;
+        }
+        if library && !matches!(name, "level" | "library") {
+            return Err(error(
+                name,
+                format!(
+                    "a `fused` op with `library` calls the library and takes no kernel parameter, found `{name}`"
+                ),
+            ));
         }
         let allowed = match kind {
             None => {

@@ -75,6 +75,15 @@ pub enum RuntimeError {
         /// The driver's error.
         error: String,
     },
+    /// A library call could not be prepared: the library is missing, or it
+    /// refused the call (an unsupported shape or alignment).
+    #[error("library call {launch}: {error}")]
+    Library {
+        /// The launch's name.
+        launch: String,
+        /// Why.
+        error: String,
+    },
     /// Host data does not fit the artifact's signature.
     #[error("{0}")]
     Signature(String),

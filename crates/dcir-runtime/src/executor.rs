@@ -21,9 +21,10 @@ use cudarc::driver::{
     LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
-use dcir_artifact::{Artifact, BufferKind};
+use dcir_artifact::{Artifact, BufferKind, LibraryCall};
 
 use crate::error::{RuntimeError, driver};
+use crate::library;
 use crate::plan::{MemoryPlan, plan_memory};
 
 type Result<T> = std::result::Result<T, RuntimeError>;
@@ -95,12 +96,28 @@ impl Timing {
     }
 }
 
-/// One launch, resolved: function, shape and argument pointers.
+/// One launch, resolved: what it calls and the argument pointers.
 struct Resolved {
     name: String,
-    kernel: usize,
-    config: LaunchConfig,
+    callee: Callee,
     args: Vec<u64>,
+}
+
+/// What a launch calls.
+#[derive(Clone, Copy)]
+enum Callee {
+    /// Kernel `kernel` (index into `functions`) with this shape.
+    Kernel { kernel: usize, config: LaunchConfig },
+    /// Prepared library call `index` of `Libraries::matmuls`.
+    Matmul(usize),
+}
+
+/// The library calls of an artifact, prepared.
+struct Libraries {
+    handle: library::Handle,
+    /// One workspace all calls share (they run one after another).
+    workspace: CudaSlice<u8>,
+    matmuls: Vec<library::Matmul>,
 }
 
 /// An artifact loaded on a device.
@@ -110,8 +127,10 @@ pub struct Executor {
     info: DeviceInfo,
     plan: MemoryPlan,
     kernel_names: Vec<String>,
-    functions: Vec<CudaFunction>,
+    /// Per kernel entry: its function (`None` for a library call).
+    functions: Vec<Option<CudaFunction>>,
     launches: Vec<Resolved>,
+    libraries: Option<Libraries>,
     /// Own allocations of inputs and outputs, by buffer id.
     owned: Vec<Option<CudaSlice<u8>>>,
     arena: CudaSlice<u8>,
@@ -184,6 +203,10 @@ impl Executor {
         let mut modules: HashMap<u64, Arc<CudaModule>> = HashMap::new();
         let mut functions = Vec::with_capacity(artifact.kernels.len());
         for k in &artifact.kernels {
+            if k.library.is_some() {
+                functions.push(None);
+                continue;
+            }
             let ptx = k.ptx.as_ref().ok_or_else(|| RuntimeError::NoPtx {
                 kernel: k.name.clone(),
             })?;
@@ -211,7 +234,7 @@ impl Executor {
             };
             let f = module.load_function(&k.name).map_err(load_error)?;
             check_function(&f, k, &info)?;
-            functions.push(f);
+            functions.push(Some(f));
         }
 
         let plan = plan_memory(artifact);
@@ -273,27 +296,53 @@ impl Executor {
                     ),
                 }
         };
-        let launches = artifact
-            .launches
-            .iter()
-            .map(|l| {
-                let k = &artifact.kernels[l.kernel as usize];
-                Resolved {
-                    name: if l.name.is_empty() {
-                        k.name.clone()
-                    } else {
-                        l.name.clone()
-                    },
+        // Library calls: one handle and workspace, each call prepared once
+        // (descriptors and algorithm) over the buffers it binds.
+        let mut libraries: Option<Libraries> = None;
+        let mut launches = Vec::with_capacity(artifact.launches.len());
+        for l in &artifact.launches {
+            let k = &artifact.kernels[l.kernel as usize];
+            let name = if l.name.is_empty() {
+                k.name.clone()
+            } else {
+                l.name.clone()
+            };
+            let args: Vec<u64> = l.args.iter().map(|&a| pointer(a)).collect();
+            let callee = match &k.library {
+                None => Callee::Kernel {
                     kernel: l.kernel as usize,
                     config: LaunchConfig {
                         grid_dim: (k.grid[0], k.grid[1], k.grid[2]),
                         block_dim: (k.block[0], k.block[1], k.block[2]),
                         shared_mem_bytes: k.dynamic_shared,
                     },
-                    args: l.args.iter().map(|&a| pointer(a)).collect(),
+                },
+                Some(LibraryCall::Cublaslt(call)) => {
+                    let failed = |error: String| RuntimeError::Library {
+                        launch: name.clone(),
+                        error,
+                    };
+                    if libraries.is_none() {
+                        // cuBLASLt runs on the context current on this thread.
+                        ctx.bind_to_thread()
+                            .map_err(driver("binding the context for cuBLASLt"))?;
+                        libraries = Some(Libraries {
+                            handle: library::Handle::new().map_err(failed)?,
+                            workspace: alloc(
+                                "the library workspace",
+                                library::WORKSPACE_BYTES as u64,
+                            )?,
+                            matmuls: Vec::new(),
+                        });
+                    }
+                    let libs = libraries.as_mut().expect("made above");
+                    libs.matmuls
+                        .push(library::Matmul::new(&libs.handle, call, &args).map_err(failed)?);
+                    Callee::Matmul(libs.matmuls.len() - 1)
                 }
-            })
-            .collect();
+            };
+            launches.push(Resolved { name, callee, args });
+        }
         let inputs = artifact
             .inputs
             .iter()
@@ -328,6 +377,7 @@ impl Executor {
             kernel_names: artifact.kernels.iter().map(|k| k.name.clone()).collect(),
             functions,
             launches,
+            libraries,
             owned,
             arena,
             inputs,
@@ -399,12 +449,14 @@ impl Executor {
     pub fn run_checked(&mut self) -> Result<()> {
         for i in 0..self.launches.len() {
             let name = &self.launches[i].name;
-            let failed = |e| RuntimeError::Launch {
+            let failed = |error: String| RuntimeError::Launch {
                 kernel: name.clone(),
-                error: format!("{e:?}"),
+                error,
             };
             self.enqueue(i).map_err(failed)?;
-            self.stream.synchronize().map_err(failed)?;
+            self.stream
+                .synchronize()
+                .map_err(|e| failed(format!("{e:?}")))?;
         }
         Ok(())
     }
@@ -443,7 +495,10 @@ impl Executor {
             .stream
             .end_capture(CUgraphInstantiate_flags(0))
             .map_err(driver("ending graph capture"))?;
-        enqueued.map_err(driver("capturing the launches"))?;
+        enqueued.map_err(|error| RuntimeError::Driver {
+            what: "capturing the launches".into(),
+            error,
+        })?;
         let graph = graph.ok_or_else(|| RuntimeError::Driver {
             what: "capturing the forward pass".into(),
             error: "the capture produced no graph".into(),
@@ -518,7 +573,10 @@ impl Executor {
                 .record(&self.stream)
                 .map_err(driver("recording an event"))?;
             for i in 0..n {
-                self.enqueue(i).map_err(driver("launching"))?;
+                self.enqueue(i).map_err(|error| RuntimeError::Driver {
+                    what: "launching".into(),
+                    error,
+                })?;
                 events[i + 1]
                     .record(&self.stream)
                     .map_err(driver("recording an event"))?;
@@ -573,29 +631,66 @@ impl Executor {
         match &self.graph {
             Some(g) => g.launch().map_err(driver("replaying the graph")),
             None => (0..self.launches.len()).try_for_each(|i| {
-                self.enqueue(i).map_err(|e| RuntimeError::Launch {
+                self.enqueue(i).map_err(|error| RuntimeError::Launch {
                     kernel: self.launches[i].name.clone(),
-                    error: format!("{e:?}"),
+                    error,
                 })
             }),
         }
     }
 
-    fn enqueue(&self, i: usize) -> std::result::Result<(), cudarc::driver::DriverError> {
+    /// Enqueues launch `i`; `Err` is the driver's or the library's word.
+    fn enqueue(&self, i: usize) -> std::result::Result<(), String> {
         let l = &self.launches[i];
-        let mut builder = self.stream.launch_builder(&self.functions[l.kernel]);
-        for a in &l.args {
-            builder.arg(a);
+        match l.callee {
+            Callee::Kernel { kernel, config } => {
+                let function = self.functions[kernel]
+                    .as_ref()
+                    .expect("a kernel launch names a loaded function");
+                let mut builder = self.stream.launch_builder(function);
+                for a in &l.args {
+                    builder.arg(a);
+                }
+                // SAFETY: the artifact's kernels take one pointer parameter per
+                // launch argument, in order (dcir-cuda's contract, checked when the
+                // artifact was built); each pointer is the start of a live buffer of
+                // this executor of the size the artifact gives that value (own
+                // allocations, or arena offsets the memory plan keeps disjoint from
+                // every buffer live at the same launch), and the kernels stay inside
+                // their buffers. The launch shape passed `check_function`.
+                #[allow(unsafe_code)]
+                unsafe { builder.launch(config) }
+                    .map(|_| ())
+                    .map_err(|e| format!("{e:?}"))
+            }
+            Callee::Matmul(m) => {
+                let libs = self
+                    .libraries
+                    .as_ref()
+                    .expect("a library launch has its libraries");
+                // cuBLASLt launches on the context current on this thread.
+                self.ctx.bind_to_thread().map_err(|e| format!("{e:?}"))?;
+                libs.matmuls[m].enqueue(
+                    &libs.handle,
+                    ptr_of(&libs.workspace, &self.stream),
+                    self.stream.cu_stream(),
+                )
+            }
         }
-        // SAFETY: the artifact's kernels take one pointer parameter per
-        // launch argument, in order (dcir-cuda's contract, checked when the
-        // artifact was built); each pointer is the start of a live buffer of
-        // this executor of the size the artifact gives that value (own
-        // allocations, or arena offsets the memory plan keeps disjoint from
-        // every buffer live at the same launch), and the kernels stay inside
-        // their buffers. The launch shape passed `check_function`.
-        #[allow(unsafe_code)]
-        unsafe { builder.launch(l.config) }.map(|_| ())
+    }
+
+    /// The algorithm each library call of the artifact runs, in launch
+    /// order: (launch name, the library's opaque words), for recording.
+    pub fn library_algorithms(&self) -> Vec<(String, Vec<u64>)> {
+        self.launches
+            .iter()
+            .filter_map(|l| match (l.callee, &self.libraries) {
+                (Callee::Matmul(m), Some(libs)) => {
+                    Some((l.name.clone(), libs.matmuls[m].algorithm_words()))
+                }
+                _ => None,
+            })
+            .collect()
     }
 }
 

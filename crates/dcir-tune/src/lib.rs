@@ -15,8 +15,8 @@
 //! layers print alike) is measured once.
 //!
 //! [`MeasuredEstimator`] puts the same measurements under the planner, so
-//! merges follow the GPU's times rather than the model's. cuBLAS is not a
-//! candidate yet.
+//! merges follow the GPU's times rather than the model's. A cuBLASLt call
+//! is one more candidate of the groups it can run (`TuneOptions::libraries`).
 
 pub mod cache;
 pub mod group;
@@ -31,7 +31,7 @@ use rayon::prelude::*;
 
 use dcir_artifact::Artifact;
 use dcir_cuda::BuildOptions;
-use dcir_fusion::{CostModel, DeviceSpec, Estimator, KernelParams};
+use dcir_fusion::{CostModel, DeviceSpec, Estimator, KernelParams, Libraries};
 use dcir_interp::{random_inputs, run_graph};
 use dcir_ir::{Attrs, Graph, OpId, print_graph};
 
@@ -52,6 +52,8 @@ pub struct TuneOptions {
     pub seed: u64,
     /// NVRTC's target architecture.
     pub arch: String,
+    /// The vendor libraries a group may call (measured beside our kernels).
+    pub libraries: Libraries,
 }
 
 impl TuneOptions {
@@ -62,6 +64,7 @@ impl TuneOptions {
             top_k: 8,
             seed: 0,
             arch: dcir_cuda::nvrtc::DEFAULT_ARCH.to_string(),
+            libraries: Libraries::ALL,
         }
     }
 }
@@ -204,6 +207,7 @@ pub fn tune_graph(
     let model = CostModel {
         device: options.device.clone(),
         top_k: options.top_k * RANKED_PER_CANDIDATE,
+        libraries: options.libraries,
     };
     let fingerprint = measure.fingerprint();
     let work = group::fused_ops(graph)

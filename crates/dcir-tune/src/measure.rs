@@ -60,9 +60,15 @@ impl Measure for GpuMeasure {
         let nvrtc = dcir_cuda::nvrtc::version()
             .map(|(a, b)| format!("{a}.{b}"))
             .unwrap_or_else(|| "none".into());
+        // A library call's time is the library's: its version keys the entry.
+        let cublaslt =
+            dcir_runtime::cublaslt_version().map_or_else(|| "none".into(), |v| v.to_string());
         Fingerprint {
             device: format!("{} ({cc_major}.{cc_minor})", self.device.name),
-            toolchain: format!("driver {}, nvrtc {nvrtc}", self.device.driver_version),
+            toolchain: format!(
+                "driver {}, nvrtc {nvrtc}, cublaslt {cublaslt}",
+                self.device.driver_version
+            ),
         }
     }
 

@@ -20,7 +20,11 @@ use dcir_ir::{Attr, Graph, OpId, OpKind};
 
 use crate::device::DeviceSpec;
 use crate::group::Group;
-use crate::legality::{Level, group_kind};
+use crate::legality::{GroupKind, Level, group_kind};
+use crate::library::{self, Libraries, LibraryCost};
+use crate::target::Reason;
+
+use shape::GroupInfo;
 
 pub use pul::{Factors, SATURATING_WARPS, blocks_per_sm, wave_efficiency};
 
@@ -87,6 +91,31 @@ pub struct Estimate {
     /// Parameter sets for measurement: the chosen one, then the best by
     /// PUL and the fastest by estimated time in turn (at most `2·top_k`).
     pub candidates: Vec<KernelParams>,
+    /// How a library call compared, for a group one could run (`None` when
+    /// no library was considered).
+    pub library: Option<LibraryVerdict>,
+}
+
+/// A library call weighed against a kernel of ours, for explanations.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LibraryVerdict {
+    /// The library can run the group: its estimate and our best kernel's,
+    /// seconds.
+    Priced {
+        /// The library (`cublaslt`).
+        library: &'static str,
+        /// The call's estimated time.
+        library_time: f64,
+        /// Our best kernel's.
+        kernel_time: f64,
+    },
+    /// The library cannot run the group, and why.
+    Refused {
+        /// The library.
+        library: &'static str,
+        /// Why not.
+        reason: crate::target::Reason,
+    },
 }
 
 /// Estimates the time of a group. The planner asks it for every group it
@@ -111,6 +140,8 @@ pub struct CostModel {
     pub device: DeviceSpec,
     /// How many parameter sets to keep for measurement.
     pub top_k: usize,
+    /// The vendor libraries a group may call instead of a kernel of ours.
+    pub libraries: Libraries,
 }
 
 /// The launch shape of one candidate.
@@ -147,9 +178,57 @@ pub struct Candidate {
 }
 
 impl CostModel {
-    /// The model of `device`, keeping 4 candidates for measurement.
+    /// The model of `device`, keeping 4 candidates for measurement, with
+    /// every library it knows.
     pub fn new(device: DeviceSpec) -> CostModel {
-        CostModel { device, top_k: 4 }
+        CostModel {
+            device,
+            top_k: 4,
+            libraries: Libraries::ALL,
+        }
+    }
+
+    /// The model of `device` for dcir's own kernels only: no library call
+    /// is priced or chosen (what tests of the emitter's families plan with).
+    pub fn kernels_only(device: DeviceSpec) -> CostModel {
+        CostModel {
+            libraries: Libraries::NONE,
+            ..CostModel::new(device)
+        }
+    }
+
+    /// `time` of a kernel of ours with `params`, as it runs: a
+    /// compute-bound tensor-core kernel at the rate `mma.sync` reaches
+    /// (candidates are ranked at the full rate, which orders them alike;
+    /// docs/cost-model.md, "Library calls").
+    fn as_run(&self, params: &KernelParams, bound: Bound, time: f64) -> f64 {
+        if bound == Bound::Compute
+            && params.get("math").and_then(Attr::as_str) == Some("tensor_core")
+        {
+            let launch = self.device.launch_overhead;
+            launch + (time - launch) / self.device.mma_sync_fraction
+        } else {
+            time
+        }
+    }
+
+    /// The library call that could run `group` and its cost, or why none
+    /// can (`None` when no library this model may call runs its kind).
+    fn library(
+        &self,
+        graph: &Graph,
+        group: &Group,
+        info: &GroupInfo,
+    ) -> Option<Result<(KernelParams, LibraryCost), Reason>> {
+        if !self.libraries.cublaslt || group.kind != GroupKind::Gemm {
+            return None;
+        }
+        Some(
+            library::gemm_call(graph, &group.ops, &info.outputs).map(|call| {
+                let cost = library::library_cost(&self.device, graph, &call);
+                (library_params(), cost)
+            }),
+        )
     }
 
     /// Every parameter set of `group`'s kind, scored, in enumeration order
@@ -157,20 +236,45 @@ impl CostModel {
     pub fn candidates(&self, graph: &Graph, group: &Group) -> Result<Vec<Candidate>, String> {
         let info = shape::analyze(graph, group)?;
         let cands = space::enumerate(&self.device, &info);
-        Ok(cands
+        let mut all: Vec<Candidate> = cands
             .iter()
             .map(|c| {
                 let s = pul::score(&self.device, &info, c);
+                let params = c.params.to_params();
                 Candidate {
-                    params: c.params.to_params(),
+                    time: self.as_run(&params, s.bound, s.time),
+                    params,
                     launch: s.launch,
                     factors: s.factors,
-                    time: s.time,
                     bound: s.bound,
                     dram_bytes: s.dram_bytes,
                 }
             })
-            .collect())
+            .collect();
+        // A library call last: it has no launch shape of ours.
+        if let Some(Ok((params, cost))) = self.library(graph, group, &info) {
+            all.push(Candidate {
+                params,
+                launch: Launch {
+                    blocks: 0,
+                    threads: 0,
+                    shared_bytes: 0,
+                    registers: 0,
+                    blocks_per_sm: 0,
+                },
+                factors: Factors {
+                    gm: 1.0,
+                    sm: 1.0,
+                    wb: cost.fill,
+                    lat: 1.0,
+                    coef_r: 1.0,
+                },
+                time: cost.time,
+                bound: cost.bound,
+                dram_bytes: cost.bytes,
+            });
+        }
+        Ok(all)
     }
 
     /// The estimate for `op` run alone as its own kernel (group kind from
@@ -198,6 +302,11 @@ impl CostModel {
     }
 }
 
+/// The parameters of a cuBLASLt call.
+fn library_params() -> KernelParams {
+    KernelParams(vec![("library", Attr::Str(library::CUBLASLT.into()))])
+}
+
 /// A ranked candidate: enumeration index, score, parameters, block intensity.
 type Ranked = (usize, pul::Scored, space::P, f64);
 
@@ -222,6 +331,7 @@ impl Estimator for CostModel {
                 bytes: 0,
                 bound: Bound::Launch,
                 candidates: Vec::new(),
+                library: None,
             });
         }
         let info = shape::analyze(graph, group)?;
@@ -305,14 +415,54 @@ impl Estimator for CostModel {
             }
         }
         let (_, bs, bp, _) = chosen;
-        Ok(Estimate {
-            params: bp.to_params(),
-            time: bs.time,
+        let params = bp.to_params();
+        let own = Estimate {
+            time: self.as_run(&params, bs.bound, bs.time),
+            params,
             pul: bs.factors.pul(),
             flops: info.flops,
             bytes: info.bytes,
             bound: bs.bound,
             candidates,
+            library: None,
+        };
+        // A library call is one more candidate: chosen when estimated
+        // faster, measured beside ours either way.
+        let own_time = own.time;
+        Ok(match self.library(graph, group, &info) {
+            Some(Ok((params, cost))) => {
+                let verdict = Some(LibraryVerdict::Priced {
+                    library: library::CUBLASLT,
+                    library_time: cost.time,
+                    kernel_time: own_time,
+                });
+                if cost.time < own_time {
+                    let mut candidates = vec![params.clone()];
+                    candidates.extend(own.candidates);
+                    Estimate {
+                        params,
+                        time: cost.time,
+                        pul: cost.fill,
+                        bound: cost.bound,
+                        candidates,
+                        library: verdict,
+                        ..own
+                    }
+                } else {
+                    let mut own = own;
+                    own.candidates.insert(1, params);
+                    own.library = verdict;
+                    own
+                }
+            }
+            Some(Err(reason)) => Estimate {
+                library: Some(LibraryVerdict::Refused {
+                    library: library::CUBLASLT,
+                    reason,
+                }),
+                ..own
+            },
+            None => own,
         })
     }
 }

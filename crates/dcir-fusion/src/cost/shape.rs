@@ -133,6 +133,8 @@ pub(crate) struct GroupInfo {
     pub scalar_flops: f64,
     /// Compulsory traffic: inputs read once, outputs written once, bytes.
     pub bytes: u64,
+    /// The values the group defines that are used outside it.
+    pub outputs: Vec<ValueId>,
     /// The problem.
     pub body: Body,
 }
@@ -552,6 +554,7 @@ pub(crate) fn analyze(graph: &Graph, group: &Group) -> Result<GroupInfo, String>
         matrix_flops,
         scalar_flops,
         bytes: bytes.min(u64::MAX as f64) as u64,
+        outputs,
         body,
     })
 }

@@ -55,6 +55,7 @@ impl Estimator for Roofline {
             bytes,
             bound: Bound::Memory,
             candidates: Vec::new(),
+            library: None,
         })
     }
 }

@@ -1,0 +1,197 @@
+//! The cuBLASLt recognizer and its price: which groups a library call runs
+//! (with the reason for those it does not), what the call reads, and when
+//! the cost model prefers it to a kernel of ours.
+
+use dcir_fusion::library::{Activation, gemm_call};
+use dcir_fusion::{CostModel, DeviceSpec, Estimator, Group, GroupKind, Level, Reason};
+use dcir_ir::{Attr, Graph, OpId, ValueId, verify_module};
+
+fn graph(text: &str) -> Graph {
+    let module = dcir_reader::parse_module(text).expect("reads");
+    verify_module(&module).expect("verifies");
+    module.graphs.into_iter().next().expect("one graph")
+}
+
+/// The body ops of `g` but the return, and the values the return reads.
+fn whole(g: &Graph) -> (Vec<OpId>, Vec<ValueId>) {
+    let body = &g.block(g.body()).ops;
+    let (ret, ops) = body.split_last().expect("a return");
+    (ops.to_vec(), g.op(*ret).operands.clone())
+}
+
+fn value(g: &Graph, name: &str) -> ValueId {
+    g.value_ids()
+        .find(|&v| g.value(v).name == name)
+        .unwrap_or_else(|| panic!("no value {name}"))
+}
+
+fn linear(dtype: &str, m: usize, epilogue: &str) -> String {
+    format!(
+        "graph @linear(%x: {dtype}[{m},768], %w: {dtype}[768,3072], %b: {dtype}[3072], %r: {dtype}[{m},3072]) -> ({dtype}[{m},3072]) {{\n\
+         \x20 %h = matmul %x, %w : {dtype}[{m},3072]\n\
+         \x20 %bb = broadcast %b {{dims = [1]}} : {dtype}[{m},3072]\n\
+         \x20 %a = add %h, %bb : {dtype}[{m},3072]\n\
+         {epilogue}\
+         }}\n"
+    )
+}
+
+#[test]
+fn bias_residual_and_activations_are_one_call() {
+    let g = graph(&linear(
+        "f16",
+        128,
+        "  %c = add %r, %a : f16[128,3072]\n  %y = relu %c : f16[128,3072]\n  return %y\n",
+    ));
+    let (ops, outputs) = whole(&g);
+    let call = gemm_call(&g, &ops, &outputs).expect("one call");
+    assert_eq!((call.batch, call.m, call.n, call.k), (1, 128, 3072, 768));
+    assert_eq!(call.a, value(&g, "x"));
+    assert_eq!(call.b, value(&g, "w"));
+    assert_eq!(call.bias, Some(value(&g, "b")));
+    assert_eq!(call.c, Some(value(&g, "r")));
+    assert_eq!(call.activation, Activation::Relu);
+    assert_eq!(call.epilogue(), "add + bias + relu");
+
+    let tanh = graph(&linear(
+        "bf16",
+        64,
+        "  %y = gelu %a {approximate = \"tanh\"} : bf16[64,3072]\n  return %y\n",
+    ));
+    let (ops, outputs) = whole(&tanh);
+    assert_eq!(
+        gemm_call(&tanh, &ops, &outputs).unwrap().activation,
+        Activation::GeluTanh
+    );
+}
+
+/// Each form cuBLASLt's epilogue cannot express is refused with its reason.
+#[test]
+fn what_cublaslt_cannot_run_is_refused_with_the_reason() {
+    let refused = |epilogue: &str, says: &str| {
+        let g = graph(&linear("f16", 128, epilogue));
+        let (ops, outputs) = whole(&g);
+        let why = gemm_call(&g, &ops, &outputs).expect_err(says).to_string();
+        assert!(why.contains(says), "{says}: {why}");
+    };
+    refused(
+        "  %y = gelu %a : f16[128,3072]\n  return %y\n",
+        "tanh form; this one is exact",
+    );
+    refused(
+        "  %y0 = relu %a : f16[128,3072]\n  %y = add %y0, %r : f16[128,3072]\n  return %y\n",
+        "cuBLASLt's epilogue: bias, add, then relu",
+    );
+    refused(
+        "  %y = mul %a, %r : f16[128,3072]\n  return %y\n",
+        "cuBLASLt's epilogue",
+    );
+    let g = graph(
+        "graph @g(%x: f16[16,32], %w: f16[32,8]) -> (f16[16,8], f16[16,8]) {\n\
+         \x20 %h = matmul %x, %w : f16[16,8]\n\
+         \x20 %y = relu %h : f16[16,8]\n\
+         \x20 return %y, %h\n}\n",
+    );
+    let (ops, outputs) = whole(&g);
+    let why = gemm_call(&g, &ops, &outputs).unwrap_err().to_string();
+    assert!(why.contains("intermediate value is used outside"), "{why}");
+    // f32 output of f16 operands (the GEMM keeps f16 elements).
+    let g = graph(
+        "graph @g(%x: f16[16,32], %w: f16[32,8]) -> (f32[16,8]) {\n\
+         \x20 %h = matmul %x, %w : f16[16,8]\n\
+         \x20 %y = cast %h : f32[16,8]\n\
+         \x20 return %y\n}\n",
+    );
+    let (ops, outputs) = whole(&g);
+    assert!(matches!(
+        gemm_call(&g, &ops, &outputs),
+        Err(Reason::Op { .. })
+    ));
+    // An operand transposed by an op, not by the matmul's flag.
+    let g = graph(
+        "graph @g(%x: f16[32,16], %w: f16[32,8]) -> (f16[16,8]) {\n\
+         \x20 %xt = transpose %x {perm = [1, 0]} : f16[16,32]\n\
+         \x20 %y = matmul %xt, %w : f16[16,8]\n\
+         \x20 return %y\n}\n",
+    );
+    let (ops, outputs) = whole(&g);
+    let why = gemm_call(&g, &ops, &outputs).unwrap_err().to_string();
+    assert!(why.contains("operands as stored"), "{why}");
+    // Integers.
+    let g = graph(
+        "graph @g(%x: i32[4,4], %w: i32[4,4]) -> (i32[4,4]) {\n\
+         \x20 %y = matmul %x, %w : i32[4,4]\n\
+         \x20 return %y\n}\n",
+    );
+    let (ops, outputs) = whole(&g);
+    assert!(matches!(
+        gemm_call(&g, &ops, &outputs),
+        Err(Reason::DType { .. })
+    ));
+}
+
+/// Reshapes are the same bytes: read through on the operands and kept on
+/// the chain while the last dim stays the output's columns.
+#[test]
+fn reshapes_are_read_through() {
+    let g = graph(
+        "graph @g(%x: f16[2,64,768], %w: f16[768,768], %b: f16[768], %r: f16[2,64,768]) -> (f16[2,64,768]) {\n\
+         \x20 %x2 = reshape %x : f16[128,768]\n\
+         \x20 %h = matmul %x2, %w : f16[128,768]\n\
+         \x20 %bb = broadcast %b {dims = [1]} : f16[128,768]\n\
+         \x20 %a = add %h, %bb : f16[128,768]\n\
+         \x20 %a3 = reshape %a : f16[2,64,768]\n\
+         \x20 %y = add %a3, %r : f16[2,64,768]\n\
+         \x20 return %y\n}\n",
+    );
+    let (ops, outputs) = whole(&g);
+    let call = gemm_call(&g, &ops, &outputs).expect("one call");
+    assert_eq!(call.a, value(&g, "x"));
+    assert_eq!(call.c, Some(value(&g, "r")));
+    assert_eq!(call.output, value(&g, "y"));
+}
+
+fn group_of(g: &Graph) -> Group {
+    let (ops, _) = whole(g);
+    Group {
+        ops,
+        kind: GroupKind::Gemm,
+        level: Level::Register,
+    }
+}
+
+fn library_param(e: &dcir_fusion::Estimate) -> Option<&str> {
+    e.params.get("library").and_then(Attr::as_str)
+}
+
+/// A large f16 GEMM goes to cuBLASLt (our `mma.sync` runs at about two
+/// thirds of Hopper's rate); the library is a candidate either way, and
+/// `kernels_only` never offers it.
+#[test]
+fn the_cost_model_prices_the_library_call() {
+    let g = graph(&linear("f16", 4096, "  return %a\n"));
+    let model = CostModel::new(DeviceSpec::h200());
+    let e = model.estimate(&g, &group_of(&g)).unwrap();
+    assert_eq!(library_param(&e), Some("cublaslt"));
+    // 19.3 GFLOP at 85 % of 759.5 TFLOP/s, plus the launch.
+    let flops = 2.0 * 4096.0 * 3072.0 * 768.0;
+    let roofline = flops / (0.85 * 759.5e12) + 2e-6;
+    assert!((e.time / roofline - 1.0).abs() < 1e-9, "{}", e.time);
+    assert!(e.candidates.len() > 1);
+
+    let own = CostModel::kernels_only(DeviceSpec::h200())
+        .estimate(&g, &group_of(&g))
+        .unwrap();
+    assert_eq!(library_param(&own), None);
+    assert!(own.candidates.iter().all(|c| c.get("library").is_none()));
+    assert!(own.time > e.time);
+
+    // A tiny GEMM: a kernel of ours fused with its epilogue is estimated
+    // no slower, and the library stays a candidate for measurement.
+    let small = graph(&linear("f16", 1, "  return %a\n"));
+    let e = model.estimate(&small, &group_of(&small)).unwrap();
+    assert!(e.candidates.iter().any(|c| {
+        c.get("library")
+            .is_some_and(|a| a.as_str() == Some("cublaslt"))
+    }));
+}
