@@ -6,7 +6,7 @@
 #
 #   kernels   every kernel of tests/filetests/cuda/*.dcir against the CPU
 #             interpreter (NaN-poisoned outputs), then timed (kernel_check)
-#   examples  every ir-example in f32 and f16 through dcir-run --backend cuda
+#   examples  every ir-example in f32, f16 and bf16 through dcir-run --backend cuda
 #             --check (whole graph, memory plan, CUDA graph) and --bench
 #   export    the ONNX models at batch 32 (export_models.py --batch 32, weights
 #             stripped) into crates/dcir-onnx/models/ (and $OUT/models_b32.tgz)
@@ -14,7 +14,7 @@
 #             and 32 where exported; f32 and f16 (the f32 graph made f16 by dcir-opt's to-f16 pass); random
 #             weights) through dcir-run --backend cuda --check --bench
 #   zoo       every model of crates/dcir-onnx/zoo/ (batch 1, random weights) in
-#             f32 and f16 through dcir-run --backend cuda --check --bench,
+#             ZOO_DTYPES (f32 f16 bf16) through dcir-run --backend cuda --check --bench,
 #             ZOO_JOBS at once (4), ZOO_ONLY="a b" for some; one line per run in zoo.log
 #   zoo-peers PyTorch eager (or torch.compile with ZOO_COMPILE=1, ZOO_PEERS_JOBS
 #             compiling at once, 8) on the zoo models, batch 1, f32 and f16
@@ -70,6 +70,7 @@ summary=()
 # The f16 form of an f32 graph: dcir-opt's to-f16 pass (every f32 value f16;
 # constants and clip bounds saturated into f16's range).
 to_f16() { "$B/dcir-opt" --pipeline to-f16 "$1" -o "$2"; }
+to_bf16() { "$B/dcir-opt" --pipeline to-bf16 "$1" -o "$2"; }
 
 kernels() {
     "$B/kernel_check" --reps 50 tests/filetests/cuda/*.dcir >"$OUT/kernels.log" 2>&1 || status=1
@@ -81,9 +82,9 @@ kernels() {
 examples() {
     : >"$OUT/examples.log"
     for f in ir-examples/*.dcir; do
-        for dt in f32 f16; do
+        for dt in f32 f16 bf16; do
             src=$f
-            if [ $dt = f16 ]; then src=/tmp/$(basename "$f" .dcir)_f16.dcir; to_f16 "$f" "$src"; fi
+            if [ $dt != f32 ]; then src=/tmp/$(basename "$f" .dcir)_$dt.dcir; "to_$dt" "$f" "$src"; fi
             echo "== $f $dt" >>"$OUT/examples.log"
             if "$B/dcir-run" "$src" --backend cuda --check --bench 50 >>"$OUT/examples.log" 2>&1; then
                 summary+=("example $(basename "$f" .dcir) $dt: PASS $(grep -A0 '^bench:' "$OUT/examples.log" | tail -1 | sed 's/.*median/median/')")
@@ -123,7 +124,7 @@ models() {
 # One zoo run: `zoo_one MODEL DTYPE` prints `MODEL DTYPE PASS median ...` or FAIL.
 zoo_one() {
     local m=$1 dt=$2 src=/tmp/zoo/$1.dcir log=$OUT/zoo/$1_$2.log
-    [ "$dt" = f16 ] && src=/tmp/zoo/${m}_f16.dcir
+    [ "$dt" != f32 ] && src=/tmp/zoo/${m}_$dt.dcir
     if timeout "${ZOO_TIMEOUT:-300}" "$B/dcir-run" "$src" --backend cuda --check --bench 20 >"$log" 2>&1; then
         echo "$m $dt PASS $(grep '^bench:' "$log" | tail -1 | sed 's/.*median/median/')"
     else
@@ -136,11 +137,12 @@ zoo() {
     local models=${ZOO_ONLY:-$(ls crates/dcir-onnx/zoo/*.onnx | xargs -n1 basename | sed 's/\.onnx$//')}
     for m in $models; do
         "$B/dcir-import" "crates/dcir-onnx/zoo/$m.onnx" -o "/tmp/zoo/$m.dcir" --no-weights >"$OUT/zoo/$m.import.log" 2>&1 &&
-            to_f16 "/tmp/zoo/$m.dcir" "/tmp/zoo/${m}_f16.dcir"
+            to_f16 "/tmp/zoo/$m.dcir" "/tmp/zoo/${m}_f16.dcir" &&
+            to_bf16 "/tmp/zoo/$m.dcir" "/tmp/zoo/${m}_bf16.dcir"
     done
     builtin export -f zoo_one
     builtin export B OUT
-    for m in $models; do echo "$m f32"; echo "$m f16"; done |
+    for m in $models; do for dt in ${ZOO_DTYPES:-f32 f16 bf16}; do echo "$m $dt"; done; done |
         xargs -P "${ZOO_JOBS:-4}" -L 1 bash -c 'zoo_one "$0" "$1"' | sort >"$OUT/zoo.log"
     grep -q FAIL "$OUT/zoo.log" && status=1
     summary+=("zoo: $(grep -c ' PASS' "$OUT/zoo.log") PASS, $(grep -c ' FAIL' "$OUT/zoo.log") FAIL (zoo.log)")

@@ -223,6 +223,19 @@ fn run(name: &str, args: &RunArgs) -> Result<(), Reported> {
         RandomByArg::Type => dcir_interp::RandomBy::Type,
     };
     let bound = io::bind_inputs_by(graph, given, args.seed, by).map_err(|e| fail(e.to_string()))?;
+    if let Some((_, from, to)) = bound.converted.first() {
+        let all_alike = bound.converted.iter().all(|(_, f, t)| (f, t) == (from, to));
+        let what = if all_alike {
+            format!("from {} to {}", from.name(), to.name())
+        } else {
+            "to their parameters' float dtypes".to_string()
+        };
+        let n = bound.converted.len();
+        let tensors = if n == 1 { "tensor" } else { "tensors" };
+        eprintln!(
+            "{name}: note: {n} {tensors} converted {what} on load (the graph's precision; saturated as to-f16 does)"
+        );
+    }
     if !bound.random.is_empty() {
         eprintln!(
             "{name}: random values (seed {}) for {} of {} parameters",

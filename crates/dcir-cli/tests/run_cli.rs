@@ -577,3 +577,33 @@ fn a_seed_draws_the_same_values_before_and_after_a_pass() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The weights of an f32 model run its f16 and bf16 forms (`dcir-opt
+/// --pipeline to-f16` or `to-bf16`): converted on load with one note.
+#[test]
+fn f32_weights_run_the_half_precision_forms() {
+    let dir = temp_dir("half-weights");
+    let w = dir.join("w.safetensors");
+    write_tensors(&w, &[("w", f32_tensor(&[2, 3], 0.5))]);
+    let w_arg = w.to_str().expect("utf-8");
+    for (pass, dtype) in [("to-f16", "f16"), ("to-bf16", "bf16")] {
+        let half = dir.join(format!("{dtype}.dcir"));
+        let opt = run_tool(
+            env!("CARGO_BIN_EXE_dcir-opt"),
+            &["--pipeline", pass, "-", "-o", half.to_str().expect("utf-8")],
+            Some(b"graph @g(%x: f32[4,2], %w: f32[2,3]) -> (f32[4,3]) {\n  %y = matmul %x, %w : f32[4,3]\n  return %y\n}\n"),
+        );
+        assert!(opt.status.success(), "{}", text(&opt.stderr));
+        let out = dcir_run(&[half.to_str().expect("utf-8"), "--weights", w_arg], None);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let note = text(&out.stderr);
+        assert!(
+            note.contains(&format!(
+                "note: 1 tensor converted from f32 to {dtype} on load"
+            )),
+            "{note}"
+        );
+        assert!(text(&out.stdout).starts_with(&format!("%y {dtype}[4,3] ")));
+    }
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}

@@ -126,12 +126,19 @@ pub struct Bound {
     pub inputs: Vec<Tensor>,
     /// The parameters that got random values, in parameter order.
     pub random: Vec<String>,
+    /// The tensors converted to their parameter's float dtype on load
+    /// (weights of an f32 model bound to its f16 or bf16 form): name, the
+    /// file's dtype, the parameter's.
+    pub converted: Vec<(String, DType, DType)>,
 }
 
 /// Binds `given` tensors to the parameters of the same name; the other
 /// parameters get the seeded random values of [`crate::random_inputs`].
-/// A name that is no parameter, given twice, or a tensor whose type differs
-/// from its parameter's is an error.
+/// A float tensor of the parameter's dims in another float dtype is
+/// converted to the parameter's, saturating as a precision change does
+/// ([`crate::tensor::saturate_to`]), and listed in [`Bound::converted`].
+/// A name that is no parameter, given twice, or a tensor whose type
+/// otherwise differs from its parameter's is an error.
 pub fn bind_inputs(
     graph: &Graph,
     given: Vec<(String, Tensor)>,
@@ -149,6 +156,7 @@ pub fn bind_inputs_by(
 ) -> Result<Bound, InterpError> {
     let params = graph.params();
     let mut slots: Vec<Option<Tensor>> = vec![None; params.len()];
+    let mut converted = Vec::new();
     for (name, tensor) in given {
         let Some(index) = params.iter().position(|&p| graph.value(p).name == name) else {
             let names: Vec<String> = params
@@ -162,6 +170,16 @@ pub fn bind_inputs_by(
             )));
         };
         let expected = graph.ty(params[index]);
+        let tensor = if tensor.ty() != expected
+            && tensor.dims() == expected.dims()
+            && tensor.dtype().is_float()
+            && expected.dtype.is_float()
+        {
+            converted.push((name.clone(), tensor.dtype(), expected.dtype));
+            Tensor::new(expected.clone(), tensor.data().narrowed(expected.dtype))?
+        } else {
+            tensor
+        };
         if tensor.ty() != expected {
             return Err(data_error(format!(
                 "tensor `{name}` is {} but parameter %{name} of @{} is {expected}",
@@ -185,7 +203,11 @@ pub fn bind_inputs_by(
             })
         })
         .collect();
-    Ok(Bound { inputs, random })
+    Ok(Bound {
+        inputs,
+        random,
+        converted,
+    })
 }
 
 /// The names under which a graph's outputs are written: the returned

@@ -10,6 +10,10 @@
 //! - int → float: round to nearest even (exact below 2^24 for f32).
 //! - int → int: keep the low bits (two's complement wrap, like C and NumPy).
 //! - anything → bool: `x != 0` (NaN is true); bool → number: 0 or 1.
+//!
+//! A precision change of a whole model (the `to-f16` and `to-bf16` passes,
+//! weights converted on load) saturates instead ([`saturate_to`]), as ONNX's
+//! float16 converters do with initializers.
 
 use std::borrow::Cow;
 
@@ -189,6 +193,40 @@ impl TensorData {
             // f16 and bf16 widen to f32 exactly.
             float => TensorData::from_f32(dtype, &float.to_f32()),
         }
+    }
+}
+
+/// `x` saturated into the normal range of the half type `dtype` (f16 or
+/// bf16; any other dtype leaves it): a nonzero magnitude below the smallest
+/// normal becomes that normal, a finite magnitude above the largest finite
+/// becomes that; zeros, infinities and NaN stay. A model made half precision
+/// keeps `clip(x, min = 1e-12)` away from 0 and its large weights finite.
+pub fn saturate_to(dtype: DType, x: f64) -> f64 {
+    let (min_normal, max) = match dtype {
+        DType::F16 => (6.103_515_625e-5, 65504.0),
+        DType::BF16 => (1.175_494_350_822_287_5e-38, 3.389_531_389_251_535_5e38),
+        _ => return x,
+    };
+    let magnitude = x.abs();
+    if magnitude > 0.0 && magnitude < min_normal {
+        min_normal.copysign(x)
+    } else if magnitude.is_finite() && magnitude > max {
+        max.copysign(x)
+    } else {
+        x
+    }
+}
+
+impl TensorData {
+    /// The float elements as `dtype` (a float dtype) with a precision
+    /// change's saturation ([`saturate_to`]), then rounded to nearest.
+    pub fn narrowed(&self, dtype: DType) -> TensorData {
+        let values: Vec<f64> = self
+            .to_f32()
+            .iter()
+            .map(|&x| saturate_to(dtype, f64::from(x)))
+            .collect();
+        TensorData::from_f64(dtype, &values)
     }
 }
 

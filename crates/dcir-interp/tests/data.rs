@@ -96,6 +96,31 @@ fn inputs_bind_by_name_and_the_rest_is_random() {
     assert_eq!(output_names(&g), ["y"]);
 }
 
+/// Weights of an f32 model bound to its half form (`to-f16`, `to-bf16`)
+/// are converted on load, saturating as the passes do, and listed.
+#[test]
+fn float_tensors_convert_to_their_parameters_dtype() {
+    let g = parse(&G.replace("f32", "f16"));
+    let x = f32s(&[2, 3], &[1e-9, 70000.0, -1.5, 0.0, f32::INFINITY, 2.0]);
+    let bound = bind_inputs(&g, vec![("x".to_string(), x)], 9).expect("binds");
+    assert_eq!(bound.converted, [("x".to_string(), DType::F32, DType::F16)]);
+    let got: Vec<f32> = bound.inputs[0].data().to_f32().to_vec();
+    assert_eq!(
+        got,
+        [6.103_515_6e-5, 65504.0, -1.5, 0.0, f32::INFINITY, 2.0]
+    );
+    assert_eq!(bound.random, ["w"]);
+
+    let g = parse(&G.replace("f32", "bf16"));
+    let x = t(DType::F16, &[2, 3], TensorData::F16(vec![f16::ONE; 6]));
+    let bound = bind_inputs(&g, vec![("x".to_string(), x)], 9).expect("binds");
+    assert_eq!(
+        bound.converted,
+        [("x".to_string(), DType::F16, DType::BF16)]
+    );
+    assert_eq!(bound.inputs[0].data().to_f32().to_vec(), [1.0; 6]);
+}
+
 #[test]
 fn mismatched_or_unknown_tensors_are_clear_errors() {
     let g = parse(G);
@@ -107,9 +132,16 @@ fn mismatched_or_unknown_tensors_are_clear_errors() {
         (
             vec![(
                 "x".to_string(),
-                t(DType::F16, &[2, 3], TensorData::F16(vec![f16::ZERO; 6])),
+                t(DType::I32, &[2, 3], TensorData::I32(vec![0; 6])),
             )],
-            "tensor `x` is f16[2,3] but parameter %x of @g is f32[2,3]",
+            "tensor `x` is i32[2,3] but parameter %x of @g is f32[2,3]",
+        ),
+        (
+            vec![(
+                "x".to_string(),
+                t(DType::F16, &[3, 2], TensorData::F16(vec![f16::ZERO; 6])),
+            )],
+            "tensor `x` is f16[3,2] but parameter %x of @g is f32[2,3]",
         ),
         (
             vec![("z".to_string(), f32s(&[1], &[0.0]))],

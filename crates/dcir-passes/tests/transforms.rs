@@ -686,8 +686,9 @@ const EXACT_PASSES: &[&str] = &[
 ];
 
 /// The passes that change the graph's types on purpose (its outputs are not
-/// the original's); tests/filetests/passes/to-f16.dcir checks `to-f16`.
-const TYPE_CHANGING_PASSES: &[&str] = &["to-f16"];
+/// the original's); tests/filetests/passes/to-f16.dcir and to-bf16.dcir
+/// check them.
+const TYPE_CHANGING_PASSES: &[&str] = &["to-bf16", "to-f16"];
 
 /// The tolerance for a pass that changes rounding (a decomposition rounds
 /// every intermediate where the fused op rounds once) on a random graph,

@@ -10,7 +10,7 @@ mod decompose_softmax;
 mod fold_batchnorm;
 mod fold_constants;
 mod hoist_weights;
-mod to_f16;
+mod to_half;
 
 use crate::registry::PassDef;
 
@@ -25,5 +25,6 @@ pub const BUILTIN_PASSES: &[PassDef] = &[
     fold_batchnorm::DEF,
     fold_constants::DEF,
     hoist_weights::DEF,
-    to_f16::DEF,
+    to_half::TO_BF16,
+    to_half::TO_F16,
 ];
