@@ -88,6 +88,57 @@ fn data_type(dtype: &str) -> Result<sys::cudaDataType, String> {
     }
 }
 
+/// One column-major matrix as cuBLASLt reads it: `rows × cols` with the
+/// leading dimension `rows`, batch entries `batch_stride` elements apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Matrix {
+    rows: u64,
+    cols: u64,
+    batch_stride: u64,
+}
+
+/// A row-major [`GemmCall`] as cuBLASLt's column-major problem
+/// `D = op(A) · op(B) (+ C)` with `D` of `m × n`: A is our `b`, B our `a`,
+/// `m` and `n` swap, and our bias along the output's columns is cuBLASLt's
+/// per-row bias of D (module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ColumnMajor {
+    /// cuBLASLt's m (our n), n (our m) and k.
+    m: u64,
+    n: u64,
+    k: u64,
+    /// `op(A)` is Aᵀ (our `b` is stored transposed).
+    transpose_a: bool,
+    /// `op(B)` is Bᵀ (our `a` is stored transposed).
+    transpose_b: bool,
+    /// A, B, C and D.
+    matrices: [Matrix; 4],
+}
+
+impl ColumnMajor {
+    fn of(call: &GemmCall) -> ColumnMajor {
+        let (m, n, k) = (call.n, call.m, call.k);
+        // Our b is [k, n] row-major, i.e. [n, k] column-major with ld n
+        // (op N); stored transposed it is [n, k] row-major, [k, n]
+        // column-major with ld k (op T). Our a likewise with m.
+        let a = if call.transpose_b { (k, m) } else { (m, k) };
+        let b = if call.transpose_a { (n, k) } else { (k, n) };
+        let matrix = |(rows, cols): (u64, u64)| Matrix {
+            rows,
+            cols,
+            batch_stride: rows * cols,
+        };
+        ColumnMajor {
+            m,
+            n,
+            k,
+            transpose_a: call.transpose_b,
+            transpose_b: call.transpose_a,
+            matrices: [matrix(a), matrix(b), matrix((m, n)), matrix((m, n))],
+        }
+    }
+}
+
 /// The largest power of two (at most 256) dividing `ptr`: the alignment
 /// the algorithm may assume.
 fn alignment(ptr: u64) -> u32 {
@@ -113,7 +164,7 @@ impl Matmul {
         });
         let d = args[next];
         let e = |what: &'static str| move |err: CublasError| format!("{what}: {err}");
-        let (m, n, k) = (call.n, call.m, call.k); // cuBLASLt's, swapped
+        let plan = ColumnMajor::of(call);
         let desc = lt::create_matmul_desc(
             sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
             sys::cudaDataType::CUDA_R_32F,
@@ -127,32 +178,15 @@ impl Matmul {
             beta: if c.is_some() { 1.0 } else { 0.0 },
             pointers: [b, a, c.unwrap_or(d), d],
         };
-        // cuBLASLt's A is our b: [n, k] column-major with ld n, or stored
-        // transposed ([k, n], ld k). Its B is our a: [k, m] with ld k, or
-        // [m, k] with ld m.
-        let (op_a, rows_a, cols_a) = if call.transpose_b {
-            (1i32, k, m)
-        } else {
-            (0i32, m, k)
-        };
-        let (op_b, rows_b, cols_b) = if call.transpose_a {
-            (1i32, n, k)
-        } else {
-            (0i32, k, n)
-        };
-        let shapes = [
-            (rows_a, cols_a, m * k),
-            (rows_b, cols_b, k * n),
-            (m, n, m * n),
-            (m, n, m * n),
-        ];
+        let (op_a, op_b) = (i32::from(plan.transpose_a), i32::from(plan.transpose_b));
         // SAFETY (this block): each attribute is written from a live value
         // of the type and size cuBLASLt documents for it; the layouts and
         // descriptors are this value's own, destroyed in `drop`.
         #[allow(unsafe_code)]
         unsafe {
-            for (i, &(rows, cols, stride)) in shapes.iter().enumerate() {
-                let layout = lt::create_matrix_layout(ty, rows, cols, rows as i64)
+            for (i, m) in plan.matrices.iter().enumerate() {
+                let (rows, stride) = (m.rows, m.batch_stride);
+                let layout = lt::create_matrix_layout(ty, rows, m.cols, rows as i64)
                     .map_err(e("cublasLtMatrixLayoutCreate"))?;
                 this.layouts[i] = layout;
                 if call.batch > 1 {
@@ -356,5 +390,108 @@ impl Drop for Matmul {
             }
             let _ = lt::destroy_matmul_desc(self.desc);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(batch: u64, m: u64, n: u64, k: u64, ta: bool, tb: bool) -> GemmCall {
+        GemmCall {
+            dtype: "f32".into(),
+            batch,
+            m,
+            n,
+            k,
+            transpose_a: ta,
+            transpose_b: tb,
+            c: true,
+            bias: true,
+            activation: "none".into(),
+            algorithm: None,
+        }
+    }
+
+    /// cuBLASLt's definition over column-major buffers:
+    /// `D(i, j) = Σ op(A)(i, l)·op(B)(l, j) + C(i, j) + bias(i)` per batch.
+    fn column_major(p: &ColumnMajor, batch: u64, bufs: [&[f64]; 3], bias: &[f64]) -> Vec<f64> {
+        let [a, b, c] = bufs;
+        let [ma, mb, mc, md] = p.matrices;
+        let at = |m: &Matrix, buf: &[f64], batch: u64, r: u64, col: u64| {
+            buf[(batch * m.batch_stride + r + col * m.rows) as usize]
+        };
+        let mut d = vec![0.0; (batch * md.batch_stride) as usize];
+        for z in 0..batch {
+            for i in 0..p.m {
+                for j in 0..p.n {
+                    let mut sum = at(&mc, c, z, i, j) + bias[i as usize];
+                    for l in 0..p.k {
+                        let x = if p.transpose_a {
+                            at(&ma, a, z, l, i)
+                        } else {
+                            at(&ma, a, z, i, l)
+                        };
+                        let y = if p.transpose_b {
+                            at(&mb, b, z, j, l)
+                        } else {
+                            at(&mb, b, z, l, j)
+                        };
+                        sum += x * y;
+                    }
+                    d[(z * md.batch_stride + i + j * md.rows) as usize] = sum;
+                }
+            }
+        }
+        d
+    }
+
+    /// The layouts the runtime hands cuBLASLt compute dcir's row-major
+    /// `out = a · b + c + bias` for every transpose and a batch, at odd sizes.
+    #[test]
+    fn the_column_major_problem_is_the_row_major_product() {
+        for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+            let (batch, m, n, k) = (2u64, 3u64, 5u64, 7u64);
+            let g = call(batch, m, n, k, ta, tb);
+            let value = |i: u64, salt: f64| ((i as f64 * 0.37 + salt).sin() * 4.0).round();
+            let a: Vec<f64> = (0..batch * m * k).map(|i| value(i, 1.0)).collect();
+            let b: Vec<f64> = (0..batch * k * n).map(|i| value(i, 2.0)).collect();
+            let c: Vec<f64> = (0..batch * m * n).map(|i| value(i, 3.0)).collect();
+            let bias: Vec<f64> = (0..n).map(|i| value(i, 4.0)).collect();
+            // Row-major reference: a is [m, k] (or [k, m]), b [k, n] (or [n, k]).
+            let mut want = vec![0.0; (batch * m * n) as usize];
+            for z in 0..batch {
+                for i in 0..m {
+                    for j in 0..n {
+                        let mut sum = c[(z * m * n + i * n + j) as usize] + bias[j as usize];
+                        for l in 0..k {
+                            let x = if ta {
+                                a[(z * m * k + l * m + i) as usize]
+                            } else {
+                                a[(z * m * k + i * k + l) as usize]
+                            };
+                            let y = if tb {
+                                b[(z * k * n + j * k + l) as usize]
+                            } else {
+                                b[(z * k * n + l * n + j) as usize]
+                            };
+                            sum += x * y;
+                        }
+                        want[(z * m * n + i * n + j) as usize] = sum;
+                    }
+                }
+            }
+            let plan = ColumnMajor::of(&g);
+            // cuBLASLt's A is our b, its B our a, C and D ours.
+            let got = column_major(&plan, batch, [&b, &a, &c], &bias);
+            assert_eq!(got, want, "transpose_a {ta}, transpose_b {tb}");
+        }
+    }
+
+    #[test]
+    fn alignment_is_the_largest_power_of_two_up_to_256() {
+        assert_eq!(alignment(0x1000), 256);
+        assert_eq!(alignment(0x1008), 8);
+        assert_eq!(alignment(0x1002), 2);
     }
 }
