@@ -40,8 +40,10 @@
 #             SANITIZE_TOOLS (memcheck racecheck initcheck synccheck),
 #             SANITIZE_JOBS at once (4); one line per run in sanitize.log
 #   test      the GPU test target (crates/dcir-cli/tests/gpu_check.rs)
-#   library   the cuBLASLt calls: every graph of tests/filetests/cuda/cublaslt.dcir
-#             through --check and --bench; the BERT layer at batch 32 (suite.py's
+#   library   the library calls: every graph of tests/filetests/cuda/cublaslt.dcir
+#             and cudnn.dcir through --check and --bench (cuDNN from PyTorch's
+#             wheel: its lib folder is put on LD_LIBRARY_PATH); ResNet-50 b32 f16,
+#             the BERT layer at batch 32 (suite.py's
 #             graph) and ViT-B/16 at batch 32 (exported here) in f16 with and
 #             without --no-library, checked and timed, and torch eager and
 #             torch.compile (CUDA graphs) on ViT-B/16 b32 f16; library.log
@@ -62,6 +64,9 @@
 set -u
 B=$(cd "$(dirname "$0")" && pwd)
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+# cuDNN 9 as PyTorch's wheels bring it (dcir loads libcudnn.so.9 by name).
+CUDNN_DIR=$(dirname "$(find "$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null)"/nvidia -name 'libcudnn.so.9' 2>/dev/null | head -1)" 2>/dev/null)
+[ -n "$CUDNN_DIR" ] && [ -d "$CUDNN_DIR" ] && export LD_LIBRARY_PATH=$CUDNN_DIR:$LD_LIBRARY_PATH
 OUT=${OUT:-/tmp/dcir-gpu}
 mkdir -p "$OUT"
 status=0
@@ -331,6 +336,14 @@ library() {
     for g in lt_bias_relu lt_batched_tb lt_f32_ta lt_residual lt_gelu_tanh lt_odd; do
         lib_run tests/filetests/cuda/cublaslt.dcir --graph "$g" --check --bench 20
     done
+    for g in dnn_bias_relu dnn_residual dnn_f32_strided dnn_grouped_bias dnn_depthwise; do
+        lib_run tests/filetests/cuda/cudnn.dcir --graph "$g" --check --bench 20
+    done
+    # ResNet-50 at batch 32 in f16, with and without libraries.
+    "$B/dcir-import" crates/dcir-onnx/models/resnet50_b32.onnx -o /tmp/r50b32.dcir --no-weights >>"$log" 2>&1
+    to_f16 /tmp/r50b32.dcir /tmp/r50b32_f16.dcir
+    lib_run /tmp/r50b32_f16.dcir --check --bench 50
+    lib_run /tmp/r50b32_f16.dcir --no-library --bench 50
     python3 -c "import sys; sys.path.insert(0, '$B'); import suite; open('/tmp/bert_b32.dcir', 'w').write(suite.bert_layer_text(32).replace('f32', 'f16'))"
     python3 - <<'PY' >>"$log" 2>&1
 import torch, torchvision

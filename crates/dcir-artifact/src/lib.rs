@@ -69,6 +69,109 @@ pub struct KernelEntry {
 pub enum LibraryCall {
     /// A cuBLASLt matmul (`cublasLtMatmul`).
     Cublaslt(GemmCall),
+    /// A cuDNN convolution (`cudnnConvolutionForward`, or with a bias
+    /// `cudnnConvolutionBiasActivationForward`).
+    Cudnn(ConvCall),
+}
+
+/// `out = act(conv(x, w) + z + bias)`, NCHW: `x` of `input`, `w` of
+/// `filter` (`[k, c / groups, r, s]`), `out` and `z` of `output`, `bias` of
+/// the `k` output channels; padding `pad` on both sides. f16 and bf16
+/// accumulate in f32; f32 computes in strict f32 (no TF32).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConvCall {
+    /// Element dtype of every operand and of the output.
+    pub dtype: String,
+    /// `[n, c, h, w]`.
+    pub input: [u64; 4],
+    /// `[k, c / groups, r, s]`.
+    pub filter: [u64; 4],
+    /// `[n, k, oh, ow]`.
+    pub output: [u64; 4],
+    /// `[pad_h, pad_w]`, each on both sides.
+    pub pad: [u64; 2],
+    /// `[stride_h, stride_w]`.
+    pub stride: [u64; 2],
+    /// `[dilation_h, dilation_w]`.
+    pub dilation: [u64; 2],
+    /// Channel groups.
+    pub groups: u64,
+    /// A `z` operand of the output's shape is bound (after `x` and `w`).
+    pub z: bool,
+    /// A `bias` operand is bound (after `z`).
+    pub bias: bool,
+    /// The activation applied last: `none` or `relu`.
+    pub activation: String,
+}
+
+impl ConvCall {
+    /// Why the call contradicts itself, if it does: extents outside
+    /// `[1, 2^31)`, groups that do not divide the channels, an output that
+    /// is not the convolution's, an epilogue cuDNN's fused call lacks.
+    fn check(&self) -> Result<(), String> {
+        let [n, c, h, w] = self.input;
+        let [k, cg, r, s] = self.filter;
+        let fits = |x: u64| (1..=i32::MAX as u64).contains(&x);
+        let all = self.input.iter().chain(&self.filter).chain(&self.output);
+        if !all.copied().all(fits) || !fits(self.groups) {
+            return Err(format!(
+                "a cuDNN call of extents {:?} {:?} {:?}",
+                self.input, self.filter, self.output
+            ));
+        }
+        let counted = [self.input, self.filter, self.output].iter().all(|d| {
+            d.iter()
+                .try_fold(1u64, |acc, &x| acc.checked_mul(x))
+                .is_some()
+        });
+        if !counted {
+            return Err("a cuDNN call of more elements than a u64 counts".into());
+        }
+        if c % self.groups != 0 || k % self.groups != 0 || cg * self.groups != c {
+            return Err(format!(
+                "a cuDNN call of {} groups over {c} and {k} channels",
+                self.groups
+            ));
+        }
+        let side = |size: u64, pad: u64, taps: u64, dilation: u64, stride: u64| {
+            let span = dilation.checked_mul(taps - 1)?.checked_add(1)?;
+            let padded = size.checked_add(pad.checked_mul(2)?)?;
+            (padded >= span && stride > 0).then(|| (padded - span) / stride + 1)
+        };
+        let oh = side(h, self.pad[0], r, self.dilation[0], self.stride[0]);
+        let ow = side(w, self.pad[1], s, self.dilation[1], self.stride[1]);
+        if self.output != [n, k, oh.unwrap_or(0), ow.unwrap_or(0)] {
+            return Err(format!(
+                "a cuDNN call whose output {:?} is not its convolution's",
+                self.output
+            ));
+        }
+        if !matches!(self.activation.as_str(), "none" | "relu") {
+            return Err(format!(
+                "a cuDNN call with activation `{}`",
+                self.activation
+            ));
+        }
+        if !self.bias && (self.z || self.activation != "none") {
+            return Err("a cuDNN call with an epilogue but no bias".into());
+        }
+        Ok(())
+    }
+
+    /// The elements of each bound buffer, in parameter order: x, w, then z
+    /// and bias where bound, then the output.
+    pub fn operand_elements(&self) -> Vec<u64> {
+        let count = |d: &[u64; 4]| d.iter().product::<u64>();
+        let mut v = vec![count(&self.input), count(&self.filter)];
+        if self.z {
+            v.push(count(&self.output));
+        }
+        if self.bias {
+            v.push(self.output[1]);
+        }
+        v.push(count(&self.output));
+        v
+    }
 }
 
 /// `out = act(a · b + c + bias)` over row-major matrices: `batch` products
@@ -158,6 +261,16 @@ impl LibraryCall {
                 Ok(g.operand_elements()
                     .into_iter()
                     .map(|e| (g.dtype.as_str(), e))
+                    .collect())
+            }
+            LibraryCall::Cudnn(c) => {
+                if !matches!(c.dtype.as_str(), "f32" | "f16" | "bf16") {
+                    return Err(format!("a cuDNN call of dtype `{}`", c.dtype));
+                }
+                c.check()?;
+                Ok(c.operand_elements()
+                    .into_iter()
+                    .map(|e| (c.dtype.as_str(), e))
                     .collect())
             }
         }
@@ -692,6 +805,7 @@ mod tests {
         fn call(a: &mut Artifact) -> &mut GemmCall {
             match a.kernels[0].library.as_mut().unwrap() {
                 LibraryCall::Cublaslt(g) => g,
+                LibraryCall::Cudnn(_) => unreachable!("the sample calls cuBLASLt"),
             }
         }
         let edits: [(Edit, &str); 6] = [
@@ -717,6 +831,90 @@ mod tests {
         for (edit, says) in edits {
             let mut a = library_sample();
             edit(&mut a);
+            match Artifact::from_json(&a.to_json()) {
+                Err(ArtifactError::Invalid(why)) => assert!(why.contains(says), "{says}: {why}"),
+                other => panic!("{says}: {other:?}"),
+            }
+        }
+    }
+
+    /// A 3x3 convolution with bias, residual and ReLU as one cuDNN call:
+    /// `x[2,4,8,8] * w[6,4,3,3]`, pad 1.
+    fn conv_sample() -> Artifact {
+        let mut a = library_sample();
+        let call = ConvCall {
+            dtype: "f16".into(),
+            input: [2, 4, 8, 8],
+            filter: [6, 4, 3, 3],
+            output: [2, 6, 8, 8],
+            pad: [1, 1],
+            stride: [1, 1],
+            dilation: [1, 1],
+            groups: 1,
+            z: true,
+            bias: true,
+            activation: "relu".into(),
+        };
+        let shapes: [Vec<u64>; 5] = [
+            vec![2, 4, 8, 8],
+            vec![6, 4, 3, 3],
+            vec![2, 6, 8, 8],
+            vec![6],
+            vec![2, 6, 8, 8],
+        ];
+        a.buffers = shapes
+            .into_iter()
+            .enumerate()
+            .map(|(i, shape)| Buffer {
+                id: i as u32,
+                name: format!("v{i}"),
+                bytes: 2 * shape.iter().product::<u64>(),
+                dtype: "f16".into(),
+                shape,
+                view_of: None,
+                view_offset: 0,
+                first_use: Some(0),
+                last_use: Some(0),
+                kind: if i == 4 {
+                    BufferKind::Output
+                } else {
+                    BufferKind::Input
+                },
+                data: None,
+            })
+            .collect();
+        let mut params = a.kernels[0].params.clone();
+        params.insert(2, params[0].clone());
+        a.kernels[0].params = params;
+        a.kernels[0].library = Some(LibraryCall::Cudnn(call));
+        a.launches[0].args = vec![0, 1, 2, 3, 4];
+        a.inputs = vec![0, 1, 2, 3];
+        a.outputs = vec![4];
+        a
+    }
+
+    #[test]
+    fn a_conv_call_round_trips_and_edits_are_refused() {
+        let a = conv_sample();
+        assert_eq!(Artifact::from_json(&a.to_json()).unwrap(), a);
+        type Edit = fn(&mut ConvCall);
+        let edits: [(Edit, &str); 6] = [
+            (
+                |c| c.pad = [0, 0],
+                "output [2, 6, 8, 8] is not its convolution's",
+            ),
+            (|c| c.groups = 3, "3 groups over 4 and 6 channels"),
+            (|c| c.activation = "gelu".into(), "activation `gelu`"),
+            (|c| c.bias = false, "an epilogue but no bias"),
+            (|c| c.input = [1 << 40, 4, 8, 8], "extents"),
+            (|c| c.dtype = "i64".into(), "dtype `i64`"),
+        ];
+        for (edit, says) in edits {
+            let mut a = conv_sample();
+            match a.kernels[0].library.as_mut().unwrap() {
+                LibraryCall::Cudnn(c) => edit(c),
+                LibraryCall::Cublaslt(_) => unreachable!(),
+            }
             match Artifact::from_json(&a.to_json()) {
                 Err(ArtifactError::Invalid(why)) => assert!(why.contains(says), "{says}: {why}"),
                 other => panic!("{says}: {other:?}"),

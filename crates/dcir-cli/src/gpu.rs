@@ -98,21 +98,30 @@ pub(crate) struct CompileOptions<'a> {
     pub gpu: usize,
 }
 
-/// The libraries a run on this machine may call, and a note when one is
+/// The libraries a run on this machine may call, and a note naming those
 /// missing (`--no-library` asks for none, silently).
 pub(crate) fn run_libraries(no_library: bool) -> (Libraries, Option<String>) {
     if no_library {
         return (Libraries::NONE, None);
     }
-    if dcir_runtime::cublaslt_present() {
-        return (Libraries::ALL, None);
+    let found = Libraries {
+        cublaslt: dcir_runtime::cublaslt_present(),
+        cudnn: dcir_runtime::cudnn_present(),
+    };
+    let mut missing = Vec::new();
+    if !found.cublaslt {
+        missing.push("cuBLASLt (libcublasLt.so)");
     }
-    (
-        Libraries::NONE,
-        Some(
-            "note: cuBLASLt (libcublasLt.so) is not on the library path; every group runs on dcir's own kernels (README, \"Prerequisites\")".into(),
-        ),
-    )
+    if !found.cudnn {
+        missing.push("cuDNN (libcudnn.so.9)");
+    }
+    let note = (!missing.is_empty()).then(|| {
+        format!(
+            "note: {} not on the library path; the groups it would run use dcir's own kernels (README, \"Prerequisites\")",
+            missing.join(" and ")
+        )
+    });
+    (found, note)
 }
 
 /// Fuses `graph` (cleanup pipeline, then the planner with `device`'s cost
@@ -507,17 +516,20 @@ mod tests {
     use super::*;
 
     /// `--no-library` asks for none; otherwise the libraries the machine has,
-    /// with one note where cuBLASLt is missing (CI's machine has none).
+    /// with one note naming those missing (CI's machine has none).
     #[test]
     fn libraries_follow_the_machine_and_the_flag() {
         assert_eq!(run_libraries(true), (Libraries::NONE, None));
         let (libraries, note) = run_libraries(false);
-        if dcir_runtime::cublaslt_present() {
-            assert_eq!((libraries, note), (Libraries::ALL, None));
-        } else {
-            assert_eq!(libraries, Libraries::NONE);
-            let note = note.expect("a note");
-            assert!(note.contains("cuBLASLt (libcublasLt.so) is not on the library path"));
+        assert_eq!(libraries.cublaslt, dcir_runtime::cublaslt_present());
+        assert_eq!(libraries.cudnn, dcir_runtime::cudnn_present());
+        match note {
+            None => assert_eq!(libraries, Libraries::ALL),
+            Some(note) => {
+                assert!(note.contains("not on the library path"), "{note}");
+                assert_eq!(note.contains("cuBLASLt"), !libraries.cublaslt, "{note}");
+                assert_eq!(note.contains("cuDNN"), !libraries.cudnn, "{note}");
+            }
         }
     }
 }

@@ -43,7 +43,7 @@ pub struct OptArgs {
     /// Plan every op as its own kernel (the unfused baseline); implies --fuse.
     #[arg(long, conflicts_with = "tune_fusion")]
     pub no_fuse: bool,
-    /// Plan every group on dcir's own kernels: no vendor library call (cuBLASLt), which the
+    /// Plan every group on dcir's own kernels: no vendor library call (cuBLASLt, cuDNN), which the
     /// cost model otherwise picks where it prices the call faster.
     #[arg(long)]
     pub no_library: bool,

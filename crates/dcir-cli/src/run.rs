@@ -61,7 +61,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub no_fuse: bool,
     /// With the cuda backend, run every group on dcir's own kernels: no vendor library call
-    /// (cuBLASLt) is planned or tuned.
+    /// (cuBLASLt, cuDNN) is planned or tuned.
     #[arg(long)]
     pub no_library: bool,
     /// The graph to run, when the module has several (default: the first); `main` or `@main`.

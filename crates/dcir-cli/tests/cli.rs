@@ -780,7 +780,9 @@ fn library_calls_are_planned_shown_and_turned_off() {
         .library
         .as_ref()
         .expect("a library call");
-    let dcir_artifact::LibraryCall::Cublaslt(g) = call;
+    let dcir_artifact::LibraryCall::Cublaslt(g) = call else {
+        panic!("a cuBLASLt call, not {call:?}");
+    };
     assert_eq!((g.m, g.n, g.k, g.bias, g.c), (4096, 3072, 768, true, false));
     assert!(
         !dir.join(format!("{}.cu", artifact.kernels[0].name))
@@ -801,6 +803,20 @@ fn library_calls_are_planned_shown_and_turned_off() {
         text(&out.stderr).contains("takes no kernel parameter, found `threads`"),
         "{}",
         text(&out.stderr)
+    );
+    // A ResNet-50 3x3 convolution at batch 32 in f16 calls cuDNN.
+    let conv = b"graph @c(%x: f16[32,64,56,56], %w: f16[64,64,3,3], %b: f16[64]) -> (f16[32,64,56,56]) {\n\
+  %c = conv2d %x, %w {pad = [1, 1, 1, 1]} : f16[32,64,56,56]\n\
+  %bb = broadcast %b {dims = [1]} : f16[32,64,56,56]\n\
+  %a = add %c, %bb : f16[32,64,56,56]\n\
+  %y = relu %a : f16[32,64,56,56]\n\
+  return %y\n}\n";
+    let out = dcir_opt(&["--fuse", "--emit", "cuda", "-"], Some(conv));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("library call c_g0: cuDNN f16 conv [32, 64, 56, 56]"),
+        "{}",
+        text(&out.stdout)
     );
     // A group cuBLASLt cannot run, marked as a call: a clear refusal.
     let gelu = b"graph @g(%x: f16[64,64], %w: f16[64,64]) -> (f16[64,64]) {\n\

@@ -141,43 +141,67 @@ fn onnx_node_tests_pass_check_on_the_gpu() {
 
 /// Every library call of `tests/filetests/cuda/cublaslt.dcir` (bias + relu,
 /// batched with B transposed, strict f32 with A transposed, a residual in
-/// bf16, tanh-GELU, odd extents) through `--check`, launch by launch and
-/// replayed in a CUDA graph (`--bench`); skipped with a note where cuBLASLt
-/// is not installed.
+/// bf16, tanh-GELU, odd extents) and `cudnn.dcir` (bias + relu, a residual
+/// in bf16, strict f32 strided and dilated, grouped with an identity
+/// activation, depthwise) through `--check`, launch by launch and replayed
+/// in a CUDA graph (`--bench`); a library not installed is skipped with a
+/// note.
 #[test]
 fn library_calls_pass_check_on_the_gpu() {
     let Some(_context) = common::gpu_or_skip() else {
         return;
     };
-    if !dcir_runtime::cublaslt_present() {
-        println!("SKIP: no GPU library: cuBLASLt (libcublasLt.so) is not on the library path");
-        return;
-    }
-    let file = repo_root().join("tests/filetests/cuda/cublaslt.dcir");
-    let file = file.to_str().expect("utf-8 path");
+    let cases: [(&str, bool, &[&str]); 2] = [
+        (
+            "cublaslt.dcir",
+            dcir_runtime::cublaslt_present(),
+            &[
+                "lt_bias_relu",
+                "lt_batched_tb",
+                "lt_f32_ta",
+                "lt_residual",
+                "lt_gelu_tanh",
+                "lt_odd",
+            ],
+        ),
+        (
+            "cudnn.dcir",
+            dcir_runtime::cudnn_present(),
+            &[
+                "dnn_bias_relu",
+                "dnn_residual",
+                "dnn_f32_strided",
+                "dnn_grouped_bias",
+                "dnn_depthwise",
+            ],
+        ),
+    ];
     let mut failures = Vec::new();
-    for graph in [
-        "lt_bias_relu",
-        "lt_batched_tb",
-        "lt_f32_ta",
-        "lt_residual",
-        "lt_gelu_tanh",
-        "lt_odd",
-    ] {
-        let args = [
-            "dcir-run",
-            file,
-            "--graph",
-            graph,
-            "--backend",
-            "cuda",
-            "--check",
-            "--bench",
-            "5",
-        ];
-        println!("== {graph}");
-        if dcir_cli::run::main_with("dcir-run", args.iter().map(Into::into)) != ExitCode::SUCCESS {
-            failures.push(graph);
+    for (file, present, graphs) in cases {
+        if !present {
+            println!("SKIP: no GPU library for {file}: not on the library path");
+            continue;
+        }
+        let path = repo_root().join("tests/filetests/cuda").join(file);
+        let path = path.to_str().expect("utf-8 path");
+        for &graph in graphs {
+            let args = [
+                "dcir-run",
+                path,
+                "--graph",
+                graph,
+                "--backend",
+                "cuda",
+                "--check",
+                "--bench",
+                "5",
+            ];
+            println!("== {graph}");
+            if dcir_cli::run::main_with("dcir-run", args.iter().map(Into::into))
+                != ExitCode::SUCCESS
+            {
+                failures.push(graph);
+            }
         }
     }
     assert!(failures.is_empty(), "failed: {failures:?}");

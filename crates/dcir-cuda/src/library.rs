@@ -1,10 +1,11 @@
-//! Groups a vendor library runs (`library = "cublaslt"`): the `fused` op's
-//! region read by the fusion crate's recognizer ([`dcir_fusion::library`],
+//! Groups a vendor library runs (`library = "cublaslt"` on `gemm`,
+//! `"cudnn"` on `conv`): the `fused` op's region read by the fusion crate's
+//! recognizers ([`dcir_fusion::library`],
 //! the same answer the cost model priced) and recorded as the artifact's
 //! [`LibraryCall`], bound like a kernel.
 
-use dcir_artifact::{GemmCall, KernelParam, LibraryCall};
-use dcir_fusion::library::{Activation, gemm_call};
+use dcir_artifact::{ConvCall, GemmCall, KernelParam, LibraryCall};
+use dcir_fusion::library::{Activation, conv_call, gemm_call};
 use dcir_fusion::{Reason, library};
 use dcir_ir::{Attr, Graph, OpId, OpKind, ValueId};
 
@@ -20,7 +21,7 @@ pub struct BoundCall {
     pub operands: Vec<ValueId>,
     /// The parameters: the operands, then the output.
     pub params: Vec<KernelParam>,
-    /// What the call computes, for plans (`cuBLASLt f16 768×3072×768, bias + relu`).
+    /// What the call computes, for `--emit cuda` (`cuBLASLt f16 768×3072×768, bias + relu`).
     pub summary: String,
 }
 
@@ -43,10 +44,13 @@ pub fn library_call(g: &Graph, op: OpId) -> Result<BoundCall, EmitError> {
         )));
     };
     let name = library_of(g, op).unwrap_or_default();
-    if name != library::CUBLASLT || data.attrs.str("kind") != Some("gemm") {
+    let kind = data.attrs.str("kind").unwrap_or("none");
+    if !matches!(
+        (name, kind),
+        (library::CUBLASLT, "gemm") | (library::CUDNN, "conv")
+    ) {
         return Err(unsupported(Reason::Parameters(format!(
-            "library = \"{name}\" on a group of kind `{}` (cuBLASLt runs `gemm` groups)",
-            data.attrs.str("kind").unwrap_or("none")
+            "library = \"{name}\" on a group of kind `{kind}` (cuBLASLt runs `gemm` groups, cuDNN `conv` groups)"
         ))));
     }
     let block = g.block(region);
@@ -55,7 +59,6 @@ pub fn library_call(g: &Graph, op: OpId) -> Result<BoundCall, EmitError> {
         _ => return Err(unsupported(Reason::Form("a region without `yield`".into()))),
     };
     let outputs = g.op(terminator).operands.clone();
-    let call = gemm_call(g, body, &outputs).map_err(unsupported)?;
     // Region argument i is the fused op's operand i.
     let outer = |v: ValueId| {
         let i = block
@@ -65,20 +68,82 @@ pub fn library_call(g: &Graph, op: OpId) -> Result<BoundCall, EmitError> {
             .expect("the recognizer's operands are region arguments");
         data.operands[i]
     };
-    let dtype = call.dtype.name();
-    let param = |name: &str, output| KernelParam {
-        name: name.into(),
-        dtype: dtype.into(),
-        output,
+    let params = |dtype: &str, names: &[&str]| -> Vec<KernelParam> {
+        names
+            .iter()
+            .map(|name| KernelParam {
+                name: (*name).into(),
+                dtype: dtype.into(),
+                output: *name == "out",
+            })
+            .collect()
     };
-    let mut params = vec![param("a", false), param("b", false)];
-    if call.c.is_some() {
-        params.push(param("c", false));
+    let activation = |a: Activation| {
+        match a {
+            Activation::None => "none",
+            Activation::Relu => "relu",
+            Activation::GeluTanh => "gelu_tanh",
+        }
+        .to_string()
+    };
+    if name == library::CUDNN {
+        let call = conv_call(g, body, &outputs).map_err(unsupported)?;
+        let dtype = call.dtype.name();
+        let dims = |v: ValueId| -> [u64; 4] {
+            let d = g.ty(v).dims();
+            [d[0] as u64, d[1] as u64, d[2] as u64, d[3] as u64]
+        };
+        let mut names = vec!["x", "w"];
+        names.extend(call.z.map(|_| "z"));
+        names.extend(call.bias.map(|_| "bias"));
+        names.push("out");
+        let conv = ConvCall {
+            dtype: dtype.into(),
+            input: call.input,
+            filter: call.filter,
+            output: dims(call.output),
+            pad: call.pad,
+            stride: call.stride,
+            dilation: call.dilation,
+            groups: call.groups,
+            z: call.z.is_some(),
+            bias: call.bias.is_some(),
+            activation: activation(call.activation),
+        };
+        let mut epilogue: Vec<&str> = Vec::new();
+        epilogue.extend(call.z.map(|_| "add"));
+        epilogue.extend(call.bias.map(|_| "bias"));
+        if call.activation == Activation::Relu {
+            epilogue.push("relu");
+        }
+        let summary = format!(
+            "cuDNN {dtype} conv {:?} * {:?} -> {:?}, pad {:?}, stride {:?}, dilation {:?}, groups {}, {}",
+            conv.input,
+            conv.filter,
+            conv.output,
+            conv.pad,
+            conv.stride,
+            conv.dilation,
+            conv.groups,
+            if epilogue.is_empty() {
+                "none".to_string()
+            } else {
+                epilogue.join(" + ")
+            }
+        );
+        return Ok(BoundCall {
+            call: LibraryCall::Cudnn(conv),
+            operands: call.operands().into_iter().map(outer).collect(),
+            params: params(dtype, &names),
+            summary,
+        });
     }
-    if call.bias.is_some() {
-        params.push(param("bias", false));
-    }
-    params.push(param("out", true));
+    let call = gemm_call(g, body, &outputs).map_err(unsupported)?;
+    let dtype = call.dtype.name();
+    let mut names = vec!["a", "b"];
+    names.extend(call.c.map(|_| "c"));
+    names.extend(call.bias.map(|_| "bias"));
+    names.push("out");
     let summary = format!(
         "cuBLASLt {dtype} {}{}×{}×{}, {}",
         if call.batch > 1 {
@@ -102,16 +167,11 @@ pub fn library_call(g: &Graph, op: OpId) -> Result<BoundCall, EmitError> {
             transpose_b: call.transpose_b,
             c: call.c.is_some(),
             bias: call.bias.is_some(),
-            activation: match call.activation {
-                Activation::None => "none",
-                Activation::Relu => "relu",
-                Activation::GeluTanh => "gelu_tanh",
-            }
-            .into(),
+            activation: activation(call.activation),
             algorithm: None,
         }),
         operands: call.operands().into_iter().map(outer).collect(),
-        params,
+        params: params(dtype, &names),
         summary,
     })
 }

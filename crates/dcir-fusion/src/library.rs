@@ -3,10 +3,13 @@
 //! [`gemm_call`] is the one recognizer of what cuBLASLt runs: a matmul of
 //! operands read as they are, then an epilogue cuBLASLt expresses — a bias
 //! along the output's columns, a tensor of the output's shape added (its C
-//! operand, `beta = 1`), then ReLU or tanh-GELU. The cost model asks it
-//! before pricing a library call ([`library_time`]); the emitter asks it
-//! again on the `fused` op's region and records what it returns in the
-//! artifact, so both sides read one answer.
+//! operand, `beta = 1`), then ReLU or tanh-GELU. [`conv_call`] is cuDNN's:
+//! an NCHW `conv2d` with equal padding on opposite sides, then a bias along
+//! the channels, an added tensor and ReLU (`cudnnConvolutionBiasActivation-
+//! Forward`). The cost model asks them before pricing a library call
+//! ([`library_cost`], [`conv_cost`]); the emitter asks them again on the
+//! `fused` op's region and records what they return in the artifact, so
+//! both sides read one answer.
 
 use dcir_ir::{Attr, DType, Graph, OpId, OpKind, ValueDef, ValueId};
 
@@ -20,17 +23,28 @@ use crate::target::Reason;
 pub struct Libraries {
     /// cuBLASLt for matmul groups.
     pub cublaslt: bool,
+    /// cuDNN for convolution groups.
+    pub cudnn: bool,
 }
 
 impl Libraries {
     /// Every library dcir knows.
-    pub const ALL: Libraries = Libraries { cublaslt: true };
+    pub const ALL: Libraries = Libraries {
+        cublaslt: true,
+        cudnn: true,
+    };
     /// None: dcir's own kernels only (`--no-library`).
-    pub const NONE: Libraries = Libraries { cublaslt: false };
+    pub const NONE: Libraries = Libraries {
+        cublaslt: false,
+        cudnn: false,
+    };
 }
 
 /// The `library` attribute value of a cuBLASLt call.
 pub const CUBLASLT: &str = "cublaslt";
+
+/// The `library` attribute value of a cuDNN call.
+pub const CUDNN: &str = "cudnn";
 
 /// The activation a cuBLASLt epilogue applies last.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,6 +123,123 @@ impl GemmCall {
     }
 }
 
+/// A group as one cuDNN convolution: `out = act(conv(x, w) + z + bias)`,
+/// NCHW, symmetric padding.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConvCall {
+    /// The element type of every operand and of the output.
+    pub dtype: DType,
+    /// The input `[n, c, h, w]`, as stored.
+    pub x: ValueId,
+    /// The filter `[k, c / groups, r, s]`, as stored.
+    pub w: ValueId,
+    /// The input's dims as the convolution reads them, `[n, c, h, w]`.
+    pub input: [u64; 4],
+    /// The filter's, `[k, c / groups, r, s]`.
+    pub filter: [u64; 4],
+    /// `[pad_h, pad_w]` on both sides.
+    pub pad: [u64; 2],
+    /// `[stride_h, stride_w]`.
+    pub stride: [u64; 2],
+    /// `[dilation_h, dilation_w]`.
+    pub dilation: [u64; 2],
+    /// Channel groups.
+    pub groups: u64,
+    /// A tensor of the output's shape added before the activation.
+    pub z: Option<ValueId>,
+    /// A vector of the output channels added before the activation.
+    pub bias: Option<ValueId>,
+    /// The activation applied last (`None` or `Relu`).
+    pub activation: Activation,
+    /// The group's one result.
+    pub output: ValueId,
+}
+
+impl ConvCall {
+    /// The call's operands in the order the emitter binds them: x, w, then
+    /// z and bias where present.
+    pub fn operands(&self) -> Vec<ValueId> {
+        let mut v = vec![self.x, self.w];
+        v.extend(self.z);
+        v.extend(self.bias);
+        v
+    }
+}
+
+/// Recognizes the group of `ops` whose results used outside it are
+/// `outputs` as one cuDNN convolution, or says why not: a `conv2d` of
+/// stored operands with equal padding on opposite sides, then a bias along
+/// the channels, one added stored tensor and ReLU. cuDNN's fused form
+/// (`cudnnConvolutionBiasActivationForward`) needs the bias: an added
+/// tensor or a ReLU without one is refused.
+pub fn conv_call(graph: &Graph, ops: &[OpId], outputs: &[ValueId]) -> Result<ConvCall, Reason> {
+    let (root, x, w, dtype) = contraction(graph, ops, OpKind::Conv2d, "convolutions", "cuDNN")?;
+    let conv = graph.op(root);
+    let ints = |name: &str, default: &[i64]| -> Vec<u64> {
+        let v = match conv.attrs.get(name) {
+            Some(Attr::Ints(v)) => v.clone(),
+            _ => default.to_vec(),
+        };
+        v.into_iter().map(|x| x.max(0) as u64).collect()
+    };
+    let pad = ints("pad", &[0, 0, 0, 0]);
+    if pad[0] != pad[2] || pad[1] != pad[3] {
+        return Err(Reason::Form(format!(
+            "cuDNN pads both sides alike (pad = {pad:?})"
+        )));
+    }
+    let (stride, dilation) = (ints("stride", &[1, 1]), ints("dilation", &[1, 1]));
+    let groups = conv.attrs.int("groups").unwrap_or(1).max(1) as u64;
+    let out_dims = graph.ty(conv.results[0]).dims().to_vec();
+    let fits = graph
+        .ty(x)
+        .dims()
+        .iter()
+        .chain(&out_dims)
+        .chain(graph.ty(w).dims())
+        .all(|&d| d > 0 && d <= i32::MAX as usize);
+    if !fits {
+        return Err(Reason::Form("cuDNN takes extents in [1, 2^31)".into()));
+    }
+    let e = epilogue(
+        graph,
+        ops,
+        outputs,
+        root,
+        &EpilogueRule {
+            library: "cuDNN",
+            bias_axis: BiasAxis::Channel,
+            bias_len: out_dims[1] as u64,
+            reshapes: false,
+            gelu_tanh: false,
+        },
+    )?;
+    if e.bias.is_none() && (e.c.is_some() || e.activation != Activation::None) {
+        return Err(Reason::Form(
+            "cuDNN's fused epilogue (an added tensor, relu) needs a bias".into(),
+        ));
+    }
+    let dims = |v: ValueId| {
+        let d = graph.ty(v).dims();
+        [d[0] as u64, d[1] as u64, d[2] as u64, d[3] as u64]
+    };
+    Ok(ConvCall {
+        dtype,
+        x,
+        w,
+        input: dims(conv.operands[0]),
+        filter: dims(conv.operands[1]),
+        pad: [pad[0], pad[1]],
+        stride: [stride[0], stride[1]],
+        dilation: [dilation[0], dilation[1]],
+        groups,
+        z: e.c,
+        bias: e.bias,
+        activation: e.activation,
+        output: e.output,
+    })
+}
+
 /// Recognizes the group of `ops` (topological order) whose results used
 /// outside it are `outputs` as one cuBLASLt call, or says why not.
 ///
@@ -118,33 +249,8 @@ impl GemmCall {
 /// copies views and splat constants into the group's region, so they are
 /// refused on both sides of the contract alike).
 pub fn gemm_call(graph: &Graph, ops: &[OpId], outputs: &[ValueId]) -> Result<GemmCall, Reason> {
-    let matmuls: Vec<OpId> = ops
-        .iter()
-        .copied()
-        .filter(|&o| graph.op(o).kind == OpKind::Matmul)
-        .collect();
-    if matmuls.len() != 1 {
-        return Err(Reason::Count {
-            what: "matmuls",
-            found: matmuls.len(),
-        });
-    }
-    let mm = graph.op(matmuls[0]);
-    let (Some(a), Some(b)) = (
-        stored(graph, ops, mm.operands[0]),
-        stored(graph, ops, mm.operands[1]),
-    ) else {
-        return Err(Reason::Form(
-            "cuBLASLt reads the matmul's operands as stored (no prologue op but reshapes)".into(),
-        ));
-    };
-    let dtype = graph.ty(a).dtype;
-    if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
-        return Err(Reason::DType {
-            op: OpKind::Matmul,
-            dtype,
-        });
-    }
+    let (root, a, b, dtype) = contraction(graph, ops, OpKind::Matmul, "matmuls", "cuBLASLt")?;
+    let mm = graph.op(root);
     let out_dims = graph.ty(mm.results[0]).dims().to_vec();
     let rank = out_dims.len();
     let (m, n) = (out_dims[rank - 2] as u64, out_dims[rank - 1] as u64);
@@ -162,10 +268,20 @@ pub fn gemm_call(graph: &Graph, ops: &[OpId], outputs: &[ValueId]) -> Result<Gem
         )));
     }
 
-    // The epilogue: a chain of single-use values from the matmul's result;
-    // views and constants off the chain are operands' prologues, checked
-    // where the chain reads them.
-    let mut call = GemmCall {
+    let epilogue = epilogue(
+        graph,
+        ops,
+        outputs,
+        root,
+        &EpilogueRule {
+            library: "cuBLASLt",
+            bias_axis: BiasAxis::Last,
+            bias_len: n,
+            reshapes: true,
+            gelu_tanh: true,
+        },
+    )?;
+    Ok(GemmCall {
         dtype,
         batch,
         m,
@@ -175,36 +291,128 @@ pub fn gemm_call(graph: &Graph, ops: &[OpId], outputs: &[ValueId]) -> Result<Gem
         transpose_a,
         b,
         transpose_b,
+        c: epilogue.c,
+        bias: epilogue.bias,
+        activation: epilogue.activation,
+        output: epilogue.output,
+    })
+}
+
+/// The group's one `kind` op (`what`, plural, for the reason), its two
+/// operands as stored, and their float dtype; or why `library` cannot run it.
+fn contraction(
+    graph: &Graph,
+    ops: &[OpId],
+    kind: OpKind,
+    what: &'static str,
+    library: &str,
+) -> Result<(OpId, ValueId, ValueId, DType), Reason> {
+    let found: Vec<OpId> = ops
+        .iter()
+        .copied()
+        .filter(|&o| graph.op(o).kind == kind)
+        .collect();
+    let [root] = found[..] else {
+        return Err(Reason::Count {
+            what,
+            found: found.len(),
+        });
+    };
+    let d = graph.op(root);
+    let (Some(a), Some(b)) = (
+        stored(graph, ops, d.operands[0]),
+        stored(graph, ops, d.operands[1]),
+    ) else {
+        return Err(Reason::Form(format!(
+            "{library} reads the {}'s operands as stored (no prologue op but reshapes)",
+            kind.name()
+        )));
+    };
+    let dtype = graph.ty(a).dtype;
+    if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
+        return Err(Reason::DType { op: kind, dtype });
+    }
+    Ok((root, a, b, dtype))
+}
+
+/// Where an epilogue's bias vector runs along the output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BiasAxis {
+    /// The last dim (a GEMM's columns).
+    Last,
+    /// Dim 1 (an NCHW convolution's channels).
+    Channel,
+}
+
+/// What a library's epilogue expresses.
+struct EpilogueRule {
+    /// The library's name, for reasons.
+    library: &'static str,
+    bias_axis: BiasAxis,
+    /// Elements of the bias vector.
+    bias_len: u64,
+    /// Reshapes keeping the bias axis may stand in the chain.
+    reshapes: bool,
+    /// tanh-GELU is an activation it has.
+    gelu_tanh: bool,
+}
+
+/// A recognized epilogue: `act(x + c + bias)`, and the value it ends at.
+struct Epilogue {
+    c: Option<ValueId>,
+    bias: Option<ValueId>,
+    activation: Activation,
+    output: ValueId,
+}
+
+/// The epilogue of the contraction `root` in the group `ops`: a chain of
+/// single-use values from its result — a bias vector along `rule`'s axis,
+/// one stored tensor added, then an activation; views and constants off the
+/// chain are operands' prologues, checked where the chain reads them.
+fn epilogue(
+    graph: &Graph,
+    ops: &[OpId],
+    outputs: &[ValueId],
+    root: OpId,
+    rule: &EpilogueRule,
+) -> Result<Epilogue, Reason> {
+    let lib = rule.library;
+    let root_op = graph.op(root);
+    let dtype = graph.ty(root_op.results[0]).dtype;
+    let mut e = Epilogue {
         c: None,
         bias: None,
         activation: Activation::None,
-        output: mm.results[0],
+        output: root_op.results[0],
     };
-    let mut current = mm.results[0];
-    for &op in ops.iter().filter(|&&o| o != matmuls[0]) {
+    let mut current = root_op.results[0];
+    for &op in ops.iter().filter(|&&o| o != root) {
         let d = graph.op(op);
         if !d.operands.contains(&current) {
             if is_view(d.kind) || d.kind == OpKind::Constant {
                 continue;
             }
-            return Err(Reason::Form(
-                "cuBLASLt's epilogue is one chain from the matmul's result".into(),
-            ));
+            return Err(Reason::Form(format!(
+                "{lib}'s epilogue is one chain from the {}'s result",
+                root_op.kind.name()
+            )));
         }
         if outputs.contains(&current) {
-            return Err(Reason::Form(
-                "cuBLASLt writes one result (an intermediate value is used outside the group)"
-                    .into(),
-            ));
+            return Err(Reason::Form(format!(
+                "{lib} writes one result (an intermediate value is used outside the group)"
+            )));
         }
-        let late = call.activation != Activation::None;
-        let place = |what: &str| Reason::Op {
+        let late = e.activation != Activation::None;
+        let place = |what: String| Reason::Op {
             op: d.kind,
-            place: what.into(),
+            place: what,
         };
+        let after = root_op.kind.name();
         match d.kind {
             OpKind::Reshape
-                if !late && graph.ty(d.results[0]).dims().last() == Some(&(n as usize)) => {}
+                if rule.reshapes
+                    && !late
+                    && graph.ty(d.results[0]).dims().last() == Some(&(rule.bias_len as usize)) => {}
             OpKind::Add if !late => {
                 let other = if d.operands[0] == current {
                     d.operands[1]
@@ -212,49 +420,58 @@ pub fn gemm_call(graph: &Graph, ops: &[OpId], outputs: &[ValueId]) -> Result<Gem
                     d.operands[0]
                 };
                 if other == current {
-                    return Err(place("adding the product to itself (cuBLASLt epilogue)"));
+                    return Err(place(format!(
+                        "adding the {after}'s result to itself ({lib} epilogue)"
+                    )));
                 }
-                if let Some(bias) = bias_vector(graph, ops, other, n)
-                    && call.bias.is_none()
+                if let Some(bias) = bias_vector(graph, ops, other, rule)
+                    && e.bias.is_none()
                 {
-                    call.bias = Some(bias);
+                    e.bias = Some(bias);
                 } else if let Some(c) = stored(graph, ops, other)
-                    && call.c.is_none()
+                    && e.c.is_none()
                 {
-                    call.c = Some(c);
+                    e.c = Some(c);
                 } else {
-                    return Err(place(
-                        "after the matmul (cuBLASLt adds one bias vector and one stored tensor)",
-                    ));
+                    return Err(place(format!(
+                        "after the {after} ({lib} adds one bias vector and one stored tensor)"
+                    )));
                 }
             }
-            OpKind::Relu if !late => call.activation = Activation::Relu,
-            OpKind::Gelu if !late && d.attrs.str("approximate") == Some("tanh") => {
-                call.activation = Activation::GeluTanh
+            OpKind::Relu if !late => e.activation = Activation::Relu,
+            OpKind::Gelu
+                if rule.gelu_tanh && !late && d.attrs.str("approximate") == Some("tanh") =>
+            {
+                e.activation = Activation::GeluTanh
             }
-            OpKind::Gelu if !late => {
-                return Err(place(
-                    "after the matmul (cuBLASLt's GELU is the tanh form; this one is exact)",
-                ));
+            OpKind::Gelu if rule.gelu_tanh && !late => {
+                return Err(place(format!(
+                    "after the {after} ({lib}'s GELU is the tanh form; this one is exact)"
+                )));
             }
             _ => {
-                return Err(place(
-                    "after the matmul (cuBLASLt's epilogue: bias, add, then relu or tanh-gelu)",
-                ));
+                let acts = if rule.gelu_tanh {
+                    "relu or tanh-gelu"
+                } else {
+                    "relu"
+                };
+                return Err(place(format!(
+                    "after the {after} ({lib}'s epilogue: bias, add, then {acts})"
+                )));
             }
         }
         current = d.results[0];
     }
     if outputs != [current] {
-        return Err(Reason::Form(
-            "cuBLASLt writes one result, the end of its epilogue".into(),
-        ));
+        return Err(Reason::Form(format!(
+            "{lib} writes one result, the end of its epilogue"
+        )));
     }
     if graph.ty(current).dtype != dtype {
-        return Err(Reason::Form("cuBLASLt writes its operands' dtype".into()));
+        return Err(Reason::Form(format!("{lib} writes its operands' dtype")));
     }
-    call.output = current;
-    Ok(call)
+    e.output = current;
+    Ok(e)
 }
 
 /// The stored tensor `v` reads through `reshape`s (same bytes), if it is
@@ -274,9 +491,9 @@ fn stored(graph: &Graph, ops: &[OpId], mut v: ValueId) -> Option<ValueId> {
     }
 }
 
-/// The `n`-element stored vector `v` broadcasts along the output's last
-/// dim, if it is one: `broadcast %b {dims = [last]}` with `%b` of `[n]`.
-fn bias_vector(graph: &Graph, ops: &[OpId], v: ValueId, n: u64) -> Option<ValueId> {
+/// The stored vector `v` broadcasts along `rule`'s axis, if it is one:
+/// `broadcast %b {dims = [axis]}` with `%b` of `rule.bias_len` elements.
+fn bias_vector(graph: &Graph, ops: &[OpId], v: ValueId, rule: &EpilogueRule) -> Option<ValueId> {
     let ValueDef::OpResult { op, .. } = graph.value(v).def else {
         return None;
     };
@@ -285,11 +502,15 @@ fn bias_vector(graph: &Graph, ops: &[OpId], v: ValueId, n: u64) -> Option<ValueI
         return None;
     }
     let rank = graph.ty(v).dims().len() as i64;
+    let axis = match rule.bias_axis {
+        BiasAxis::Last => rank - 1,
+        BiasAxis::Channel => 1,
+    };
     let src = d.operands[0];
-    let along_last =
-        matches!(d.attrs.get("dims"), Some(Attr::Ints(dims)) if dims.as_slice() == [rank - 1]);
-    let vector = graph.ty(src).dims() == [n as usize] && graph.ty(src).dtype == graph.ty(v).dtype;
-    if along_last && vector {
+    let along = matches!(d.attrs.get("dims"), Some(Attr::Ints(dims)) if dims.as_slice() == [axis]);
+    let vector = graph.ty(src).dims() == [rule.bias_len as usize]
+        && graph.ty(src).dtype == graph.ty(v).dtype;
+    if along && vector {
         stored(graph, ops, src)
     } else {
         None
@@ -346,6 +567,11 @@ pub fn library_cost(dev: &DeviceSpec, graph: &Graph, call: &GemmCall) -> Library
     let elem = call.dtype.size_bytes() as f64;
     let size = |v: ValueId| graph.ty(v).num_elements().unwrap_or(0) as f64 * elem;
     let bytes: f64 = call.operands().into_iter().map(size).sum::<f64>() + size(call.output);
+    roofline(dev, compute, bytes, fill)
+}
+
+/// A library call's estimate from its compute time and its bytes.
+fn roofline(dev: &DeviceSpec, compute: f64, bytes: f64, fill: f64) -> LibraryCost {
     let memory = bytes / (dev.bandwidth * LIBRARY_BANDWIDTH_FRACTION);
     let core = compute.max(memory);
     let bound = if dev.launch_overhead >= core {
@@ -361,4 +587,30 @@ pub fn library_cost(dev: &DeviceSpec, graph: &Graph, call: &GemmCall) -> Library
         fill,
         bytes,
     }
+}
+
+/// The roofline estimate of `call` on `dev`, as [`library_cost`]: the
+/// convolution's flops (an implicit GEMM of `n·oh·ow × k × c/groups·r·s`)
+/// at the library's fraction of the matrix rate, or its bytes at the
+/// library's fraction of the bandwidth, plus one launch.
+pub fn conv_cost(dev: &DeviceSpec, graph: &Graph, call: &ConvCall) -> LibraryCost {
+    let out = graph
+        .ty(call.output)
+        .dims()
+        .iter()
+        .map(|&d| d as f64)
+        .collect::<Vec<_>>();
+    let w = call.filter.map(|d| d as f64);
+    let (pixels, channels, k) = (out[0] * out[2] * out[3], out[1], w[1] * w[2] * w[3]);
+    let flops = 2.0 * pixels * channels * k;
+    let groups = call.groups as f64;
+    let tiles = groups * ((pixels * channels / groups) / LIBRARY_TILE).max(1.0);
+    let fill = (tiles / dev.sm_count.max(1) as f64).min(1.0);
+    // A grouped convolution (depthwise at the extreme) does little work per
+    // element read: the roofline's memory side decides it.
+    let compute = flops / (dev.matrix_rate(call.dtype) * LIBRARY_RATE_FRACTION * fill);
+    let elem = call.dtype.size_bytes() as f64;
+    let size = |v: ValueId| graph.ty(v).num_elements().unwrap_or(0) as f64 * elem;
+    let bytes: f64 = call.operands().into_iter().map(size).sum::<f64>() + size(call.output);
+    roofline(dev, compute, bytes, fill)
 }

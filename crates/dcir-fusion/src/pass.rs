@@ -38,7 +38,7 @@ pub const FUSE_OPTIONS: &[PassOptionDef] = &[
         name: "library",
         kind: OptionKind::Bool,
         default: "true",
-        help: "let vendor library calls (cuBLASLt) run groups the cost model prices faster",
+        help: "let vendor library calls (cuBLASLt, cuDNN) run groups the cost model prices faster",
     },
 ];
 

@@ -195,3 +195,55 @@ fn the_cost_model_prices_the_library_call() {
             .is_some_and(|a| a.as_str() == Some("cublaslt"))
     }));
 }
+
+fn conv_block(pad: &str, epilogue: &str) -> String {
+    format!(
+        "graph @conv(%x: f16[2,16,20,20], %w: f16[32,16,3,3], %b: f16[32], %r: f16[2,32,20,20]) -> (f16[2,32,20,20]) {{\n\
+         \x20 %c = conv2d %x, %w {{pad = {pad}}} : f16[2,32,20,20]\n\
+         {epilogue}\
+         }}\n"
+    )
+}
+
+/// cuDNN's form: a bias along the channels, an added tensor, ReLU; equal
+/// padding on opposite sides; the fused call needs the bias.
+#[test]
+fn cudnn_runs_a_convolution_with_its_epilogue() {
+    use dcir_fusion::library::conv_call;
+    let g = graph(&conv_block(
+        "[1, 1, 1, 1]",
+        "  %bb = broadcast %b {dims = [1]} : f16[2,32,20,20]\n  %a = add %c, %bb : f16[2,32,20,20]\n  %s = add %a, %r : f16[2,32,20,20]\n  %y = relu %s : f16[2,32,20,20]\n  return %y\n",
+    ));
+    let (ops, outputs) = whole(&g);
+    let call = conv_call(&g, &ops, &outputs).expect("one call");
+    assert_eq!((call.input, call.filter), ([2, 16, 20, 20], [32, 16, 3, 3]));
+    assert_eq!((call.pad, call.stride, call.groups), ([1, 1], [1, 1], 1));
+    assert_eq!(call.bias, Some(value(&g, "b")));
+    assert_eq!(call.z, Some(value(&g, "r")));
+    assert_eq!(call.activation, Activation::Relu);
+
+    let refused = |pad: &str, epilogue: &str, says: &str| {
+        let g = graph(&conv_block(pad, epilogue));
+        let (ops, outputs) = whole(&g);
+        let why = conv_call(&g, &ops, &outputs).expect_err(says).to_string();
+        assert!(why.contains(says), "{says}: {why}");
+    };
+    refused(
+        "[1, 1, 1, 1]",
+        "  %y = relu %c : f16[2,32,20,20]\n  return %y\n",
+        "needs a bias",
+    );
+    refused(
+        "[1, 1, 1, 1]",
+        "  %y = sigmoid %c : f16[2,32,20,20]\n  return %y\n",
+        "cuDNN's epilogue: bias, add, then relu",
+    );
+    let g = graph(
+        "graph @g(%x: f16[1,4,8,8], %w: f16[4,4,3,3]) -> (f16[1,4,7,7]) {\n\
+         \x20 %y = conv2d %x, %w {pad = [1, 1, 0, 0]} : f16[1,4,7,7]\n\
+         \x20 return %y\n}\n",
+    );
+    let (ops, outputs) = whole(&g);
+    let why = conv_call(&g, &ops, &outputs).unwrap_err().to_string();
+    assert!(why.contains("pads both sides alike"), "{why}");
+}

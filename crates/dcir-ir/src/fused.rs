@@ -206,7 +206,7 @@ pub const FUSED_PARAMS: &[ParamSpec] = &[
     ),
     p(
         "library",
-        ParamType::Str(&["cublaslt"]),
+        ParamType::Str(&["cublaslt", "cudnn"]),
         "a vendor library call instead of a generated kernel (takes no other parameter)",
     ),
 ];
@@ -237,7 +237,15 @@ pub const FUSED_KINDS: &[FusedKind] = &[
     },
     FusedKind {
         name: "conv",
-        params: &["algorithm", "tile", "threads", "stages", "math", "split_k"],
+        params: &[
+            "algorithm",
+            "tile",
+            "threads",
+            "stages",
+            "math",
+            "split_k",
+            "library",
+        ],
     },
     FusedKind {
         name: "depthwise_pointwise",

@@ -24,8 +24,8 @@ use cudarc::nvrtc::Ptx;
 use dcir_artifact::{Artifact, BufferKind, LibraryCall};
 
 use crate::error::{RuntimeError, driver};
-use crate::library;
 use crate::plan::{MemoryPlan, plan_memory};
+use crate::{cudnn, library};
 
 type Result<T> = std::result::Result<T, RuntimeError>;
 
@@ -110,14 +110,20 @@ enum Callee {
     Kernel { kernel: usize, config: LaunchConfig },
     /// Prepared library call `index` of `Libraries::matmuls`.
     Matmul(usize),
+    /// Prepared library call `index` of `Libraries::convs`.
+    Conv(usize),
 }
 
 /// The library calls of an artifact, prepared.
 struct Libraries {
-    handle: library::Handle,
+    /// cuBLASLt, when a call needs it.
+    blas: Option<library::Handle>,
+    /// cuDNN, when a call needs it.
+    dnn: Option<cudnn::Handle>,
     /// One workspace all calls share (they run one after another).
     workspace: CudaSlice<u8>,
     matmuls: Vec<library::Matmul>,
+    convs: Vec<cudnn::Conv>,
 }
 
 /// An artifact loaded on a device.
@@ -317,28 +323,49 @@ impl Executor {
                         shared_mem_bytes: k.dynamic_shared,
                     },
                 },
-                Some(LibraryCall::Cublaslt(call)) => {
+                Some(call) => {
                     let failed = |error: String| RuntimeError::Library {
                         launch: name.clone(),
                         error,
                     };
                     if libraries.is_none() {
-                        // cuBLASLt runs on the context current on this thread.
+                        // The libraries run on the context current on this thread.
                         ctx.bind_to_thread()
-                            .map_err(driver("binding the context for cuBLASLt"))?;
+                            .map_err(driver("binding the context for the libraries"))?;
                         libraries = Some(Libraries {
-                            handle: library::Handle::new().map_err(failed)?,
+                            blas: None,
+                            dnn: None,
                             workspace: alloc(
                                 "the library workspace",
                                 library::WORKSPACE_BYTES as u64,
                             )?,
                             matmuls: Vec::new(),
+                            convs: Vec::new(),
                         });
                     }
                     let libs = libraries.as_mut().expect("made above");
-                    libs.matmuls
-                        .push(library::Matmul::new(&libs.handle, call, &args).map_err(failed)?);
-                    Callee::Matmul(libs.matmuls.len() - 1)
+                    match call {
+                        LibraryCall::Cublaslt(call) => {
+                            if libs.blas.is_none() {
+                                libs.blas = Some(library::Handle::new().map_err(failed)?);
+                            }
+                            let handle = libs.blas.as_ref().expect("made above");
+                            let matmul =
+                                library::Matmul::new(handle, call, &args).map_err(failed)?;
+                            libs.matmuls.push(matmul);
+                            Callee::Matmul(libs.matmuls.len() - 1)
+                        }
+                        LibraryCall::Cudnn(call) => {
+                            if libs.dnn.is_none() {
+                                libs.dnn =
+                                    Some(cudnn::Handle::new(stream.cu_stream()).map_err(failed)?);
+                            }
+                            let handle = libs.dnn.as_ref().expect("made above");
+                            let conv = cudnn::Conv::new(handle, call, &args).map_err(failed)?;
+                            libs.convs.push(conv);
+                            Callee::Conv(libs.convs.len() - 1)
+                        }
+                    }
                 }
             };
             launches.push(Resolved { name, callee, args });
@@ -663,34 +690,23 @@ impl Executor {
                     .map(|_| ())
                     .map_err(|e| format!("{e:?}"))
             }
-            Callee::Matmul(m) => {
+            Callee::Matmul(i) | Callee::Conv(i) => {
                 let libs = self
                     .libraries
                     .as_ref()
                     .expect("a library launch has its libraries");
-                // cuBLASLt launches on the context current on this thread.
+                // The libraries launch on the context current on this thread.
                 self.ctx.bind_to_thread().map_err(|e| format!("{e:?}"))?;
-                libs.matmuls[m].enqueue(
-                    &libs.handle,
-                    ptr_of(&libs.workspace, &self.stream),
-                    self.stream.cu_stream(),
-                )
+                let workspace = ptr_of(&libs.workspace, &self.stream);
+                match (l.callee, &libs.blas, &libs.dnn) {
+                    (Callee::Matmul(_), Some(blas), _) => {
+                        libs.matmuls[i].enqueue(blas, workspace, self.stream.cu_stream())
+                    }
+                    (_, _, Some(dnn)) => libs.convs[i].enqueue(dnn, workspace),
+                    _ => unreachable!("a prepared call has its library's handle"),
+                }
             }
         }
-    }
-
-    /// The algorithm each library call of the artifact runs, in launch
-    /// order: (launch name, the library's opaque words), for recording.
-    pub fn library_algorithms(&self) -> Vec<(String, Vec<u64>)> {
-        self.launches
-            .iter()
-            .filter_map(|l| match (l.callee, &self.libraries) {
-                (Callee::Matmul(m), Some(libs)) => {
-                    Some((l.name.clone(), libs.matmuls[m].algorithm_words()))
-                }
-                _ => None,
-            })
-            .collect()
     }
 }
 

@@ -4,15 +4,17 @@
 //! [`plan_memory`] lays the intermediates out in one arena by liveness;
 //! [`Executor`] loads the PTX, allocates, uploads inputs, poisons outputs,
 //! runs launch by launch or as one CUDA graph, times runs and reads outputs
-//! back. Library calls (cuBLASLt, loaded at run time) are launches like the
-//! kernels. Missing drivers, devices or resources are [`RuntimeError`]s, never
+//! back. Library calls (cuBLASLt and cuDNN, loaded at run time) are launches
+//! like the kernels. Missing drivers, devices or resources are [`RuntimeError`]s, never
 //! panics. See `docs/runtime.md`.
 
+mod cudnn;
 mod error;
 mod executor;
 mod library;
 mod plan;
 
+pub use cudnn::{cudnn_present, cudnn_version};
 pub use error::RuntimeError;
 pub use executor::{DeviceInfo, Executor, Timing, driver_present, driver_version, query_device};
 pub use library::{cublaslt_present, cublaslt_version};

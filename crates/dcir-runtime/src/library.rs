@@ -336,11 +336,6 @@ impl Matmul {
             .map_err(|err| format!("cuBLASLt has no algorithm for this call: {err}"))
     }
 
-    /// The algorithm's opaque words (what an artifact records).
-    pub(crate) fn algorithm_words(&self) -> Vec<u64> {
-        self.algo.data.to_vec()
-    }
-
     /// Enqueues the matmul on `stream` with the workspace at `workspace`.
     pub(crate) fn enqueue(
         &self,

@@ -60,13 +60,16 @@ impl Measure for GpuMeasure {
         let nvrtc = dcir_cuda::nvrtc::version()
             .map(|(a, b)| format!("{a}.{b}"))
             .unwrap_or_else(|| "none".into());
-        // A library call's time is the library's: its version keys the entry.
-        let cublaslt =
-            dcir_runtime::cublaslt_version().map_or_else(|| "none".into(), |v| v.to_string());
+        // A library call's time is the library's: their versions key the entry.
+        let version = |v: Option<usize>| v.map_or_else(|| "none".into(), |v| v.to_string());
+        let (cublaslt, cudnn) = (
+            version(dcir_runtime::cublaslt_version()),
+            version(dcir_runtime::cudnn_version()),
+        );
         Fingerprint {
             device: format!("{} ({cc_major}.{cc_minor})", self.device.name),
             toolchain: format!(
-                "driver {}, nvrtc {nvrtc}, cublaslt {cublaslt}",
+                "driver {}, nvrtc {nvrtc}, cublaslt {cublaslt}, cudnn {cudnn}",
                 self.device.driver_version
             ),
         }

@@ -102,7 +102,7 @@ pub enum LibraryVerdict {
     /// The library can run the group: its estimate and our best kernel's,
     /// seconds.
     Priced {
-        /// The library (`cublaslt`).
+        /// The library (`cublaslt`, `cudnn`).
         library: &'static str,
         /// The call's estimated time.
         library_time: f64,
@@ -219,16 +219,24 @@ impl CostModel {
         graph: &Graph,
         group: &Group,
         info: &GroupInfo,
-    ) -> Option<Result<(KernelParams, LibraryCost), Reason>> {
-        if !self.libraries.cublaslt || group.kind != GroupKind::Gemm {
-            return None;
+    ) -> Option<(&'static str, Result<PricedCall, Reason>)> {
+        match group.kind {
+            GroupKind::Gemm if self.libraries.cublaslt => Some((
+                library::CUBLASLT,
+                library::gemm_call(graph, &group.ops, &info.outputs).map(|call| {
+                    let cost = library::library_cost(&self.device, graph, &call);
+                    (library_params(library::CUBLASLT), cost)
+                }),
+            )),
+            GroupKind::Conv if self.libraries.cudnn => Some((
+                library::CUDNN,
+                library::conv_call(graph, &group.ops, &info.outputs).map(|call| {
+                    let cost = library::conv_cost(&self.device, graph, &call);
+                    (library_params(library::CUDNN), cost)
+                }),
+            )),
+            _ => None,
         }
-        Some(
-            library::gemm_call(graph, &group.ops, &info.outputs).map(|call| {
-                let cost = library::library_cost(&self.device, graph, &call);
-                (library_params(), cost)
-            }),
-        )
     }
 
     /// Every parameter set of `group`'s kind, scored, in enumeration order
@@ -252,7 +260,7 @@ impl CostModel {
             })
             .collect();
         // A library call last: it has no launch shape of ours.
-        if let Some(Ok((params, cost))) = self.library(graph, group, &info) {
+        if let Some((_, Ok((params, cost)))) = self.library(graph, group, &info) {
             all.push(Candidate {
                 params,
                 launch: Launch {
@@ -302,9 +310,12 @@ impl CostModel {
     }
 }
 
-/// The parameters of a cuBLASLt call.
-fn library_params() -> KernelParams {
-    KernelParams(vec![("library", Attr::Str(library::CUBLASLT.into()))])
+/// A library call's parameters and its estimate.
+type PricedCall = (KernelParams, LibraryCost);
+
+/// The parameters of a call of `library`.
+fn library_params(library: &str) -> KernelParams {
+    KernelParams(vec![("library", Attr::Str(library.into()))])
 }
 
 /// A ranked candidate: enumeration index, score, parameters, block intensity.
@@ -427,16 +438,18 @@ impl Estimator for CostModel {
             library: None,
         };
         // A library call is one more candidate: chosen when estimated
-        // faster, measured beside ours either way.
+        // clearly faster, measured beside ours either way.
         let own_time = own.time;
         Ok(match self.library(graph, group, &info) {
-            Some(Ok((params, cost))) => {
+            Some((library, Ok((params, cost)))) => {
                 let verdict = Some(LibraryVerdict::Priced {
-                    library: library::CUBLASLT,
+                    library,
                     library_time: cost.time,
                     kernel_time: own_time,
                 });
-                if cost.time < own_time {
+                // Near ties go to our kernel, which fuses with its neighbours
+                // where a call cannot (the ranking's own margin).
+                if cost.time * CLEARLY_FASTER < own_time {
                     let mut candidates = vec![params.clone()];
                     candidates.extend(own.candidates);
                     Estimate {
@@ -455,11 +468,8 @@ impl Estimator for CostModel {
                     own
                 }
             }
-            Some(Err(reason)) => Estimate {
-                library: Some(LibraryVerdict::Refused {
-                    library: library::CUBLASLT,
-                    reason,
-                }),
+            Some((library, Err(reason))) => Estimate {
+                library: Some(LibraryVerdict::Refused { library, reason }),
                 ..own
             },
             None => own,

@@ -334,8 +334,10 @@ pub(crate) fn analyze(graph: &Graph, group: &Group) -> Result<GroupInfo, String>
     for v in group.inputs(graph) {
         bytes += size(graph, v);
     }
+    // Users anywhere: a group read from a `fused` op's region (the tuner's)
+    // has its results used by the region's `yield`.
     let mut outputs: Vec<ValueId> = Vec::new();
-    for &op in &graph.block(graph.body()).ops {
+    for op in graph.walk_ops(graph.body()) {
         if inside.contains(&op) {
             continue;
         }
