@@ -65,8 +65,8 @@ set -u
 B=$(cd "$(dirname "$0")" && pwd)
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 # cuDNN 9 as PyTorch's wheels bring it (dcir loads libcudnn.so.9 by name).
-CUDNN_DIR=$(dirname "$(find "$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null)"/nvidia -name 'libcudnn.so.9' 2>/dev/null | head -1)" 2>/dev/null)
-[ -n "$CUDNN_DIR" ] && [ -d "$CUDNN_DIR" ] && export LD_LIBRARY_PATH=$CUDNN_DIR:$LD_LIBRARY_PATH
+CUDNN_LIB=$(find $(python3 -c 'import site; print(*site.getsitepackages())' 2>/dev/null) -name 'libcudnn.so.9' 2>/dev/null | head -1)
+[ -n "$CUDNN_LIB" ] && export LD_LIBRARY_PATH=$(dirname "$CUDNN_LIB"):$LD_LIBRARY_PATH
 OUT=${OUT:-/tmp/dcir-gpu}
 mkdir -p "$OUT"
 status=0
@@ -344,6 +344,8 @@ library() {
     to_f16 /tmp/r50b32.dcir /tmp/r50b32_f16.dcir
     lib_run /tmp/r50b32_f16.dcir --check --bench 50
     lib_run /tmp/r50b32_f16.dcir --no-library --bench 50
+    lib_run /tmp/r50b32_f16.dcir --bench 20 --per-kernel
+    "$B/dcir-opt" --fuse --emit plan --explain-fusion /tmp/r50b32_f16.dcir 2>&1 | grep -E '^  @g|^\| @g' >>"$log"
     python3 -c "import sys; sys.path.insert(0, '$B'); import suite; open('/tmp/bert_b32.dcir', 'w').write(suite.bert_layer_text(32).replace('f32', 'f16'))"
     python3 - <<'PY' >>"$log" 2>&1
 import torch, torchvision

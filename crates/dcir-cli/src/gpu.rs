@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use dcir_artifact::Artifact;
+use dcir_fusion::library::{LibraryProbe, Probe};
 use dcir_fusion::{
     CostModel, DeviceSpec, Libraries, LiveDevice, apply_plan, plan_graph, plan_unfused,
 };
@@ -107,6 +108,7 @@ pub(crate) fn run_libraries(no_library: bool) -> (Libraries, Option<String>) {
     let found = Libraries {
         cublaslt: dcir_runtime::cublaslt_present(),
         cudnn: dcir_runtime::cudnn_present(),
+        probe: None,
     };
     let mut missing = Vec::new();
     if !found.cublaslt {
@@ -122,6 +124,34 @@ pub(crate) fn run_libraries(no_library: bool) -> (Libraries, Option<String>) {
         )
     });
     (found, note)
+}
+
+/// The planner's [`LibraryProbe`] on a GPU: a call described as the
+/// artifact records it ([`dcir_cuda::library`]) and prepared by the runtime.
+struct DeviceProbe(dcir_runtime::LibraryProbe);
+
+impl LibraryProbe for DeviceProbe {
+    fn gemm(&self, _: &Graph, call: &dcir_fusion::GemmCall) -> Result<(), String> {
+        let call = dcir_cuda::library::gemm_description(call);
+        self.0.check(&dcir_artifact::LibraryCall::Cublaslt(call))
+    }
+
+    fn conv(&self, graph: &Graph, call: &dcir_fusion::library::ConvCall) -> Result<(), String> {
+        let call = dcir_cuda::library::conv_description(graph, call);
+        self.0.check(&dcir_artifact::LibraryCall::Cudnn(call))
+    }
+}
+
+/// [`run_libraries`] with GPU `gpu`'s libraries asked about every call
+/// before the planner offers it.
+fn probed_libraries(no_library: bool, gpu: usize) -> (Libraries, Option<String>) {
+    let (mut libraries, note) = run_libraries(no_library);
+    if libraries.cublaslt || libraries.cudnn {
+        libraries.probe = dcir_runtime::LibraryProbe::new(gpu)
+            .ok()
+            .map(|probe| Probe(std::sync::Arc::new(DeviceProbe(probe))));
+    }
+    (libraries, note)
 }
 
 /// Fuses `graph` (cleanup pipeline, then the planner with `device`'s cost
@@ -148,12 +178,12 @@ pub(crate) fn compile(graph: &Graph, options: &CompileOptions<'_>) -> Result<Art
         info.compute_capability.0, info.compute_capability.1
     );
     dcir_cuda::nvrtc::check_arch(&arch)?;
-    let (libraries, note) = run_libraries(no_library);
+    let (libraries, note) = probed_libraries(no_library, gpu);
     if let Some(note) = note {
         eprintln!("{note}");
     }
     let mut session = match tune.tune {
-        true => Some(TuneSession::open(device, tune, gpu, libraries)?),
+        true => Some(TuneSession::open(device, tune, gpu, libraries.clone())?),
         false => None,
     };
     let mut module = Module::new();

@@ -357,7 +357,7 @@ fn fuse(args: &OptArgs, model: &CostModel, module: &mut Module) -> Result<Option
             &args.device,
             &args.tune,
             0,
-            model.libraries,
+            model.libraries.clone(),
         )?),
         false => None,
     };

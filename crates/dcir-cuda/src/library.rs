@@ -78,38 +78,14 @@ pub fn library_call(g: &Graph, op: OpId) -> Result<BoundCall, EmitError> {
             })
             .collect()
     };
-    let activation = |a: Activation| {
-        match a {
-            Activation::None => "none",
-            Activation::Relu => "relu",
-            Activation::GeluTanh => "gelu_tanh",
-        }
-        .to_string()
-    };
     if name == library::CUDNN {
         let call = conv_call(g, body, &outputs).map_err(unsupported)?;
         let dtype = call.dtype.name();
-        let dims = |v: ValueId| -> [u64; 4] {
-            let d = g.ty(v).dims();
-            [d[0] as u64, d[1] as u64, d[2] as u64, d[3] as u64]
-        };
         let mut names = vec!["x", "w"];
         names.extend(call.z.map(|_| "z"));
         names.extend(call.bias.map(|_| "bias"));
         names.push("out");
-        let conv = ConvCall {
-            dtype: dtype.into(),
-            input: call.input,
-            filter: call.filter,
-            output: dims(call.output),
-            pad: call.pad,
-            stride: call.stride,
-            dilation: call.dilation,
-            groups: call.groups,
-            z: call.z.is_some(),
-            bias: call.bias.is_some(),
-            activation: activation(call.activation),
-        };
+        let conv = conv_description(g, &call);
         let mut epilogue: Vec<&str> = Vec::new();
         epilogue.extend(call.z.map(|_| "add"));
         epilogue.extend(call.bias.map(|_| "bias"));
@@ -157,23 +133,56 @@ pub fn library_call(g: &Graph, op: OpId) -> Result<BoundCall, EmitError> {
         call.epilogue()
     );
     Ok(BoundCall {
-        call: LibraryCall::Cublaslt(GemmCall {
-            dtype: dtype.into(),
-            batch: call.batch,
-            m: call.m,
-            n: call.n,
-            k: call.k,
-            transpose_a: call.transpose_a,
-            transpose_b: call.transpose_b,
-            c: call.c.is_some(),
-            bias: call.bias.is_some(),
-            activation: activation(call.activation),
-            algorithm: None,
-        }),
+        call: LibraryCall::Cublaslt(gemm_description(&call)),
         operands: call.operands().into_iter().map(outer).collect(),
         params: params(dtype, &names),
         summary,
     })
+}
+
+/// The artifact's record of a cuBLASLt call the recognizer found (no
+/// algorithm chosen yet).
+pub fn gemm_description(call: &library::GemmCall) -> GemmCall {
+    GemmCall {
+        dtype: call.dtype.name().into(),
+        batch: call.batch,
+        m: call.m,
+        n: call.n,
+        k: call.k,
+        transpose_a: call.transpose_a,
+        transpose_b: call.transpose_b,
+        c: call.c.is_some(),
+        bias: call.bias.is_some(),
+        activation: activation_name(call.activation).into(),
+        algorithm: None,
+    }
+}
+
+/// The artifact's record of a cuDNN call the recognizer found in `g`.
+pub fn conv_description(g: &Graph, call: &library::ConvCall) -> ConvCall {
+    let d = g.ty(call.output).dims();
+    ConvCall {
+        dtype: call.dtype.name().into(),
+        input: call.input,
+        filter: call.filter,
+        output: [d[0] as u64, d[1] as u64, d[2] as u64, d[3] as u64],
+        pad: call.pad,
+        stride: call.stride,
+        dilation: call.dilation,
+        groups: call.groups,
+        z: call.z.is_some(),
+        bias: call.bias.is_some(),
+        activation: activation_name(call.activation).into(),
+    }
+}
+
+/// The artifact's name of an epilogue activation.
+fn activation_name(a: Activation) -> &'static str {
+    match a {
+        Activation::None => "none",
+        Activation::Relu => "relu",
+        Activation::GeluTanh => "gelu_tanh",
+    }
 }
 
 /// One line per library call of `g`, in body order, as `--emit cuda`

@@ -6,8 +6,9 @@
 //! operand, `beta = 1`), then ReLU or tanh-GELU. [`conv_call`] is cuDNN's:
 //! an NCHW `conv2d` with equal padding on opposite sides, then a bias along
 //! the channels, an added tensor and ReLU (`cudnnConvolutionBiasActivation-
-//! Forward`). The cost model asks them before pricing a library call
-//! ([`library_cost`], [`conv_cost`]); the emitter asks them again on the
+//! Forward`). The cost model asks them, and the machine's libraries through
+//! a [`LibraryProbe`], before pricing a library call ([`library_cost`],
+//! [`conv_cost`]); the emitter asks them again on the
 //! `fused` op's region and records what they return in the artifact, so
 //! both sides read one answer.
 
@@ -18,13 +19,18 @@ use crate::cost::Bound;
 use crate::device::DeviceSpec;
 use crate::target::Reason;
 
-/// Which vendor libraries the planner may call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Which vendor libraries the planner may call, and who says whether they
+/// run a given call on this machine.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Libraries {
     /// cuBLASLt for matmul groups.
     pub cublaslt: bool,
     /// cuDNN for convolution groups.
     pub cudnn: bool,
+    /// Asks the libraries of the machine that will run the plan (`None`:
+    /// every call the recognizers accept is offered, as when planning for
+    /// a preset device).
+    pub probe: Option<Probe>,
 }
 
 impl Libraries {
@@ -32,12 +38,86 @@ impl Libraries {
     pub const ALL: Libraries = Libraries {
         cublaslt: true,
         cudnn: true,
+        probe: None,
     };
     /// None: dcir's own kernels only (`--no-library`).
     pub const NONE: Libraries = Libraries {
         cublaslt: false,
         cudnn: false,
+        probe: None,
     };
+
+    /// `Ok` unless the probe says cuBLASLt refuses `call` here.
+    fn accepts_gemm(&self, graph: &Graph, call: &GemmCall) -> Result<(), Reason> {
+        match &self.probe {
+            Some(probe) => probe.0.gemm(graph, call).map_err(|why| {
+                Reason::Form(format!("cuBLASLt refuses the call on this machine: {why}"))
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// `Ok` unless the probe says cuDNN refuses `call` here.
+    fn accepts_conv(&self, graph: &Graph, call: &ConvCall) -> Result<(), Reason> {
+        match &self.probe {
+            Some(probe) => probe.0.conv(graph, call).map_err(|why| {
+                Reason::Form(format!("cuDNN refuses the call on this machine: {why}"))
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Asks the libraries of a machine whether they prepare a call (its
+/// descriptors, an algorithm within the workspace limit). A call they
+/// refuse is a candidate lost with the library's reason, never a failed run.
+pub trait LibraryProbe: Send + Sync {
+    /// `Ok` when cuBLASLt runs `call` of `graph`; else what it said.
+    fn gemm(&self, graph: &Graph, call: &GemmCall) -> Result<(), String>;
+    /// `Ok` when cuDNN runs `call` of `graph`; else what it said.
+    fn conv(&self, graph: &Graph, call: &ConvCall) -> Result<(), String>;
+}
+
+/// A shared [`LibraryProbe`] (equal to itself only).
+#[derive(Clone)]
+pub struct Probe(pub std::sync::Arc<dyn LibraryProbe>);
+
+impl std::fmt::Debug for Probe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Probe")
+    }
+}
+
+impl PartialEq for Probe {
+    fn eq(&self, other: &Probe) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// The group of `ops` as one cuBLASLt call ([`gemm_call`]) that the
+/// libraries' probe accepts, or why cuBLASLt cannot run it.
+pub fn offered_gemm(
+    libraries: &Libraries,
+    graph: &Graph,
+    ops: &[OpId],
+    outputs: &[ValueId],
+) -> Result<GemmCall, Reason> {
+    let call = gemm_call(graph, ops, outputs)?;
+    libraries.accepts_gemm(graph, &call)?;
+    Ok(call)
+}
+
+/// The group of `ops` as one cuDNN call ([`conv_call`]) that the
+/// libraries' probe accepts, or why cuDNN cannot run it.
+pub fn offered_conv(
+    libraries: &Libraries,
+    graph: &Graph,
+    ops: &[OpId],
+    outputs: &[ValueId],
+) -> Result<ConvCall, Reason> {
+    let call = conv_call(graph, ops, outputs)?;
+    libraries.accepts_conv(graph, &call)?;
+    Ok(call)
 }
 
 /// The `library` attribute value of a cuBLASLt call.

@@ -2,8 +2,12 @@
 //! (with the reason for those it does not), what the call reads, and when
 //! the cost model prefers it to a kernel of ours.
 
-use dcir_fusion::library::{Activation, gemm_call};
-use dcir_fusion::{CostModel, DeviceSpec, Estimator, Group, GroupKind, Level, Reason};
+use std::sync::Arc;
+
+use dcir_fusion::library::{Activation, LibraryProbe, Probe, gemm_call};
+use dcir_fusion::{
+    CostModel, DeviceSpec, Estimator, Group, GroupKind, Level, Libraries, LibraryVerdict, Reason,
+};
 use dcir_ir::{Attr, Graph, OpId, ValueId, verify_module};
 
 fn graph(text: &str) -> Graph {
@@ -194,6 +198,45 @@ fn the_cost_model_prices_the_library_call() {
         c.get("library")
             .is_some_and(|a| a.as_str() == Some("cublaslt"))
     }));
+}
+
+/// A probe standing in for a machine's cuBLASLt that refuses every call.
+struct RefusesAll;
+
+impl LibraryProbe for RefusesAll {
+    fn gemm(&self, _: &Graph, call: &dcir_fusion::GemmCall) -> Result<(), String> {
+        Err(format!("no algorithm for {}x{}x{}", call.m, call.n, call.k))
+    }
+    fn conv(&self, _: &Graph, _: &dcir_fusion::library::ConvCall) -> Result<(), String> {
+        Err("no algorithm".into())
+    }
+}
+
+/// A call the machine's library refuses is no candidate: the group runs a
+/// kernel of ours, and the estimate says why the library does not run it.
+#[test]
+fn a_call_the_probe_refuses_is_a_lost_candidate_with_its_reason() {
+    let g = graph(&linear("f16", 4096, "  return %a\n"));
+    let model = CostModel {
+        libraries: Libraries {
+            probe: Some(Probe(Arc::new(RefusesAll))),
+            ..Libraries::ALL
+        },
+        ..CostModel::new(DeviceSpec::h200())
+    };
+    let e = model.estimate(&g, &group_of(&g)).unwrap();
+    assert_eq!(library_param(&e), None);
+    assert!(e.candidates.iter().all(|c| c.get("library").is_none()));
+    match &e.library {
+        Some(LibraryVerdict::Refused { library, reason }) => {
+            assert_eq!(*library, "cublaslt");
+            assert_eq!(
+                reason.to_string(),
+                "cuBLASLt refuses the call on this machine: no algorithm for 4096x3072x768"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 fn conv_block(pad: &str, epilogue: &str) -> String {

@@ -1,6 +1,6 @@
 //! cuDNN convolutions of an artifact, prepared once per executor
-//! (descriptors, the algorithm, the workspace it needs within the shared
-//! one) and enqueued on its stream like a kernel, inside a captured CUDA
+//! (descriptors, the algorithm, the workspace it needs, at most
+//! [`WORKSPACE_LIMIT`]) and enqueued on its stream like a kernel, inside a captured CUDA
 //! graph too.
 //!
 //! NCHW tensors; f16 and bf16 compute in f32 (cuDNN's pseudo-half
@@ -13,8 +13,6 @@ use std::ffi::c_void;
 
 use cudarc::cudnn::sys;
 use dcir_artifact::ConvCall;
-
-use crate::library::WORKSPACE_BYTES;
 
 /// Whether cuDNN can be loaded (`libcudnn.so.9` on the library path).
 pub fn cudnn_present() -> bool {
@@ -74,6 +72,10 @@ impl Drop for Handle {
         }
     }
 }
+
+/// The most workspace one convolution may use, bytes: an algorithm needing
+/// more is not chosen. The executor allocates what its calls need, not this.
+pub(crate) const WORKSPACE_LIMIT: usize = 256 << 20;
 
 /// One convolution ready to enqueue.
 pub(crate) struct Conv {
@@ -277,9 +279,9 @@ impl Conv {
                 ),
                 "sizing the workspace",
             )?;
-            if bytes > WORKSPACE_BYTES {
+            if bytes > WORKSPACE_LIMIT {
                 return Err(format!(
-                    "cuDNN's {:?} needs {bytes} bytes of workspace, more than {WORKSPACE_BYTES}",
+                    "cuDNN's {:?} needs {bytes} bytes of workspace, more than {WORKSPACE_LIMIT}",
                     this.algo
                 ));
             }
@@ -288,8 +290,13 @@ impl Conv {
         Ok(this)
     }
 
+    /// Workspace the chosen algorithm needs, bytes.
+    pub(crate) fn workspace_bytes(&self) -> usize {
+        self.workspace_bytes
+    }
+
     /// The first algorithm of cuDNN's heuristic that succeeds within the
-    /// workspace.
+    /// workspace limit.
     #[allow(unsafe_code)]
     unsafe fn heuristic(&self, handle: &Handle) -> Result<sys::cudnnConvolutionFwdAlgo_t, String> {
         const WANTED: usize = 8;
@@ -317,7 +324,7 @@ impl Conv {
             // SAFETY: zero-initialized, the first `returned` written by cuDNN.
             .map(|i| unsafe { perf[i].assume_init() })
             .find(|p| {
-                p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && p.memory <= WORKSPACE_BYTES
+                p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && p.memory <= WORKSPACE_LIMIT
             })
             .map(|p| p.algo)
             .ok_or_else(|| "cuDNN's heuristic has no algorithm for this convolution".into())

@@ -120,8 +120,9 @@ struct Libraries {
     blas: Option<library::Handle>,
     /// cuDNN, when a call needs it.
     dnn: Option<cudnn::Handle>,
-    /// One workspace all calls share (they run one after another).
-    workspace: CudaSlice<u8>,
+    /// One workspace all calls share (they run one after another), as
+    /// large as the neediest call's.
+    workspace: Option<CudaSlice<u8>>,
     matmuls: Vec<library::Matmul>,
     convs: Vec<cudnn::Conv>,
 }
@@ -305,6 +306,7 @@ impl Executor {
         // Library calls: one handle and workspace, each call prepared once
         // (descriptors and algorithm) over the buffers it binds.
         let mut libraries: Option<Libraries> = None;
+        let mut workspace_bytes = 0usize;
         let mut launches = Vec::with_capacity(artifact.launches.len());
         for l in &artifact.launches {
             let k = &artifact.kernels[l.kernel as usize];
@@ -335,10 +337,7 @@ impl Executor {
                         libraries = Some(Libraries {
                             blas: None,
                             dnn: None,
-                            workspace: alloc(
-                                "the library workspace",
-                                library::WORKSPACE_BYTES as u64,
-                            )?,
+                            workspace: None,
                             matmuls: Vec::new(),
                             convs: Vec::new(),
                         });
@@ -352,6 +351,7 @@ impl Executor {
                             let handle = libs.blas.as_ref().expect("made above");
                             let matmul =
                                 library::Matmul::new(handle, call, &args).map_err(failed)?;
+                            workspace_bytes = workspace_bytes.max(library::WORKSPACE_BYTES);
                             libs.matmuls.push(matmul);
                             Callee::Matmul(libs.matmuls.len() - 1)
                         }
@@ -362,6 +362,7 @@ impl Executor {
                             }
                             let handle = libs.dnn.as_ref().expect("made above");
                             let conv = cudnn::Conv::new(handle, call, &args).map_err(failed)?;
+                            workspace_bytes = workspace_bytes.max(conv.workspace_bytes());
                             libs.convs.push(conv);
                             Callee::Conv(libs.convs.len() - 1)
                         }
@@ -369,6 +370,9 @@ impl Executor {
                 }
             };
             launches.push(Resolved { name, callee, args });
+        }
+        if let Some(libs) = &mut libraries {
+            libs.workspace = Some(alloc("the library workspace", workspace_bytes as u64)?);
         }
         let inputs = artifact
             .inputs
@@ -697,7 +701,12 @@ impl Executor {
                     .expect("a library launch has its libraries");
                 // The libraries launch on the context current on this thread.
                 self.ctx.bind_to_thread().map_err(|e| format!("{e:?}"))?;
-                let workspace = ptr_of(&libs.workspace, &self.stream);
+                let workspace = ptr_of(
+                    libs.workspace
+                        .as_ref()
+                        .expect("allocated once the calls were prepared"),
+                    &self.stream,
+                );
                 match (l.callee, &libs.blas, &libs.dnn) {
                     (Callee::Matmul(_), Some(blas), _) => {
                         libs.matmuls[i].enqueue(blas, workspace, self.stream.cu_stream())

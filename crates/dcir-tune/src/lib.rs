@@ -207,7 +207,7 @@ pub fn tune_graph(
     let model = CostModel {
         device: options.device.clone(),
         top_k: options.top_k * RANKED_PER_CANDIDATE,
-        libraries: options.libraries,
+        libraries: options.libraries.clone(),
     };
     let fingerprint = measure.fingerprint();
     let work = group::fused_ops(graph)

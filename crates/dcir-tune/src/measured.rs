@@ -54,7 +54,7 @@ impl<'a> MeasuredEstimator<'a> {
             model: CostModel {
                 device: options.device.clone(),
                 top_k: options.top_k * RANKED_PER_CANDIDATE,
-                libraries: options.libraries,
+                libraries: options.libraries.clone(),
             },
             fingerprint: measure.fingerprint(),
             options,

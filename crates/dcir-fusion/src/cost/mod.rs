@@ -223,17 +223,21 @@ impl CostModel {
         match group.kind {
             GroupKind::Gemm if self.libraries.cublaslt => Some((
                 library::CUBLASLT,
-                library::gemm_call(graph, &group.ops, &info.outputs).map(|call| {
-                    let cost = library::library_cost(&self.device, graph, &call);
-                    (library_params(library::CUBLASLT), cost)
-                }),
+                library::offered_gemm(&self.libraries, graph, &group.ops, &info.outputs).map(
+                    |call| {
+                        let cost = library::library_cost(&self.device, graph, &call);
+                        (library_params(library::CUBLASLT), cost)
+                    },
+                ),
             )),
             GroupKind::Conv if self.libraries.cudnn => Some((
                 library::CUDNN,
-                library::conv_call(graph, &group.ops, &info.outputs).map(|call| {
-                    let cost = library::conv_cost(&self.device, graph, &call);
-                    (library_params(library::CUDNN), cost)
-                }),
+                library::offered_conv(&self.libraries, graph, &group.ops, &info.outputs).map(
+                    |call| {
+                        let cost = library::conv_cost(&self.device, graph, &call);
+                        (library_params(library::CUDNN), cost)
+                    },
+                ),
             )),
             _ => None,
         }
