@@ -60,6 +60,11 @@ pub struct KernelEntry {
     /// the launch shape zero.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub library: Option<LibraryCall>,
+    /// What it computes, in one line (`gemm (f16, tensor cores): ...`,
+    /// `cuBLASLt f16 4096×3072×768, bias`), for reports such as
+    /// `dcir-run --per-kernel`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub summary: String,
 }
 
 /// A call of a vendor library, bound like a kernel: its parameters are its
@@ -591,6 +596,7 @@ mod tests {
             graph: "g".into(),
             arch: "sm_90".into(),
             kernels: vec![KernelEntry {
+                summary: String::new(),
                 name: "g0".into(),
                 source: "extern \"C\" __global__ void g0() {}\n".into(),
                 ptx: Some(".version 9.0\n".into()),
@@ -742,6 +748,7 @@ mod tests {
             graph: "linear".into(),
             arch: "sm_90".into(),
             kernels: vec![KernelEntry {
+                summary: String::new(),
                 name: "linear_g0".into(),
                 source: String::new(),
                 ptx: None,

@@ -128,6 +128,7 @@ pub fn build_artifact(g: &Graph, options: &BuildOptions) -> Result<Artifact, Str
                             dynamic_shared: 0,
                             params: bound.params,
                             library: Some(bound.call),
+                            summary: bound.summary,
                         });
                         i
                     }
@@ -400,6 +401,7 @@ fn kernel_entry(
             })
             .collect(),
         library: None,
+        summary: kernel.summary.clone(),
     })
 }
 
