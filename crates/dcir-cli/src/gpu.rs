@@ -520,13 +520,16 @@ pub(crate) fn execute(
             let per_launch = if per_kernel {
                 // Each launch named with what it computes.
                 let times = ex.per_launch(reps).map_err(|e| e.to_string())?;
-                let named = times.into_iter().zip(&artifact.launches).map(|((name, ms), l)| {
-                    let summary = &artifact.kernels[l.kernel as usize].summary;
-                    match summary.is_empty() {
-                        true => (name, ms),
-                        false => (format!("{name}  {summary}"), ms),
-                    }
-                });
+                let named = times
+                    .into_iter()
+                    .zip(&artifact.launches)
+                    .map(|((name, ms), l)| {
+                        let summary = &artifact.kernels[l.kernel as usize].summary;
+                        match summary.is_empty() {
+                            true => (name, ms),
+                            false => (format!("{name}  {summary}"), ms),
+                        }
+                    });
                 Some(named.collect())
             } else {
                 None

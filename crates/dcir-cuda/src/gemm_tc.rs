@@ -270,18 +270,102 @@ fn warp_split(tm: usize, tn: usize, warps: usize, max_acc: usize) -> Option<(usi
         })
 }
 
-/// An operand read as `param[offset + r * stride_r + k * stride_k]` for
-/// element `(r, k)` of batch entry `bz` (`offset` may read `bz`). One of the
-/// strides is 1; [`emit`] copies it in 16-byte chunks along that dim.
+/// One dim of a strided view as modes, outermost first: index `i` of the
+/// dim lies `Σ_j (i / inner_j % extent_j) · stride_j` elements from the
+/// view's origin, `inner_j` the product of the extents of the modes inside
+/// mode `j` (CuTe's hierarchical layouts). A reshape that merges a transpose's
+/// dims gives a dim of several modes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Modes(Vec<(usize, i64)>);
+
+impl Modes {
+    /// A dim of `extent` elements `stride` apart.
+    pub(super) fn single(extent: usize, stride: i64) -> Modes {
+        Modes(vec![(extent, stride)])
+    }
+
+    /// The stride when the dim is one mode.
+    fn stride(&self) -> Option<i64> {
+        match self.0.as_slice() {
+            [(_, s)] => Some(*s),
+            _ => None,
+        }
+    }
+
+    /// Whether every stride is a multiple of `n`.
+    fn strides_multiple_of(&self, n: i64) -> bool {
+        self.0.iter().all(|&(_, s)| s % n == 0)
+    }
+
+    /// The element offset of index `i` (in range).
+    fn at(&self, i: Expr) -> Expr {
+        let mut inner = 1usize;
+        let mut terms = Vec::new();
+        for (j, &(extent, stride)) in self.0.iter().enumerate().rev() {
+            if stride != 0 {
+                let mut x = if inner == 1 {
+                    i.clone()
+                } else {
+                    div(i.clone(), inner as i64)
+                };
+                // The outermost mode needs no wrap: `i` is in range.
+                if j > 0 {
+                    x = rem(x, extent as i64);
+                }
+                terms.push(if stride == 1 { x } else { mul(x, int(stride)) });
+            }
+            inner *= extent;
+        }
+        terms.into_iter().rev().reduce(add).unwrap_or(int(0))
+    }
+
+    /// The modes with adjacent ones that step evenly merged and extent-1
+    /// modes dropped.
+    fn coalesced(mut self) -> Modes {
+        self.0.retain(|&(e, _)| e != 1);
+        let mut out: Vec<(usize, i64)> = Vec::new();
+        for (e, s) in self.0 {
+            match out.last_mut() {
+                Some((oe, os)) if *os == s * e as i64 => {
+                    *oe *= e;
+                    *os = s;
+                }
+                _ => out.push((e, s)),
+            }
+        }
+        if out.is_empty() {
+            out.push((1, 0));
+        }
+        Modes(out)
+    }
+}
+
+/// An operand read as `param[offset + r_at(r) + k_at(k)]` for element
+/// `(r, k)` of batch entry `bz` (`offset` may read `bz`), where `r` and `k`
+/// are [`Modes`]. One of them is a single mode of stride 1; [`emit`] copies
+/// along it in 16-byte chunks.
 pub(super) struct Strided {
     /// The kernel parameter.
     pub param: String,
     /// Element offset of the batch entry's `(0, 0)`.
     pub offset: Expr,
-    /// Elements between rows (along M for A, N for B).
-    pub stride_r: i64,
-    /// Elements between consecutive k.
-    pub stride_k: i64,
+    /// The dim along M (for A) or N (for B).
+    pub r: Modes,
+    /// The dim along K.
+    pub k: Modes,
+}
+
+impl Strided {
+    /// Both strides, when each dim is one mode (the copy then steps its
+    /// source offset by constants).
+    fn linear(&self) -> Option<(i64, i64)> {
+        Some((self.r.stride()?, self.k.stride()?))
+    }
+
+    /// The element offset of `(r, k)`.
+    fn at(&self, r: Expr, k: Expr) -> Expr {
+        add(self.offset.clone(), add(self.r.at(r), self.k.at(k)))
+    }
 }
 
 /// Computes element `(r, k)` of an operand (both in range) as an f32 local,
@@ -297,8 +381,8 @@ pub(super) struct Operand<'a> {
     /// other strides and the offset are multiples of 8 elements, so every
     /// 16-byte chunk is aligned and entirely in or out of range.
     pub strided: Option<Strided>,
-    /// Whether the shared tile keeps k contiguous (else r); must be
-    /// `stride_k == 1` when `strided` is `Some`.
+    /// Whether the shared tile keeps k contiguous (else r); k must then be
+    /// the contiguous dim of `strided`.
     pub k_inner: bool,
     /// The pixel path of a conv's A operand (rows contiguous, `strided`
     /// `None`): consecutive threads load consecutive output pixels' elements
@@ -921,12 +1005,14 @@ fn thread_setup(t: &TileLayout, op: &Operand, r0: Expr, c: &Config, m: usize) ->
         &t.name("dst"),
         t.offset(var(t.name("row")), var(t.name("col"))),
     ));
-    if let Some(s) = &op.strided {
+    if let Some((s, (stride_r, stride_k))) =
+        op.strided.as_ref().and_then(|s| Some((s, s.linear()?)))
+    {
         let chunk0 = mul(var(t.name("col")), int(CHUNK as i64));
         let src = if t.k_inner {
-            add(mul(add(r0, var(t.name("row"))), int(s.stride_r)), chunk0)
+            add(mul(add(r0, var(t.name("row"))), int(stride_r)), chunk0)
         } else {
-            add(mul(var(t.name("row")), int(s.stride_k)), add(r0, chunk0))
+            add(mul(var(t.name("row")), int(stride_k)), add(r0, chunk0))
         };
         out.push(let_int(&t.name("src"), add(s.offset.clone(), src)));
     }
@@ -1004,17 +1090,24 @@ fn copy_tile(
         });
     }
     if let Some(sv) = &op.strided {
-        // `X_src` is the element offset of the thread's first chunk at k-tile 0.
         let issue = unrolled("s", t.per_thread, |s| {
             let (r, k) = first(&s);
-            let full = in_range(r, k);
-            let rows_on = mul(s.clone(), int(t.row_step as i64));
-            let step = if t.k_inner {
-                add(mul(rows_on, int(sv.stride_r)), k0.clone())
-            } else {
-                mul(add(rows_on, k0.clone()), int(sv.stride_k))
+            let full = in_range(r.clone(), k.clone());
+            let src = match sv.linear() {
+                // `X_src` is the element offset of the thread's first chunk
+                // at k-tile 0; chunk `s` of k-tile `kt` is a constant step on.
+                Some((stride_r, stride_k)) => {
+                    let rows_on = mul(s.clone(), int(t.row_step as i64));
+                    let step = if t.k_inner {
+                        add(mul(rows_on, int(stride_r)), k0.clone())
+                    } else {
+                        mul(add(rows_on, k0.clone()), int(stride_k))
+                    };
+                    add(var(t.name("src")), step)
+                }
+                // A dim of several modes: each chunk's offset through them.
+                None => sv.at(r, k),
             };
-            let src = add(var(t.name("src")), step);
             guard(
                 &s,
                 vec![Stmt::Call(
@@ -1721,8 +1814,8 @@ pub(super) fn conv(l: &mut Lower, op: OpId) -> Result<Kernel> {
         .map(|param| Strided {
             param,
             offset: mul(bz.clone(), int((geo.weight[1] * pixels) as i64)),
-            stride_r: 1,
-            stride_k: pixels as i64,
+            r: Modes::single(c.m, 1),
+            k: Modes::single(c.k, pixels as i64),
         });
     let a_pixels = if a_strided.is_none() {
         input_param(x).map(|param| PixelMapped {
@@ -1742,8 +1835,8 @@ pub(super) fn conv(l: &mut Lower, op: OpId) -> Result<Kernel> {
         .map(|param| Strided {
             param,
             offset: mul(bz.clone(), int((c.n * c.k) as i64)),
-            stride_r: c.k as i64,
-            stride_k: 1,
+            r: Modes::single(c.n, c.k as i64),
+            k: Modes::single(c.k, 1),
         });
     let (a_bz, b_bz, a_geo, w_dims) =
         (bz.clone(), bz.clone(), geo.clone(), g.ty(w).dims().to_vec());
@@ -1949,37 +2042,48 @@ fn matmul_operand<'a>(
     } else {
         (rank - 1, rank - 2)
     };
-    let view = strided_view(l, v).map(|(param, mut strides, offset)| {
+    let view = strided_view(l, v).map(|(param, mut modes, offset)| {
         // A dim of extent 1 is only ever read at 0.
-        for (s, &d) in strides.iter_mut().zip(&dims) {
+        for (m, &d) in modes.iter_mut().zip(&dims) {
             if d == 1 {
-                *s = 0;
+                *m = Modes::single(1, 0);
             }
         }
-        (param, strides, offset)
+        (param, modes, offset)
     });
     let k_inner = match &view {
-        Some((_, s, _)) if s[k_dim] == 1 => true,
-        Some((_, s, _)) if s[r_dim] == 1 => false,
+        Some((_, m, _)) if m[k_dim].stride() == Some(1) => true,
+        Some((_, m, _)) if m[r_dim].stride() == Some(1) => false,
         _ => k_dim == rank - 1,
     };
-    let strided = view.and_then(|(param, s, offset)| {
-        let aligned = offset % 8 == 0 && s[..rank - 2].iter().all(|x| x % 8 == 0);
+    let strided = view.and_then(|(param, mut m, offset)| {
+        let aligned = offset % 8 == 0 && m[..rank - 2].iter().all(|x| x.strides_multiple_of(8));
         let contiguous = if k_inner {
-            s[k_dim] == 1 && k.is_multiple_of(CHUNK) && s[r_dim] % 8 == 0
+            m[k_dim].stride() == Some(1)
+                && k.is_multiple_of(CHUNK)
+                && m[r_dim].strides_multiple_of(8)
         } else {
-            s[r_dim] == 1 && rows.is_multiple_of(CHUNK) && s[k_dim] % 8 == 0
+            m[r_dim].stride() == Some(1)
+                && rows.is_multiple_of(CHUNK)
+                && m[k_dim].strides_multiple_of(8)
         };
-        (aligned && contiguous).then(|| Strided {
-            param,
-            offset: batch_coords
-                .iter()
-                .zip(&s)
-                .fold(int(offset), |acc, (c, &st)| {
-                    add(acc, mul(c.clone(), int(st)))
-                }),
-            stride_r: s[r_dim],
-            stride_k: s[k_dim],
+        (aligned && contiguous).then(|| {
+            let last = m.pop().expect("rank 2 or more");
+            let second_last = m.pop().expect("rank 2 or more");
+            let (r, k) = if r_first {
+                (second_last, last)
+            } else {
+                (last, second_last)
+            };
+            Strided {
+                param,
+                offset: batch_coords
+                    .iter()
+                    .zip(&m)
+                    .fold(int(offset), |acc, (c, modes)| add(acc, modes.at(c.clone()))),
+                r,
+                k,
+            }
         })
     });
     let batch_coords = batch_coords.to_vec();
@@ -2005,29 +2109,70 @@ fn row_major(dims: &[usize]) -> Vec<i64> {
     strides
 }
 
-/// `v` as `param[offset + Σ coord_d · strides_d]` when its views (transpose,
-/// broadcast, slice, reshape of a contiguous view) allow.
-fn strided_view(l: &Lower, v: ValueId) -> Option<(String, Vec<i64>, i64)> {
+/// `dims` split off the front of `modes` (outermost first), splitting a
+/// mode where a dim ends inside it; `None` when a dim ends at no divisor.
+fn split_modes(mut modes: Vec<(usize, i64)>, dims: &[usize]) -> Option<Vec<Modes>> {
+    modes.retain(|&(e, _)| e != 1);
+    modes.reverse(); // popped from the back: the outermost first
+    let mut out = Vec::with_capacity(dims.len());
+    for &d in dims {
+        let mut need = d;
+        let mut dim = Vec::new();
+        while need > 1 {
+            let (e, s) = modes.pop()?;
+            if e <= need {
+                if !need.is_multiple_of(e) {
+                    return None;
+                }
+                dim.push((e, s));
+                need /= e;
+            } else {
+                if !e.is_multiple_of(need) {
+                    return None;
+                }
+                // The dim takes the mode's outer `need` indices.
+                dim.push((need, s * (e / need) as i64));
+                modes.push((e / need, s));
+                need = 1;
+            }
+        }
+        out.push(Modes(dim).coalesced());
+    }
+    modes.is_empty().then_some(out)
+}
+
+/// `v` as `param[offset + Σ_d at_d(coord_d)]` with each dim's [`Modes`],
+/// when its views (transpose, broadcast, slice, reshape) allow.
+fn strided_view(l: &Lower, v: ValueId) -> Option<(String, Vec<Modes>, i64)> {
     let g = l.g;
     let dims = g.ty(v).dims().to_vec();
     let ValueDef::OpResult { op, .. } = g.value(v).def else {
-        return Some((l.inputs.get(&v)?.clone(), row_major(&dims), 0));
+        let modes = dims
+            .iter()
+            .zip(row_major(&dims))
+            .map(|(&d, s)| Modes::single(d, s))
+            .collect();
+        return Some((l.inputs.get(&v)?.clone(), modes, 0));
     };
     let data = g.op(op);
     let src = *data.operands.first()?;
-    let (param, s, offset) = strided_view(l, src)?;
+    let (param, m, offset) = strided_view(l, src)?;
     let src_dims = g.ty(src).dims().to_vec();
     let ints = |name: &str| data.attrs.get(name).and_then(Attr::as_ints);
     match data.kind {
         OpKind::Transpose => {
             let perm = ints("perm")?;
-            Some((param, perm.iter().map(|&p| s[p as usize]).collect(), offset))
+            Some((
+                param,
+                perm.iter().map(|&p| m[p as usize].clone()).collect(),
+                offset,
+            ))
         }
         OpKind::Broadcast => {
-            let mut out = vec![0; dims.len()];
+            let mut out: Vec<Modes> = dims.iter().map(|&d| Modes::single(d, 0)).collect();
             for (j, &d) in ints("dims")?.iter().enumerate() {
                 if src_dims[j] != 1 {
-                    out[d as usize] = s[j];
+                    out[d as usize] = m[j].clone();
                 }
             }
             Some((param, out, offset))
@@ -2036,21 +2181,25 @@ fn strided_view(l: &Lower, v: ValueId) -> Option<(String, Vec<i64>, i64)> {
             let starts = ints("starts")?;
             let steps = ints("steps").unwrap_or(&[]);
             let mut offset = offset;
-            let mut out = s.clone();
-            for d in 0..s.len() {
+            let mut out = m.clone();
+            for d in 0..m.len() {
                 let step = steps.get(d).copied().unwrap_or(1);
                 if starts[d] < 0 || step < 1 {
                     return None;
                 }
-                offset += starts[d] * s[d];
-                out[d] = s[d] * step;
+                if starts[d] == 0 && step == 1 && dims[d] == src_dims[d] {
+                    continue;
+                }
+                // Only a dim of one mode is sliced.
+                let s = m[d].stride()?;
+                offset += starts[d] * s;
+                out[d] = Modes::single(dims[d], s * step);
             }
             Some((param, out, offset))
         }
         OpKind::Reshape => {
-            let contiguous =
-                (0..src_dims.len()).all(|d| src_dims[d] == 1 || s[d] == row_major(&src_dims)[d]);
-            contiguous.then(|| (param, row_major(&dims), offset))
+            let flat = m.into_iter().flat_map(|d| d.0).collect();
+            Some((param, split_modes(flat, &dims)?, offset))
         }
         _ => None,
     }
@@ -2298,5 +2447,84 @@ mod tests {
         let attrs = "stages = 1, threads = 256, tile = [64, 64, 8]";
         let s = gemm_source("f16", "64,64", "64,64", "64,64", attrs, "fma");
         assert!(!s.contains("tensor cores") && s.contains("fma"), "{s}");
+    }
+
+    /// The offset [`Modes`] give index `i`, as `Modes::at` emits it.
+    fn offset_of(m: &Modes, mut i: usize) -> i64 {
+        let mut off = 0;
+        for &(e, st) in m.0.iter().rev() {
+            off += (i % e) as i64 * st;
+            i /= e;
+        }
+        off
+    }
+
+    /// A transpose then a reshape, split into modes, reads every element
+    /// where the two views put it (brute force over the index space).
+    #[test]
+    fn modes_follow_a_reshape_of_a_transpose() {
+        let cases: [(&[usize], &[usize], &[usize]); 5] = [
+            // ViT's attention input: [B, S, E] → [S, B, E] → [S·B, E].
+            (&[4, 6, 8], &[1, 0, 2], &[24, 8]),
+            (&[4, 6, 8], &[0, 2, 1], &[4, 48]),
+            (&[2, 3, 4, 8], &[0, 2, 1, 3], &[2, 12, 8]),
+            (&[6, 4], &[1, 0], &[2, 2, 6]),
+            (&[2, 3, 4], &[2, 1, 0], &[4, 6]),
+        ];
+        for (src, perm, dims) in cases {
+            let strides = row_major(src);
+            let t_dims: Vec<usize> = perm.iter().map(|&p| src[p]).collect();
+            let flat = perm
+                .iter()
+                .map(|&p| (src[p], strides[p]))
+                .collect::<Vec<_>>();
+            let modes = split_modes(flat, dims).expect("splits");
+            let total: usize = dims.iter().product();
+            for linear in 0..total {
+                // The element's coordinates in the reshaped view, then the
+                // transposed view's, then the source's offset.
+                let mut rest = linear;
+                let mut coords = vec![0; dims.len()];
+                for d in (0..dims.len()).rev() {
+                    coords[d] = rest % dims[d];
+                    rest /= dims[d];
+                }
+                let mut rest = linear;
+                let mut want = 0i64;
+                for d in (0..t_dims.len()).rev() {
+                    want += (rest % t_dims[d]) as i64 * strides[perm[d]];
+                    rest /= t_dims[d];
+                }
+                let got: i64 = coords.iter().zip(&modes).map(|(&c, m)| offset_of(m, c)).sum();
+                assert_eq!(got, want, "{src:?} {perm:?} {dims:?} at {coords:?}: {modes:?}");
+            }
+        }
+        // A dim that ends inside no divisor of a mode is no strided view.
+        assert_eq!(split_modes(vec![(6, 1)], &[4]), None);
+        assert_eq!(
+            split_modes(vec![(4, 6), (6, 1)], &[24]).unwrap(),
+            vec![Modes::single(24, 1)]
+        );
+    }
+
+    /// An A operand that is a reshape of a transpose (rows gathered, k
+    /// contiguous) is copied with `cp.async`, each chunk's row through the modes.
+    #[test]
+    fn a_reshaped_transpose_copies_with_cp_async() {
+        let src = "graph @g(%x: f16[32,16,64], %w: f16[64,128]) -> (f16[512,128]) {\n\
+                   \x20 %t = transpose %x {perm = [1, 0, 2]} : f16[16,32,64]\n\
+                   \x20 %a = reshape %t : f16[512,64]\n\
+                   \x20 %y = matmul %a, %w : f16[512,128]\n\
+                   \x20 return %y\n}\n";
+        let module = dcir_reader::parse_module(src).unwrap();
+        let g = &module.graphs[0];
+        let model = dcir_fusion::CostModel::kernels_only(dcir_fusion::DeviceSpec::h100());
+        let plan = dcir_fusion::plan_graph(g, &model, &crate::CudaTarget).unwrap();
+        let fused = dcir_fusion::apply_plan(g, &plan).unwrap();
+        let mut m = dcir_ir::Module::new();
+        m.graphs.push(fused);
+        let s = emit_module_source(&m).unwrap();
+        assert!(s.contains("A by cp.async, B by cp.async"), "{s}");
+        assert!(s.contains("/ 32 * 64 + ") && s.contains("% 32 * 1024"), "{s}");
     }
 }
