@@ -107,6 +107,11 @@ pub struct ConvCall {
     pub bias: bool,
     /// The activation applied last: `none` or `relu`.
     pub activation: String,
+    /// cuDNN's forward algorithm (`cudnnConvolutionFwdAlgo_t`, 0 to 7)
+    /// chosen on a GPU, replayed when cuDNN accepts it there; absent, the
+    /// runtime asks cuDNN's heuristic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub algorithm: Option<u32>,
 }
 
 impl ConvCall {
@@ -131,6 +136,12 @@ impl ConvCall {
         });
         if !counted {
             return Err("a cuDNN call of more elements than a u64 counts".into());
+        }
+        if self.algorithm.is_some_and(|a| a >= 8) {
+            return Err(format!(
+                "cuDNN forward algorithm {} (cudnnConvolutionFwdAlgo_t is 0 to 7)",
+                self.algorithm.unwrap_or_default()
+            ));
         }
         if c % self.groups != 0 || k % self.groups != 0 || cg * self.groups != c {
             return Err(format!(
@@ -206,9 +217,9 @@ pub struct GemmCall {
     pub bias: bool,
     /// The activation applied last: `none`, `relu` or `gelu_tanh`.
     pub activation: String,
-    /// The library's algorithm chosen by measurement (its opaque words),
-    /// replayed when the library on the machine accepts it; absent, the
-    /// runtime asks the library's heuristic.
+    /// cuBLASLt's algorithm chosen on a GPU (`cublasLtMatmulAlgo_t`'s
+    /// opaque words), replayed when the library on the machine accepts it;
+    /// absent, the runtime asks the library's heuristic.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub algorithm: Option<Vec<u64>>,
 }
@@ -861,6 +872,7 @@ mod tests {
             z: true,
             bias: true,
             activation: "relu".into(),
+            algorithm: Some(1),
         };
         let shapes: [Vec<u64>; 5] = [
             vec![2, 4, 8, 8],
@@ -905,7 +917,8 @@ mod tests {
         let a = conv_sample();
         assert_eq!(Artifact::from_json(&a.to_json()).unwrap(), a);
         type Edit = fn(&mut ConvCall);
-        let edits: [(Edit, &str); 6] = [
+        let edits: [(Edit, &str); 7] = [
+            (|c| c.algorithm = Some(8), "algorithm 8"),
             (
                 |c| c.pad = [0, 0],
                 "output [2, 6, 8, 8] is not its convolution's",

@@ -60,6 +60,9 @@ pub(crate) struct CudaRun {
     pub launches: usize,
     /// Timing, with `--bench`.
     pub bench: Option<Bench>,
+    /// The library calls as prepared, algorithms recorded (kernel entry
+    /// index, call): [`dcir_runtime::Executor::chosen_calls`].
+    pub chosen: Vec<(u32, dcir_artifact::LibraryCall)>,
 }
 
 /// The tuning flags `dcir-run` and `dcir-opt` share.
@@ -550,6 +553,7 @@ pub(crate) fn execute(
         memory: (plan.peak_bytes(), plan.unplanned_bytes()),
         launches: artifact.launches.len(),
         bench,
+        chosen: ex.chosen_calls().to_vec(),
     })
 }
 

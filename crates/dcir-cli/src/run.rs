@@ -103,6 +103,9 @@ pub struct RunArgs {
     /// (cuda) Run the artifact in DIR (from `dcir-opt --emit artifact -o DIR`) instead of compiling FILE's graph.
     #[arg(long, value_name = "DIR")]
     pub artifact: Option<PathBuf>,
+    /// (cuda) Write the artifact that ran to DIR, with the algorithm each library call (cuBLASLt, cuDNN) chose on this GPU recorded, so that --artifact DIR replays the calls without asking the libraries' heuristics again.
+    #[arg(long, value_name = "DIR")]
+    pub save_artifact: Option<PathBuf>,
     /// (cuda) The GPU to run on, numbered among those CUDA_VISIBLE_DEVICES leaves visible.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub gpu: usize,
@@ -165,10 +168,11 @@ fn run(name: &str, args: &RunArgs) -> Result<(), Reported> {
             || args.bench.is_some()
             || args.per_kernel
             || args.artifact.is_some()
+            || args.save_artifact.is_some()
             || args.tune.tune)
     {
         return Err(fail(
-            "--check, --bench, --per-kernel, --artifact and --tune need --backend cuda".to_string(),
+            "--check, --bench, --per-kernel, --artifact, --save-artifact and --tune need --backend cuda".to_string(),
         ));
     }
     if args.tune.tune && args.artifact.is_some() {
@@ -290,17 +294,30 @@ fn run(name: &str, args: &RunArgs) -> Result<(), Reported> {
                     args.gpu,
                 )
             };
-            let run = match execute(&artifact) {
-                // A library that refuses a call it was planned for is a
+            let (mut artifact, run) = match execute(&artifact) {
+                // A library that refuses a call it was planned for (a
+                // pointer's alignment the planner's probe did not see) is a
                 // candidate lost, not a failed run: compiled again without.
                 Err(crate::gpu::ExecuteError::Library(why)) if args.artifact.is_none() => {
                     eprintln!("{name}: note: {why}; compiling again with dcir's own kernels only");
                     let artifact = compile(true).map_err(fail)?;
-                    execute(&artifact)
+                    let run = execute(&artifact);
+                    run.map(|run| (artifact, run))
                 }
-                other => other,
+                other => other.map(|run| (artifact, run)),
             }
             .map_err(|e| fail(e.to_string()))?;
+            if let Some(dir) = &args.save_artifact {
+                for (kernel, call) in &run.chosen {
+                    artifact.kernels[*kernel as usize].library = Some(call.clone());
+                }
+                artifact.write_dir(dir).map_err(|e| {
+                    fail(format!(
+                        "cannot write the artifact to `{}`: {e}",
+                        dir.display()
+                    ))
+                })?;
+            }
             timings.push(("run", t.elapsed()));
             report_cuda(&run);
             if args.check {

@@ -206,3 +206,73 @@ fn library_calls_pass_check_on_the_gpu() {
     }
     assert!(failures.is_empty(), "failed: {failures:?}");
 }
+
+/// `--save-artifact` records the algorithm each library call chose, and
+/// `--artifact` replays the saved calls and still passes `--check`.
+#[test]
+fn saved_library_calls_record_their_algorithm_and_replay() {
+    let Some(_context) = common::gpu_or_skip() else {
+        return;
+    };
+    let cases = [
+        (
+            "cublaslt.dcir",
+            "lt_bias_relu",
+            dcir_runtime::cublaslt_present(),
+        ),
+        (
+            "cudnn.dcir",
+            "dnn_f32_strided",
+            dcir_runtime::cudnn_present(),
+        ),
+    ];
+    for (file, graph, present) in cases {
+        if !present {
+            println!("SKIP: no GPU library for {file}: not on the library path");
+            continue;
+        }
+        let path = repo_root().join("tests/filetests/cuda").join(file);
+        let path = path.to_str().expect("utf-8 path");
+        let dir = std::env::temp_dir().join(format!("dcir-saved-{graph}-{}", std::process::id()));
+        let dir_arg = dir.to_str().expect("utf-8 path");
+        let run = |extra: &[&str]| {
+            let mut args = vec![
+                "dcir-run",
+                path,
+                "--graph",
+                graph,
+                "--backend",
+                "cuda",
+                "--check",
+            ];
+            args.extend_from_slice(extra);
+            dcir_cli::run::main_with("dcir-run", args.iter().map(Into::into))
+        };
+        assert_eq!(
+            run(&["--save-artifact", dir_arg]),
+            ExitCode::SUCCESS,
+            "{graph}"
+        );
+        let saved = dcir_artifact::Artifact::read_dir(&dir).expect("the saved artifact reads");
+        let recorded =
+            saved
+                .kernels
+                .iter()
+                .filter_map(|k| k.library.as_ref())
+                .all(|call| match call {
+                    dcir_artifact::LibraryCall::Cublaslt(c) => c.algorithm.is_some(),
+                    dcir_artifact::LibraryCall::Cudnn(c) => c.algorithm.is_some(),
+                });
+        assert!(recorded, "{graph}: {:?}", saved.kernels);
+        assert!(
+            saved.kernels.iter().any(|k| k.library.is_some()),
+            "{graph}: no call"
+        );
+        assert_eq!(
+            run(&["--artifact", dir_arg]),
+            ExitCode::SUCCESS,
+            "{graph} replayed"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

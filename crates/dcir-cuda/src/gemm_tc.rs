@@ -2495,8 +2495,15 @@ mod tests {
                     want += (rest % t_dims[d]) as i64 * strides[perm[d]];
                     rest /= t_dims[d];
                 }
-                let got: i64 = coords.iter().zip(&modes).map(|(&c, m)| offset_of(m, c)).sum();
-                assert_eq!(got, want, "{src:?} {perm:?} {dims:?} at {coords:?}: {modes:?}");
+                let got: i64 = coords
+                    .iter()
+                    .zip(&modes)
+                    .map(|(&c, m)| offset_of(m, c))
+                    .sum();
+                assert_eq!(
+                    got, want,
+                    "{src:?} {perm:?} {dims:?} at {coords:?}: {modes:?}"
+                );
             }
         }
         // A dim that ends inside no divisor of a mode is no strided view.
@@ -2525,6 +2532,9 @@ mod tests {
         m.graphs.push(fused);
         let s = emit_module_source(&m).unwrap();
         assert!(s.contains("A by cp.async, B by cp.async"), "{s}");
-        assert!(s.contains("/ 32 * 64 + ") && s.contains("% 32 * 1024"), "{s}");
+        assert!(
+            s.contains("/ 32 * 64 + ") && s.contains("% 32 * 1024"),
+            "{s}"
+        );
     }
 }

@@ -158,7 +158,8 @@ pub fn gemm_description(call: &library::GemmCall) -> GemmCall {
     }
 }
 
-/// The artifact's record of a cuDNN call the recognizer found in `g`.
+/// The artifact's record of a cuDNN call the recognizer found in `g` (no
+/// algorithm chosen yet).
 pub fn conv_description(g: &Graph, call: &library::ConvCall) -> ConvCall {
     let d = g.ty(call.output).dims();
     ConvCall {
@@ -173,6 +174,7 @@ pub fn conv_description(g: &Graph, call: &library::ConvCall) -> ConvCall {
         z: call.z.is_some(),
         bias: call.bias.is_some(),
         activation: activation_name(call.activation).into(),
+        algorithm: None,
     }
 }
 

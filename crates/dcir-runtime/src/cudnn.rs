@@ -110,6 +110,22 @@ fn data_type(dtype: &str) -> Result<sys::cudnnDataType_t, String> {
     }
 }
 
+/// The forward algorithm the artifact records as `index`.
+fn algorithm(index: u32) -> Option<sys::cudnnConvolutionFwdAlgo_t> {
+    use sys::cudnnConvolutionFwdAlgo_t as A;
+    Some(match index {
+        0 => A::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+        1 => A::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
+        2 => A::CUDNN_CONVOLUTION_FWD_ALGO_GEMM,
+        3 => A::CUDNN_CONVOLUTION_FWD_ALGO_DIRECT,
+        4 => A::CUDNN_CONVOLUTION_FWD_ALGO_FFT,
+        5 => A::CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING,
+        6 => A::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD,
+        7 => A::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED,
+        _ => return None,
+    })
+}
+
 fn int(x: u64) -> i32 {
     // The artifact's validation keeps every extent below 2^31.
     x.min(i32::MAX as u64) as i32
@@ -117,8 +133,8 @@ fn int(x: u64) -> i32 {
 
 impl Conv {
     /// Prepares `call` over the buffers at `args` (x, w, [z], [bias], out):
-    /// descriptors and the first algorithm cuDNN's heuristic offers that
-    /// fits the workspace (`IMPLICIT_PRECOMP_GEMM` for a fused call without
+    /// descriptors and the recorded algorithm where cuDNN accepts it, else
+    /// the first its heuristic offers that fits the workspace limit (`IMPLICIT_PRECOMP_GEMM` for a fused call without
     /// ReLU, the one cuDNN runs with an identity activation).
     pub(crate) fn new(handle: &Handle, call: &ConvCall, args: &[u64]) -> Result<Conv, String> {
         let ty = data_type(&call.dtype)?;
@@ -261,10 +277,12 @@ impl Conv {
                 "describing the activation",
             )?;
             let forced = this.fused && !relu;
-            this.algo = if forced {
-                sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM
-            } else {
-                this.heuristic(handle)?
+            this.algo = match (forced, call.algorithm.and_then(algorithm)) {
+                (true, _) => {
+                    sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM
+                }
+                (false, Some(recorded)) if this.accepts(handle, recorded) => recorded,
+                (false, _) => this.heuristic(handle)?,
             };
             let mut bytes = 0usize;
             check(
@@ -288,6 +306,31 @@ impl Conv {
             this.workspace_bytes = bytes;
         }
         Ok(this)
+    }
+
+    /// The chosen algorithm as the artifact records it.
+    pub(crate) fn algorithm_index(&self) -> u32 {
+        self.algo as u32
+    }
+
+    /// Whether cuDNN runs `algo` for these descriptors within the workspace
+    /// limit.
+    #[allow(unsafe_code)]
+    unsafe fn accepts(&self, handle: &Handle, algo: sys::cudnnConvolutionFwdAlgo_t) -> bool {
+        let mut bytes = 0usize;
+        // SAFETY: live descriptors; `bytes` is written by the call.
+        let status = unsafe {
+            sys::cudnnGetConvolutionForwardWorkspaceSize(
+                handle.0,
+                self.x_desc,
+                self.w_desc,
+                self.conv_desc,
+                self.y_desc,
+                algo,
+                &mut bytes,
+            )
+        };
+        status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && bytes <= WORKSPACE_LIMIT
     }
 
     /// Workspace the chosen algorithm needs, bytes.

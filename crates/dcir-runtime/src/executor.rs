@@ -21,7 +21,7 @@ use cudarc::driver::{
     LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
-use dcir_artifact::{Artifact, BufferKind, LibraryCall};
+use dcir_artifact::{Artifact, BufferKind, ConvCall, GemmCall, LibraryCall};
 
 use crate::error::{RuntimeError, driver};
 use crate::plan::{MemoryPlan, plan_memory};
@@ -125,6 +125,19 @@ struct Libraries {
     workspace: Option<CudaSlice<u8>>,
     matmuls: Vec<library::Matmul>,
     convs: Vec<cudnn::Conv>,
+    /// Per kernel entry that is a call (its index), the call with the
+    /// algorithm chosen here recorded.
+    chosen: Vec<(u32, LibraryCall)>,
+}
+
+impl Libraries {
+    /// Records kernel entry `kernel`'s call as prepared (the first launch of
+    /// an entry decides).
+    fn record(&mut self, kernel: u32, call: LibraryCall) {
+        if !self.chosen.iter().any(|(k, _)| *k == kernel) {
+            self.chosen.push((kernel, call));
+        }
+    }
 }
 
 /// An artifact loaded on a device.
@@ -340,6 +353,7 @@ impl Executor {
                             workspace: None,
                             matmuls: Vec::new(),
                             convs: Vec::new(),
+                            chosen: Vec::new(),
                         });
                     }
                     let libs = libraries.as_mut().expect("made above");
@@ -352,6 +366,11 @@ impl Executor {
                             let matmul =
                                 library::Matmul::new(handle, call, &args).map_err(failed)?;
                             workspace_bytes = workspace_bytes.max(library::WORKSPACE_BYTES);
+                            let recorded = GemmCall {
+                                algorithm: Some(matmul.algorithm_words()),
+                                ..call.clone()
+                            };
+                            libs.record(l.kernel, LibraryCall::Cublaslt(recorded));
                             libs.matmuls.push(matmul);
                             Callee::Matmul(libs.matmuls.len() - 1)
                         }
@@ -363,6 +382,11 @@ impl Executor {
                             let handle = libs.dnn.as_ref().expect("made above");
                             let conv = cudnn::Conv::new(handle, call, &args).map_err(failed)?;
                             workspace_bytes = workspace_bytes.max(conv.workspace_bytes());
+                            let recorded = ConvCall {
+                                algorithm: Some(conv.algorithm_index()),
+                                ..call.clone()
+                            };
+                            libs.record(l.kernel, LibraryCall::Cudnn(recorded));
                             libs.convs.push(conv);
                             Callee::Conv(libs.convs.len() - 1)
                         }
@@ -420,6 +444,13 @@ impl Executor {
     /// The device the artifact runs on.
     pub fn device(&self) -> &DeviceInfo {
         &self.info
+    }
+
+    /// Per kernel entry that is a library call (its index), the call with
+    /// the algorithm the library chose on this device recorded: written into
+    /// an artifact, a later run replays it without asking again.
+    pub fn chosen_calls(&self) -> &[(u32, LibraryCall)] {
+        self.libraries.as_ref().map_or(&[], |l| l.chosen.as_slice())
     }
 
     /// The memory plan in use.

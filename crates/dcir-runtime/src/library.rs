@@ -336,6 +336,11 @@ impl Matmul {
             .map_err(|err| format!("cuBLASLt has no algorithm for this call: {err}"))
     }
 
+    /// The chosen algorithm's words, as the artifact records them.
+    pub(crate) fn algorithm_words(&self) -> Vec<u64> {
+        self.algo.data.to_vec()
+    }
+
     /// Enqueues the matmul on `stream` with the workspace at `workspace`.
     pub(crate) fn enqueue(
         &self,
