@@ -47,6 +47,8 @@
 #             graph) and ViT-B/16 at batch 32 (exported here) in f16 with and
 #             without --no-library, checked and timed, and torch eager and
 #             torch.compile (CUDA graphs) on ViT-B/16 b32 f16; library.log
+#             then fit.py: the cost model's estimate against the measured
+#             time of every group of those three graphs (fit.md)
 #   ab        two builds of dcir-run on zoo models (batch 1, f32 and f16):
 #             $B/dcir-run (A) against $AB_RUN (B, default $B/ab/dcir-run, the
 #             other build's binary copied there), AB_MODELS (a default list),
@@ -378,7 +380,16 @@ print(f"vit_b32 f16 eager {timed(lambda: m(x)):.3f} ms", flush=True)
 c = torch.compile(m, mode="reduce-overhead")
 print(f"vit_b32 f16 inductor+CG {timed(lambda: c(x)):.3f} ms", flush=True)
 PY
-    summary+=("library: $(grep -c '^FAIL' "$log") failed runs; $(grep -cE 'median' "$log") timed (library.log)")
+    # The cost model against these runs, group by group (fit.py), on the
+    # card's preset so that dcir-opt and dcir-run plan alike.
+    local preset=h100
+    nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && preset=h200
+    for f in /tmp/r50b32_f16.dcir /tmp/bert_b32.dcir /tmp/vit_b32.dcir; do
+        "$B/dcir-opt" --fuse --emit plan --format json --device $preset "$f" >/tmp/fit_plan.json 2>>"$log"
+        timeout 300 "$B/dcir-run" "$f" --backend cuda --device $preset --bench 20 --per-kernel >/tmp/fit_times.txt 2>>"$log"
+        python3 "$B/fit.py" /tmp/fit_plan.json /tmp/fit_times.txt "$(basename "$f") on $preset" >>"$OUT/fit.md" 2>&1
+    done
+    summary+=("library: $(grep -c '^FAIL' "$log") failed runs; $(grep -cE 'median' "$log") timed (library.log; fit.md)")
     grep -E '^(==|FAIL)|median|check|vit_b32' "$log" | tail -40
 }
 
