@@ -24,7 +24,13 @@ const BINARIES: &[(&[&str], &str)] = &[
 ];
 
 /// Scripts copied from `xtask/gpu/`.
-const SCRIPTS: &[&str] = &["run.sh", "family_peers.py", "suite.py", "zoo_peers.py", "fit.py"];
+const SCRIPTS: &[&str] = &[
+    "run.sh",
+    "family_peers.py",
+    "suite.py",
+    "zoo_peers.py",
+    "fit.py",
+];
 
 /// The GPU test targets of dcir-cli carried as binaries.
 const GPU_TESTS: &[&str] = &["gpu_check", "gpu_random"];

@@ -297,6 +297,23 @@ impl Modes {
         self.0.iter().all(|&(_, s)| s % n == 0)
     }
 
+    /// Whether runs of [`CHUNK`] consecutive indices from a multiple of
+    /// [`CHUNK`] are contiguous and aligned: the innermost mode of stride 1
+    /// spans a multiple of [`CHUNK`], every other stride a multiple of it.
+    fn chunked(&self) -> bool {
+        let Some((&(extent, stride), outer)) = self.0.split_last() else {
+            return false;
+        };
+        stride == 1
+            && extent.is_multiple_of(CHUNK)
+            && outer.iter().all(|&(_, s)| s % CHUNK as i64 == 0)
+    }
+
+    /// Whether the innermost mode has stride 1.
+    fn unit_inner(&self) -> bool {
+        self.0.last().is_some_and(|&(_, s)| s == 1)
+    }
+
     /// The element offset of index `i` (in range).
     fn at(&self, i: Expr) -> Expr {
         let mut inner = 1usize;
@@ -342,8 +359,8 @@ impl Modes {
 
 /// An operand read as `param[offset + r_at(r) + k_at(k)]` for element
 /// `(r, k)` of batch entry `bz` (`offset` may read `bz`), where `r` and `k`
-/// are [`Modes`]. One of them is a single mode of stride 1; [`emit`] copies
-/// along it in 16-byte chunks.
+/// are [`Modes`]. One of them is [`Modes::chunked`]; [`emit`] copies along
+/// it in 16-byte chunks.
 pub(super) struct Strided {
     /// The kernel parameter.
     pub param: String,
@@ -1763,8 +1780,8 @@ pub(super) fn gemm(l: &mut Lower, op: OpId) -> Result<Kernel> {
         n,
         k,
         dtype: g.ty(a).dtype,
-        a: matmul_operand(l, a, !ta, m, k, &batch_coords),
-        b: matmul_operand(l, b, tb, n, k, &batch_coords),
+        a: matmul_operand(l, a, !ta, m, &batch_coords),
+        b: matmul_operand(l, b, tb, n, &batch_coords),
     };
     let what = format!(
         "gemm ({}, tensor cores): {batch} x [{m} x {k}]{} @ [{k} x {n}]{}",
@@ -2025,14 +2042,13 @@ fn lower_problem(
     })
 }
 
-/// Operand `v` of the matmul (`rows` × `k` per batch entry; its dim `rank - 2`
+/// Operand `v` of the matmul (`rows` × k per batch entry; its dim `rank - 2`
 /// is r when `r_first`, else k), read through its views.
 fn matmul_operand<'a>(
     l: &Lower,
     v: ValueId,
     r_first: bool,
     rows: usize,
-    k: usize,
     batch_coords: &[Expr],
 ) -> Operand<'a> {
     let dims = l.g.ty(v).dims().to_vec();
@@ -2052,20 +2068,16 @@ fn matmul_operand<'a>(
         (param, modes, offset)
     });
     let k_inner = match &view {
-        Some((_, m, _)) if m[k_dim].stride() == Some(1) => true,
-        Some((_, m, _)) if m[r_dim].stride() == Some(1) => false,
+        Some((_, m, _)) if m[k_dim].unit_inner() => true,
+        Some((_, m, _)) if m[r_dim].unit_inner() => false,
         _ => k_dim == rank - 1,
     };
     let strided = view.and_then(|(param, mut m, offset)| {
         let aligned = offset % 8 == 0 && m[..rank - 2].iter().all(|x| x.strides_multiple_of(8));
         let contiguous = if k_inner {
-            m[k_dim].stride() == Some(1)
-                && k.is_multiple_of(CHUNK)
-                && m[r_dim].strides_multiple_of(8)
+            m[k_dim].chunked() && m[r_dim].strides_multiple_of(8)
         } else {
-            m[r_dim].stride() == Some(1)
-                && rows.is_multiple_of(CHUNK)
-                && m[k_dim].strides_multiple_of(8)
+            m[r_dim].chunked() && m[k_dim].strides_multiple_of(8)
         };
         (aligned && contiguous).then(|| {
             let last = m.pop().expect("rank 2 or more");
@@ -2506,6 +2518,12 @@ mod tests {
                 );
             }
         }
+        // Chunks of 8 stay contiguous and aligned inside heads of 64 (BERT's
+        // context read back as [tokens, 768]), not inside 4-wide ones or
+        // behind a stride of 12.
+        assert!(Modes(vec![(12, 8192), (64, 1)]).chunked());
+        assert!(!Modes(vec![(12, 8192), (4, 1)]).chunked());
+        assert!(!Modes(vec![(3, 12), (8, 1)]).chunked());
         // A dim that ends inside no divisor of a mode is no strided view.
         assert_eq!(split_modes(vec![(6, 1)], &[4]), None);
         assert_eq!(
