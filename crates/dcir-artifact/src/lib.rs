@@ -107,6 +107,10 @@ pub struct ConvCall {
     pub bias: bool,
     /// The activation applied last: `none` or `relu`.
     pub activation: String,
+    /// `x`, `z` and the output lie NHWC in memory (their dims above stay in
+    /// NCHW order); the filter stays `[k, c / groups, r, s]`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub nhwc: bool,
     /// cuDNN's forward algorithm (`cudnnConvolutionFwdAlgo_t`, 0 to 7)
     /// chosen on a GPU, replayed when cuDNN accepts it there; absent, the
     /// runtime asks cuDNN's heuristic.
@@ -873,6 +877,7 @@ mod tests {
             bias: true,
             activation: "relu".into(),
             algorithm: Some(1),
+            nhwc: false,
         };
         let shapes: [Vec<u64>; 5] = [
             vec![2, 4, 8, 8],

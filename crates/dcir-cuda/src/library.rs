@@ -85,7 +85,7 @@ pub fn library_call(g: &Graph, op: OpId) -> Result<BoundCall, EmitError> {
         names.extend(call.z.map(|_| "z"));
         names.extend(call.bias.map(|_| "bias"));
         names.push("out");
-        let conv = conv_description(g, &call);
+        let conv = conv_description(&call);
         let mut epilogue: Vec<&str> = Vec::new();
         epilogue.extend(call.z.map(|_| "add"));
         epilogue.extend(call.bias.map(|_| "bias"));
@@ -93,7 +93,8 @@ pub fn library_call(g: &Graph, op: OpId) -> Result<BoundCall, EmitError> {
             epilogue.push("relu");
         }
         let summary = format!(
-            "cuDNN {dtype} conv {:?} * {:?} -> {:?}, pad {:?}, stride {:?}, dilation {:?}, groups {}, {}",
+            "cuDNN {dtype} conv{} {:?} * {:?} -> {:?}, pad {:?}, stride {:?}, dilation {:?}, groups {}, {}",
+            if conv.nhwc { " (NHWC)" } else { "" },
             conv.input,
             conv.filter,
             conv.output,
@@ -158,15 +159,15 @@ pub fn gemm_description(call: &library::GemmCall) -> GemmCall {
     }
 }
 
-/// The artifact's record of a cuDNN call the recognizer found in `g` (no
+/// The artifact's record of a cuDNN call the recognizer found (no
 /// algorithm chosen yet).
-pub fn conv_description(g: &Graph, call: &library::ConvCall) -> ConvCall {
-    let d = g.ty(call.output).dims();
+pub fn conv_description(call: &library::ConvCall) -> ConvCall {
     ConvCall {
         dtype: call.dtype.name().into(),
         input: call.input,
         filter: call.filter,
-        output: [d[0] as u64, d[1] as u64, d[2] as u64, d[3] as u64],
+        output: call.out,
+        nhwc: call.nhwc,
         pad: call.pad,
         stride: call.stride,
         dilation: call.dilation,

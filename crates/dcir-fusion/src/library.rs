@@ -217,6 +217,9 @@ pub struct ConvCall {
     pub input: [u64; 4],
     /// The filter's, `[k, c / groups, r, s]`.
     pub filter: [u64; 4],
+    /// The convolution's result dims, `[n, k, oh, ow]` (NCHW order even when
+    /// the call writes NHWC).
+    pub out: [u64; 4],
     /// `[pad_h, pad_w]` on both sides.
     pub pad: [u64; 2],
     /// `[stride_h, stride_w]`.
@@ -233,6 +236,11 @@ pub struct ConvCall {
     pub activation: Activation,
     /// The group's one result.
     pub output: ValueId,
+    /// The input, the added tensor and the result lie NHWC (the
+    /// `channels-last` pass's layout): the conv reads `x` through a
+    /// `transpose {perm = [0, 3, 1, 2]}` and its result goes through a
+    /// `transpose {perm = [0, 2, 3, 1]}` first.
+    pub nhwc: bool,
 }
 
 impl ConvCall {
@@ -249,11 +257,34 @@ impl ConvCall {
 /// Recognizes the group of `ops` whose results used outside it are
 /// `outputs` as one cuDNN convolution, or says why not: a `conv2d` of
 /// stored operands with equal padding on opposite sides, then a bias along
-/// the channels, one added stored tensor and ReLU. cuDNN's fused form
+/// the channels, one added stored tensor and ReLU. An input stored NHWC
+/// (read through `transpose {perm = [0, 3, 1, 2]}`, the `channels-last`
+/// pass's layout) makes an NHWC call: the result goes to NHWC first, and
+/// the bias runs along its last dim. cuDNN's fused form
 /// (`cudnnConvolutionBiasActivationForward`) needs the bias: an added
 /// tensor or a ReLU without one is refused.
 pub fn conv_call(graph: &Graph, ops: &[OpId], outputs: &[ValueId]) -> Result<ConvCall, Reason> {
-    let (root, x, w, dtype) = contraction(graph, ops, OpKind::Conv2d, "convolutions", "cuDNN")?;
+    // An NHWC input: the conv reads a stored tensor through the layout's
+    // transpose, and its result goes back to NHWC first.
+    let nhwc_input = ops
+        .iter()
+        .find(|&&o| graph.op(o).kind == OpKind::Conv2d)
+        .and_then(|&o| nhwc_source(graph, ops, graph.op(o).operands[0]));
+    let (root, x, w, dtype) = match nhwc_input {
+        Some(x) => {
+            let (root, _, w, dtype) = contraction_with(
+                graph,
+                ops,
+                OpKind::Conv2d,
+                "convolutions",
+                "cuDNN",
+                |graph, ops, v| nhwc_source(graph, ops, v),
+            )?;
+            (root, x, w, dtype)
+        }
+        None => contraction(graph, ops, OpKind::Conv2d, "convolutions", "cuDNN")?,
+    };
+    let nhwc = nhwc_input.is_some();
     let conv = graph.op(root);
     let ints = |name: &str, default: &[i64]| -> Vec<u64> {
         let v = match conv.attrs.get(name) {
@@ -288,10 +319,17 @@ pub fn conv_call(graph: &Graph, ops: &[OpId], outputs: &[ValueId]) -> Result<Con
         root,
         &EpilogueRule {
             library: "cuDNN",
-            bias_axis: BiasAxis::Channel,
+            bias_axis: if nhwc {
+                BiasAxis::Last
+            } else {
+                BiasAxis::Channel
+            },
             bias_len: out_dims[1] as u64,
-            reshapes: false,
+            // An NHWC result keeps its bytes through a reshape that keeps
+            // the channels last.
+            reshapes: nhwc,
             gelu_tanh: false,
+            to_nhwc: nhwc,
         },
     )?;
     if e.bias.is_none() && (e.c.is_some() || e.activation != Activation::None) {
@@ -309,6 +347,7 @@ pub fn conv_call(graph: &Graph, ops: &[OpId], outputs: &[ValueId]) -> Result<Con
         w,
         input: dims(conv.operands[0]),
         filter: dims(conv.operands[1]),
+        out: dims(conv.results[0]),
         pad: [pad[0], pad[1]],
         stride: [stride[0], stride[1]],
         dilation: [dilation[0], dilation[1]],
@@ -317,7 +356,29 @@ pub fn conv_call(graph: &Graph, ops: &[OpId], outputs: &[ValueId]) -> Result<Con
         bias: e.bias,
         activation: e.activation,
         output: e.output,
+        nhwc,
     })
+}
+
+/// NHWC → NCHW, the `channels-last` pass's view of an NHWC tensor.
+const TO_NCHW: [i64; 4] = [0, 3, 1, 2];
+/// NCHW → NHWC.
+const TO_NHWC: [i64; 4] = [0, 2, 3, 1];
+
+/// The stored NHWC tensor `v` is a view of, when `v` is
+/// `transpose {perm = [0, 3, 1, 2]}` of one.
+fn nhwc_source(graph: &Graph, ops: &[OpId], v: ValueId) -> Option<ValueId> {
+    let ValueDef::OpResult { op, .. } = graph.value(v).def else {
+        return None;
+    };
+    let d = graph.op(op);
+    let is_layout = d.kind == OpKind::Transpose
+        && matches!(d.attrs.get("perm"), Some(Attr::Ints(p)) if p.as_slice() == TO_NCHW);
+    if is_layout {
+        stored(graph, ops, d.operands[0])
+    } else {
+        None
+    }
 }
 
 /// Recognizes the group of `ops` (topological order) whose results used
@@ -359,6 +420,7 @@ pub fn gemm_call(graph: &Graph, ops: &[OpId], outputs: &[ValueId]) -> Result<Gem
             bias_len: n,
             reshapes: true,
             gelu_tanh: true,
+            to_nhwc: false,
         },
     )?;
     Ok(GemmCall {
@@ -387,6 +449,19 @@ fn contraction(
     what: &'static str,
     library: &str,
 ) -> Result<(OpId, ValueId, ValueId, DType), Reason> {
+    contraction_with(graph, ops, kind, what, library, stored)
+}
+
+/// [`contraction`] with the first operand read by `first` (its stored
+/// tensor, if it is one).
+fn contraction_with(
+    graph: &Graph,
+    ops: &[OpId],
+    kind: OpKind,
+    what: &'static str,
+    library: &str,
+    first: impl Fn(&Graph, &[OpId], ValueId) -> Option<ValueId>,
+) -> Result<(OpId, ValueId, ValueId, DType), Reason> {
     let found: Vec<OpId> = ops
         .iter()
         .copied()
@@ -400,7 +475,7 @@ fn contraction(
     };
     let d = graph.op(root);
     let (Some(a), Some(b)) = (
-        stored(graph, ops, d.operands[0]),
+        first(graph, ops, d.operands[0]),
         stored(graph, ops, d.operands[1]),
     ) else {
         return Err(Reason::Form(format!(
@@ -431,10 +506,13 @@ struct EpilogueRule {
     bias_axis: BiasAxis,
     /// Elements of the bias vector.
     bias_len: u64,
-    /// Reshapes keeping the bias axis may stand in the chain.
+    /// Reshapes keeping the bias axis last may stand in the chain (the
+    /// output's bytes stay where the call writes them).
     reshapes: bool,
     /// tanh-GELU is an activation it has.
     gelu_tanh: bool,
+    /// The chain begins with the result's `transpose` to NHWC.
+    to_nhwc: bool,
 }
 
 /// A recognized epilogue: `act(x + c + bias)`, and the value it ends at.
@@ -488,10 +566,21 @@ fn epilogue(
             place: what,
         };
         let after = root_op.kind.name();
+        let first = current == root_op.results[0];
+        if rule.to_nhwc && first {
+            let to_nhwc = d.kind == OpKind::Transpose
+                && matches!(d.attrs.get("perm"), Some(Attr::Ints(p)) if p.as_slice() == TO_NHWC);
+            if !to_nhwc {
+                return Err(Reason::Form(format!(
+                    "{lib} writes an NHWC input's result NHWC (a transpose to NHWC first)"
+                )));
+            }
+            current = d.results[0];
+            continue;
+        }
         match d.kind {
             OpKind::Reshape
                 if rule.reshapes
-                    && !late
                     && graph.ty(d.results[0]).dims().last() == Some(&(rule.bias_len as usize)) => {}
             OpKind::Add if !late => {
                 let other = if d.operands[0] == current {
@@ -541,6 +630,11 @@ fn epilogue(
             }
         }
         current = d.results[0];
+    }
+    if rule.to_nhwc && current == root_op.results[0] {
+        return Err(Reason::Form(format!(
+            "{lib} writes an NHWC input's result NHWC (a transpose to NHWC first)"
+        )));
     }
     if outputs != [current] {
         return Err(Reason::Form(format!(
@@ -674,12 +768,7 @@ fn roofline(dev: &DeviceSpec, compute: f64, bytes: f64, fill: f64) -> LibraryCos
 /// at the library's fraction of the matrix rate, or its bytes at the
 /// library's fraction of the bandwidth, plus one launch.
 pub fn conv_cost(dev: &DeviceSpec, graph: &Graph, call: &ConvCall) -> LibraryCost {
-    let out = graph
-        .ty(call.output)
-        .dims()
-        .iter()
-        .map(|&d| d as f64)
-        .collect::<Vec<_>>();
+    let out = call.out.map(|d| d as f64);
     let w = call.filter.map(|d| d as f64);
     let (pixels, channels, k) = (out[0] * out[2] * out[3], out[1], w[1] * w[2] * w[3]);
     let flops = 2.0 * pixels * channels * k;

@@ -290,3 +290,43 @@ fn cudnn_runs_a_convolution_with_its_epilogue() {
     let why = conv_call(&g, &ops, &outputs).unwrap_err().to_string();
     assert!(why.contains("pads both sides alike"), "{why}");
 }
+
+/// A convolution reading an NHWC tensor through the `channels-last` pass's
+/// transpose, its result transposed back to NHWC first, is an NHWC call:
+/// the bias runs along the last dim, and the rows reshape may follow.
+#[test]
+fn cudnn_runs_a_channels_last_convolution() {
+    use dcir_fusion::library::conv_call;
+    let text = "graph @conv(%xn: f16[2,20,20,16], %w: f16[32,16,3,3], %b: f16[32], %r: f16[2,20,20,32]) -> (f16[800,32]) {\n\
+                \x20 %x = transpose %xn {perm = [0, 3, 1, 2]} : f16[2,16,20,20]\n\
+                \x20 %c = conv2d %x, %w {pad = [1, 1, 1, 1]} : f16[2,32,20,20]\n\
+                \x20 %cn = transpose %c {perm = [0, 2, 3, 1]} : f16[2,20,20,32]\n\
+                \x20 %bb = broadcast %b {dims = [3]} : f16[2,20,20,32]\n\
+                \x20 %a = add %cn, %bb : f16[2,20,20,32]\n\
+                \x20 %s = add %a, %r : f16[2,20,20,32]\n\
+                \x20 %y = relu %s : f16[2,20,20,32]\n\
+                \x20 %rows = reshape %y : f16[800,32]\n\
+                \x20 return %rows\n}\n";
+    let g = graph(text);
+    let (ops, outputs) = whole(&g);
+    let call = conv_call(&g, &ops, &outputs).expect("one NHWC call");
+    assert!(call.nhwc);
+    assert_eq!(call.x, value(&g, "xn"));
+    assert_eq!((call.input, call.out), ([2, 16, 20, 20], [2, 32, 20, 20]));
+    assert_eq!(call.bias, Some(value(&g, "b")));
+    assert_eq!(call.z, Some(value(&g, "r")));
+    assert_eq!(call.activation, Activation::Relu);
+    assert_eq!(call.output, value(&g, "rows"));
+
+    // An NHWC input whose result stays NCHW is no call.
+    let text = "graph @conv(%xn: f16[2,20,20,16], %w: f16[32,16,3,3]) -> (f16[2,32,20,20]) {\n\
+                \x20 %x = transpose %xn {perm = [0, 3, 1, 2]} : f16[2,16,20,20]\n\
+                \x20 %c = conv2d %x, %w {pad = [1, 1, 1, 1]} : f16[2,32,20,20]\n\
+                \x20 return %c\n}\n";
+    let g = graph(text);
+    let (ops, outputs) = whole(&g);
+    let why = conv_call(&g, &ops, &outputs)
+        .expect_err("refused")
+        .to_string();
+    assert!(why.contains("NHWC"), "{why}");
+}

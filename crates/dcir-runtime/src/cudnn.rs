@@ -3,7 +3,8 @@
 //! [`WORKSPACE_LIMIT`]) and enqueued on its stream like a kernel, inside a captured CUDA
 //! graph too.
 //!
-//! NCHW tensors; f16 and bf16 compute in f32 (cuDNN's pseudo-half
+//! NCHW tensors, or NHWC ones (`ConvCall::nhwc`) with the filter still
+//! `[k, c / groups, r, s]`; f16 and bf16 compute in f32 (cuDNN's pseudo-half
 //! configurations, tensor-core math), f32 in strict f32 (`CUDNN_FMA_MATH`:
 //! never TF32). With a bias the call is `cudnnConvolutionBiasActivationForward`
 //! (`act(conv + z + bias)`, identity or ReLU; identity runs only with
@@ -162,6 +163,13 @@ impl Conv {
             alpha2: if z.is_some() { 1.0 } else { 0.0 },
         };
         let nchw = sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW;
+        // The tensors' layout in memory (dims are given in NCHW order either
+        // way); the filter stays [k, c / groups, r, s].
+        let tensors = if call.nhwc {
+            sys::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC
+        } else {
+            nchw
+        };
         let [n, c, h, w] = call.input;
         let [k, cg, r, s] = call.filter;
         let [_, _, oh, ow] = call.output;
@@ -177,7 +185,7 @@ impl Conv {
             check(
                 sys::cudnnSetTensor4dDescriptor(
                     this.x_desc,
-                    nchw,
+                    tensors,
                     ty,
                     int(n),
                     int(c),
@@ -193,7 +201,7 @@ impl Conv {
             check(
                 sys::cudnnSetTensor4dDescriptor(
                     this.y_desc,
-                    nchw,
+                    tensors,
                     ty,
                     int(n),
                     int(k),
@@ -207,7 +215,7 @@ impl Conv {
                 "creating a tensor descriptor",
             )?;
             check(
-                sys::cudnnSetTensor4dDescriptor(this.bias_desc, nchw, ty, 1, int(k), 1, 1),
+                sys::cudnnSetTensor4dDescriptor(this.bias_desc, tensors, ty, 1, int(k), 1, 1),
                 "describing the bias",
             )?;
             check(

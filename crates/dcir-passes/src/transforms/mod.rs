@@ -1,6 +1,7 @@
 //! dcir's own passes. Each module holds one pass and its [`PassDef`].
 
 mod canonicalize;
+mod channels_last;
 mod common;
 mod cse;
 mod dce;
@@ -17,6 +18,7 @@ use crate::registry::PassDef;
 /// Every built-in pass, sorted by name (the order `--list-passes` documents them).
 pub const BUILTIN_PASSES: &[PassDef] = &[
     canonicalize::DEF,
+    channels_last::DEF,
     cse::DEF,
     dce::DEF,
     decompose_gelu::DEF,
