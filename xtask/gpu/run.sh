@@ -347,6 +347,9 @@ library() {
     lib_run /tmp/r50b32_f16.dcir --check --bench 50
     lib_run /tmp/r50b32_f16.dcir --no-library --bench 50
     lib_run /tmp/r50b32_f16.dcir --bench 20 --per-kernel
+    # The channels-last form (NHWC cuDNN calls, 1x1 convs as matmuls).
+    "$B/dcir-opt" --pipeline channels-last,canonicalize,cse,dce /tmp/r50b32_f16.dcir -o /tmp/r50b32_cl.dcir >>"$log" 2>&1
+    lib_run /tmp/r50b32_cl.dcir --check --bench 50
     "$B/dcir-opt" --fuse --emit plan --explain-fusion /tmp/r50b32_f16.dcir 2>&1 | grep -E '^  @g|^\| @g' >>"$log"
     python3 -c "import sys; sys.path.insert(0, '$B'); import suite; open('/tmp/bert_b32.dcir', 'w').write(suite.bert_layer_text(32).replace('f32', 'f16'))"
     python3 - <<'PY' >>"$log" 2>&1

@@ -278,7 +278,7 @@ pub fn conv_call(graph: &Graph, ops: &[OpId], outputs: &[ValueId]) -> Result<Con
                 OpKind::Conv2d,
                 "convolutions",
                 "cuDNN",
-                |graph, ops, v| nhwc_source(graph, ops, v),
+                nhwc_source,
             )?;
             (root, x, w, dtype)
         }
