@@ -346,7 +346,6 @@ library() {
     to_f16 /tmp/r50b32.dcir /tmp/r50b32_f16.dcir
     lib_run /tmp/r50b32_f16.dcir --check --bench 50
     lib_run /tmp/r50b32_f16.dcir --no-library --bench 50
-    lib_run /tmp/r50b32_f16.dcir --bench 20 --per-kernel
     # The channels-last form (NHWC cuDNN calls, 1x1 convs as matmuls).
     "$B/dcir-opt" --pipeline channels-last,canonicalize,cse,dce /tmp/r50b32_f16.dcir -o /tmp/r50b32_cl.dcir >>"$log" 2>&1
     lib_run /tmp/r50b32_cl.dcir --check --bench 50
@@ -363,7 +362,6 @@ PY
         lib_run "$f" --check --bench 100
         lib_run "$f" --no-library --bench 100
         "$B/dcir-opt" --fuse --emit plan --explain-fusion "$f" >>"$log" 2>&1
-        lib_run "$f" --bench 20 --per-kernel
     done
     python3 - <<'PY' >>"$log" 2>&1
 import torch, torchvision
@@ -387,10 +385,16 @@ PY
     # card's preset so that dcir-opt and dcir-run plan alike.
     local preset=h100
     nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && preset=h200
-    for f in /tmp/r50b32_f16.dcir /tmp/bert_b32.dcir /tmp/vit_b32.dcir; do
-        "$B/dcir-opt" --fuse --emit plan --format json --device $preset "$f" >/tmp/fit_plan.json 2>>"$log"
-        timeout 300 "$B/dcir-run" "$f" --backend cuda --device $preset --bench 20 --per-kernel >/tmp/fit_times.txt 2>>"$log"
-        python3 "$B/fit.py" /tmp/fit_plan.json /tmp/fit_times.txt "$(basename "$f") on $preset" >>"$OUT/fit.md" 2>&1
+    # Each graph with libraries and with our kernels only (--no-library),
+    # so that both the libraries' and our kernels' efficiencies are fitted.
+    for f in /tmp/r50b32_f16.dcir /tmp/r50b32_cl.dcir /tmp/bert_b32.dcir /tmp/vit_b32.dcir; do
+        for mode in "" --no-library; do
+            "$B/dcir-opt" --fuse --emit plan --format json --device $preset $mode "$f" >/tmp/fit_plan.json 2>>"$log"
+            timeout 300 "$B/dcir-run" "$f" --backend cuda --device $preset $mode --bench 20 --per-kernel >/tmp/fit_times.txt 2>>"$log"
+            python3 "$B/fit.py" /tmp/fit_plan.json /tmp/fit_times.txt "$(basename "$f") $mode on $preset" >>"$OUT/fit.md" 2>&1
+            cp /tmp/fit_plan.json "$OUT/plan_$(basename "$f" .dcir)$mode.json"
+            cp /tmp/fit_times.txt "$OUT/times_$(basename "$f" .dcir)$mode.txt"
+        done
     done
     summary+=("library: $(grep -c '^FAIL' "$log") failed runs; $(grep -cE 'median' "$log") timed (library.log; fit.md)")
     grep -E '^(==|FAIL)|median|check|vit_b32' "$log" | tail -40

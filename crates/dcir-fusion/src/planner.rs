@@ -17,7 +17,7 @@
 //! the search runs again, and an op the target lowers alone in no way is an
 //! error naming it.
 
-use dcir_ir::{Graph, OpId, OpKind};
+use dcir_ir::{Graph, OpId, OpKind, ValueDef};
 use rustc_hash::FxHashMap;
 
 use crate::apply::{apply_plan_indexed, is_view_group, standalone_group};
@@ -338,6 +338,42 @@ fn reachable_through_other(consumers: &[Vec<usize>], from: usize, to: usize) -> 
     false
 }
 
+/// Each lone `conv2d` group `c` between two lone `transpose` groups, `p`
+/// reading its input and `q` its result, as `(p, c, q)`: a convolution over
+/// a tensor stored in another layout (the `channels-last` pass's NHWC)
+/// runs as one kernel only with both views (a library call takes the
+/// layout whole), and no merge of two groups forms that set through a
+/// cheaper one. The conv's input comes only from `p` and its result goes
+/// only to `q`, so the three merge without a cycle when `p` feeds nothing
+/// else.
+fn layout_views_of_convs(state: &State<'_>, consumers: &[Vec<usize>]) -> Vec<(usize, usize, usize)> {
+    let graph = state.graph;
+    let lone = |g: usize, kind: OpKind| {
+        matches!(state.members[g].as_slice(), [op] if graph.op(*op).kind == kind)
+    };
+    let mut triples = Vec::new();
+    for (c, members) in state.members.iter().enumerate() {
+        let [conv] = members.as_slice() else { continue };
+        let d = graph.op(*conv);
+        if d.kind != OpKind::Conv2d {
+            continue;
+        }
+        let ValueDef::OpResult { op: input, .. } = graph.value(d.operands[0]).def else {
+            continue;
+        };
+        let Some(&p) = state.group_of.get(&input) else { continue };
+        if !lone(p, OpKind::Transpose) || consumers[p] != [c] || consumers[c].len() != 1 {
+            continue;
+        }
+        let q = consumers[c][0];
+        let only_q = state.users.get(&d.results[0]).is_some_and(|u| u.len() == 1);
+        if lone(q, OpKind::Transpose) && only_q {
+            triples.push((p, c, q));
+        }
+    }
+    triples
+}
+
 /// The error for an op the target lowers in no group, not even alone.
 fn no_kernel(graph: &Graph, op: OpId, refusal: &Refusal) -> String {
     let d = graph.op(op);
@@ -395,9 +431,40 @@ fn search(
                 pairs.push((p, c, Some(merged)));
             }
         }
+        let triples = layout_views_of_convs(state, &consumers);
+        for (p, c, q) in &triples {
+            let merged = state.sorted(
+                [*p, *c, *q]
+                    .iter()
+                    .flat_map(|&g| state.members[g].clone())
+                    .collect(),
+            );
+            wanted.extend([merged, state.members[*q].clone()]);
+        }
         state.prefetch(model, wanted);
         rejections = Vec::new();
-        let mut saving: Vec<(f64, usize, usize, Vec<OpId>)> = Vec::new();
+        let mut saving: Vec<(f64, Vec<usize>, Vec<OpId>)> = Vec::new();
+        for (p, c, q) in triples {
+            let merged = state.sorted(
+                [p, c, q]
+                    .iter()
+                    .flat_map(|&g| state.members[g].clone())
+                    .collect(),
+            );
+            let apart: f64 = [p, c, q]
+                .iter()
+                .map(|&g| {
+                    let ops = state.members[g].clone();
+                    state.estimate(model, &ops).map_or(f64::INFINITY, |e| e.time)
+                })
+                .sum();
+            // Its failures are the pairs' to report.
+            if let Ok(e) = state.estimate(model, &merged)
+                && e.time < apart
+            {
+                saving.push((apart - e.time, vec![p, c, q], merged));
+            }
+        }
         for (p, c, merged) in pairs {
             let (producer, consumer) = (state.members[p][0], state.members[c][0]);
             let reject = |reason: Rejected| Rejection {
@@ -431,31 +498,35 @@ fn search(
                     merged: e.time,
                     apart: separate,
                 })),
-                Ok(e) => saving.push((separate - e.time, p, c, merged)),
+                Ok(e) => saving.push((separate - e.time, vec![p, c], merged)),
             }
         }
         // Best saving first; a stable sort keeps the first of equal savings first.
         saving.sort_by(|a, b| b.0.total_cmp(&a.0));
         let mut best = None;
-        for (_, p, c, merged) in saving {
+        for (_, joined, merged) in saving {
+            let p = joined[0];
             match state.verdict(model, target, p, &merged)? {
                 Ok(()) => {
-                    best = Some((p, c, merged));
+                    best = Some((joined, merged));
                     break;
                 }
                 Err(refusal) => rejections.push(Rejection {
                     producer: state.members[p][0],
-                    consumer: state.members[c][0],
+                    consumer: state.members[joined[1]][0],
                     reason: Rejected::Target(refusal),
                 }),
             }
         }
-        let Some((p, c, merged)) = best else { break };
+        let Some((joined, merged)) = best else { break };
+        let p = joined[0];
         for &op in &merged {
             state.group_of.insert(op, p);
         }
         state.members[p] = merged;
-        state.members[c].clear();
+        for &g in &joined[1..] {
+            state.members[g].clear();
+        }
     }
     finish(state, model, rejections)
 }
