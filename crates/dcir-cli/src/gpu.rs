@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use dcir_artifact::Artifact;
 use dcir_fusion::library::{LibraryProbe, Probe};
 use dcir_fusion::{
-    CostModel, DeviceSpec, Libraries, LiveDevice, apply_plan, plan_graph, plan_unfused,
+    CostModel, DeviceSpec, LayoutMode, Libraries, LiveDevice, apply_plan, plan_graph, plan_layout,
+    plan_unfused,
 };
 use dcir_interp::Tensor;
 use dcir_interp::memory::human_bytes;
@@ -98,6 +99,8 @@ pub(crate) struct CompileOptions<'a> {
     pub no_fuse: bool,
     /// No vendor library call.
     pub no_library: bool,
+    /// The layouts the planner may choose from.
+    pub layout: LayoutMode,
     /// The GPU's ordinal.
     pub gpu: usize,
 }
@@ -169,6 +172,7 @@ pub(crate) fn compile(graph: &Graph, options: &CompileOptions<'_>) -> Result<Art
         tune,
         no_fuse,
         no_library,
+        layout,
         gpu,
     } = *options;
     // The driver first: without a GPU nothing else matters.
@@ -203,19 +207,20 @@ pub(crate) fn compile(graph: &Graph, options: &CompileOptions<'_>) -> Result<Art
             .run(&mut module, &mut std::io::sink())
             .map_err(|e| e.to_string())?;
         let g = &mut module.graphs[0];
-        let plan = match &mut session {
-            Some(s) if s.fusion && !no_fuse => s.plan(g)?,
+        let name = g.name().to_string();
+        let model = CostModel {
+            libraries,
+            ..CostModel::new(device_spec(device, gpu)?)
+        };
+        let (laid_out, plan, _) = plan_layout(g, layout, |g| match &mut session {
+            Some(s) if s.fusion && !no_fuse => s.plan(g),
             _ => {
-                let model = CostModel {
-                    libraries,
-                    ..CostModel::new(device_spec(device, gpu)?)
-                };
                 let plan = if no_fuse { plan_unfused } else { plan_graph };
                 plan(g, &model, &dcir_cuda::CudaTarget)
-                    .map_err(|e| format!("cannot fuse @{}: {e}", g.name()))?
+                    .map_err(|e| format!("cannot fuse @{name}: {e}"))
             }
-        };
-        *g = apply_plan(g, &plan).map_err(|e| format!("cannot fuse @{}: {e}", g.name()))?;
+        })?;
+        *g = apply_plan(&laid_out, &plan).map_err(|e| format!("cannot fuse @{name}: {e}"))?;
         verify_module(&module)
             .map_err(|e| format!("the fused IR does not verify (a fusion bug): {e:?}"))?;
     }

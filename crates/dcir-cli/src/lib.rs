@@ -13,6 +13,16 @@ pub fn default_registry() -> dcir_passes::PassRegistry {
     registry
 }
 
+/// `--layout`'s value (dcir-opt and dcir-run).
+pub(crate) fn parse_layout(name: &str) -> Result<dcir_fusion::LayoutMode, String> {
+    dcir_fusion::LayoutMode::parse(name).ok_or_else(|| {
+        format!(
+            "unknown layout `{name}` (one of: {})",
+            dcir_fusion::LayoutMode::NAMES.join(", ")
+        )
+    })
+}
+
 /// dcir's version and the commit it was built from (`git describe` at build
 /// time; `unknown` outside a git checkout).
 pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("DCIR_COMMIT"), ")");

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use dcir_fusion::{
-    CostModel, DeviceSpec, FUSE_NAME, Libraries, apply_plan, explain, plan_graph, plan_unfused,
+    CostModel, DeviceSpec, FUSE_NAME, LayoutChoice, LayoutMode, Libraries, apply_plan, explain,
+    plan_graph, plan_layout, plan_unfused,
 };
 use dcir_ir::{Module, OpKind, print_module, verify_module};
 use dcir_passes::{Instrumentation, PassManager, PassRegistry, PipelineFailure, build_pipeline};
@@ -47,6 +48,11 @@ pub struct OptArgs {
     /// cost model otherwise picks where it prices the call faster.
     #[arg(long)]
     pub no_library: bool,
+    /// The layout CNN activations run in: `auto` plans the graph as written and in its
+    /// channels-last form (the `channels-last` pass) and keeps the plan the cost model prices
+    /// faster; `as-written` and `channels-last` force one. `--emit plan` shows both estimates.
+    #[arg(long, value_name = "MODE", default_value = "auto", value_parser = crate::parse_layout)]
+    pub layout: LayoutMode,
     /// What to print: the IR, the fusion plan (a table per graph), Graphviz of the plan, or CUDA.
     #[arg(long, value_enum, default_value_t = Emit::Ir)]
     pub emit: Emit,
@@ -373,32 +379,43 @@ fn fuse(args: &OptArgs, model: &CostModel, module: &mut Module) -> Result<Option
                 Emit::Plan | Emit::Dot => {
                     let (flat, plan) = dcir_fusion::fused_plan(graph, model)
                         .map_err(|e| format!("cannot read the plan of @{}: {e}", graph.name()))?;
-                    plans.push(show_plan(args, model, &flat, &plan));
+                    let layout = LayoutChoice {
+                        channels_last: false,
+                        as_written: Some(plan.total_time()),
+                        channels_last_time: None,
+                    };
+                    plans.push(show_plan(args, model, &flat, &plan, &layout));
                 }
                 Emit::Ir | Emit::Cuda | Emit::Artifact => {}
             }
             continue;
         }
-        let plan = match &mut session {
-            Some(s) if s.fusion => s.plan(graph)?,
+        let name = graph.name().to_string();
+        let (laid_out, plan, layout) = plan_layout(graph, args.layout, |g| match &mut session {
+            Some(s) if s.fusion => s.plan(g),
             _ => {
                 let plan = if args.no_fuse {
                     plan_unfused
                 } else {
                     plan_graph
                 };
-                plan(graph, model, &dcir_cuda::CudaTarget)
-                    .map_err(|e| format!("cannot fuse @{}: {e}", graph.name()))?
+                plan(g, model, &dcir_cuda::CudaTarget)
+                    .map_err(|e| format!("cannot fuse @{name}: {e}"))
             }
-        };
+        })?;
         if args.explain_fusion {
-            eprint!("{}", explain::explain(graph, &plan));
+            if layout.channels_last_time.is_some() {
+                eprintln!("{layout} for @{name}");
+            }
+            eprint!("{}", explain::explain(&laid_out, &plan));
         }
         match args.emit {
-            Emit::Plan | Emit::Dot => plans.push(show_plan(args, model, graph, &plan)),
+            Emit::Plan | Emit::Dot => {
+                plans.push(show_plan(args, model, &laid_out, &plan, &layout));
+            }
             Emit::Ir | Emit::Cuda | Emit::Artifact => {
-                *graph = apply_plan(graph, &plan)
-                    .map_err(|e| format!("cannot fuse @{}: {e}", graph.name()))?;
+                *graph = apply_plan(&laid_out, &plan)
+                    .map_err(|e| format!("cannot fuse @{name}: {e}"))?;
             }
         }
     }
@@ -440,13 +457,29 @@ fn show_plan(
     model: &CostModel,
     graph: &dcir_ir::Graph,
     plan: &dcir_fusion::Plan,
+    layout: &LayoutChoice,
 ) -> PlanText {
     match (args.emit, args.format) {
         (Emit::Dot, _) => PlanText::Text(explain::plan_dot(graph, plan)),
         (_, PlanFormat::Markdown) => {
-            PlanText::Text(explain::plan_table(graph, plan, &model.device.name))
+            let mut table = explain::plan_table(graph, plan, &model.device.name);
+            // A graph the layout decision weighed says what it chose, under the title.
+            if layout.channels_last_time.is_some()
+                && let Some(end) = table.find('\n')
+            {
+                table.insert_str(end + 1, &format!("{layout}\n"));
+            }
+            PlanText::Text(table)
         }
-        (_, PlanFormat::Json) => PlanText::Json(plan_json(graph, plan)),
+        (_, PlanFormat::Json) => {
+            let mut doc = plan_json(graph, plan);
+            doc["layout"] = serde_json::json!({
+                "chosen": if layout.channels_last { "channels-last" } else { "as-written" },
+                "as_written_us": layout.as_written.map(|t| t * 1e6),
+                "channels_last_us": layout.channels_last_time.map(|t| t * 1e6),
+            });
+            PlanText::Json(doc)
+        }
     }
 }
 

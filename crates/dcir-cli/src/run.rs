@@ -64,6 +64,11 @@ pub struct RunArgs {
     /// (cuBLASLt, cuDNN) is planned or tuned.
     #[arg(long)]
     pub no_library: bool,
+    /// With the cuda backend, the layout CNN activations run in: `auto` keeps the graph as
+    /// written or its channels-last form, whichever the cost model prices faster; `as-written`
+    /// and `channels-last` force one (dcir-opt --emit plan shows both estimates).
+    #[arg(long, value_name = "MODE", default_value = "auto", value_parser = crate::parse_layout)]
+    pub layout: dcir_fusion::LayoutMode,
     /// The graph to run, when the module has several (default: the first); `main` or `@main`.
     #[arg(long, value_name = "NAME")]
     pub graph: Option<String>,
@@ -272,6 +277,7 @@ fn run(name: &str, args: &RunArgs) -> Result<(), Reported> {
                     tune: &args.tune,
                     no_fuse: args.no_fuse,
                     no_library,
+                    layout: args.layout,
                     gpu: args.gpu,
                 };
                 crate::gpu::compile(graph, &options)

@@ -574,12 +574,27 @@ fn the_plan_names_its_device_and_comes_as_json_too() {
             .as_array()
             .is_some_and(|o| o.contains(&"conv2d".into()))
     );
-    // The same table's numbers.
+    // The same table's numbers, and the layout decision in both forms.
     let first = text(&table.stdout)
         .lines()
-        .nth(3)
+        .find(|l| l.starts_with("| @g"))
         .unwrap_or_default()
         .to_string();
+    let chosen = graph["layout"]["chosen"].as_str().expect("layout");
+    let line = text(&table.stdout)
+        .lines()
+        .nth(1)
+        .unwrap_or_default()
+        .to_string();
+    let named = if chosen == "channels-last" {
+        "channels-last"
+    } else {
+        "as written"
+    };
+    assert!(
+        line.starts_with(&format!("layout: {named} (estimated ")),
+        "{line}"
+    );
     assert!(
         first.contains(&format!(
             "{:.2}",

@@ -7,7 +7,8 @@
 //! - [`cost`]: the DeepCuts performance model (PUL) and roofline estimates;
 //! - [`target`]: what a backend lowers, asked by the planner;
 //! - [`library`]: which groups a vendor library runs, and at what cost;
-//! - [`planner`], [`apply`]: the partition search and the rewrite into `fused` ops.
+//! - [`planner`], [`apply`]: the partition search and the rewrite into `fused` ops;
+//! - [`plan_layout`]: the graph planned as written and channels-last, the faster kept.
 
 pub mod class;
 pub mod cost;
@@ -32,6 +33,11 @@ pub mod apply;
 
 pub use apply::apply_plan;
 pub mod explain;
+mod layout;
+
+pub use layout::{
+    CHANNELS_LAST_PIPELINE, LayoutChoice, LayoutMode, channels_last_form, plan_layout,
+};
 mod replan;
 
 pub use replan::{GROUP_ATTRS, fused_plan};

@@ -10,6 +10,7 @@ use dcir_passes::{OptionKind, Pass, PassError, PassOptionDef, PassOptions, PassR
 use crate::apply::apply_plan;
 use crate::cost::CostModel;
 use crate::device::DeviceSpec;
+use crate::layout::{LayoutMode, plan_layout};
 use crate::library::Libraries;
 use crate::planner::plan_graph;
 use crate::target::Target;
@@ -40,6 +41,12 @@ pub const FUSE_OPTIONS: &[PassOptionDef] = &[
         default: "true",
         help: "let vendor library calls (cuBLASLt, cuDNN) run groups the cost model prices faster",
     },
+    PassOptionDef {
+        name: "layout",
+        kind: OptionKind::Str,
+        default: "auto",
+        help: "layout of CNN activations: auto (as written or channels-last, whichever the cost model prices faster), as-written, channels-last",
+    },
 ];
 
 /// A `fuse` pass with `options` (of [`FUSE_OPTIONS`]) planning for `target`.
@@ -55,7 +62,15 @@ pub fn fuse_pass(options: &PassOptions, target: Box<dyn Target>) -> Result<Box<d
         .ok()
         .filter(|&k| k > 0)
         .ok_or("top-k must be at least 1")?;
+    let layout = options.str("layout");
+    let layout = LayoutMode::parse(layout).ok_or_else(|| {
+        format!(
+            "unknown layout `{layout}` (one of: {})",
+            LayoutMode::NAMES.join(", ")
+        )
+    })?;
     Ok(Box::new(Fuse {
+        layout,
         model: CostModel {
             device,
             top_k,
@@ -70,6 +85,7 @@ pub fn fuse_pass(options: &PassOptions, target: Box<dyn Target>) -> Result<Box<d
 }
 
 struct Fuse {
+    layout: LayoutMode,
     model: CostModel,
     target: Box<dyn Target>,
 }
@@ -90,10 +106,13 @@ impl Pass for Fuse {
             if body.iter().any(|&o| graph.op(o).kind == OpKind::Fused) {
                 continue;
             }
-            let plan = plan_graph(graph, &self.model, self.target.as_ref())
-                .map_err(|e| PassError::new(format!("@{}: {e}", graph.name())))?;
-            *graph = apply_plan(graph, &plan)
-                .map_err(|e| PassError::new(format!("@{}: {e}", graph.name())))?;
+            let name = graph.name().to_string();
+            let (laid_out, plan, _) = plan_layout(graph, self.layout, |g| {
+                plan_graph(g, &self.model, self.target.as_ref())
+            })
+            .map_err(|e| PassError::new(format!("@{name}: {e}")))?;
+            *graph = apply_plan(&laid_out, &plan)
+                .map_err(|e| PassError::new(format!("@{name}: {e}")))?;
             changed = true;
         }
         Ok(PassResult::from_changed(changed))

@@ -346,11 +346,12 @@ fn reachable_through_other(consumers: &[Vec<usize>], from: usize, to: usize) -> 
 /// cheaper one. The conv's input comes only from `p` and its result goes
 /// only to `q`, so the three merge without a cycle when `p` feeds nothing
 /// else.
-fn layout_views_of_convs(state: &State<'_>, consumers: &[Vec<usize>]) -> Vec<(usize, usize, usize)> {
+fn layout_views_of_convs(
+    state: &State<'_>,
+    consumers: &[Vec<usize>],
+) -> Vec<(usize, usize, usize)> {
     let graph = state.graph;
-    let lone = |g: usize, kind: OpKind| {
-        matches!(state.members[g].as_slice(), [op] if graph.op(*op).kind == kind)
-    };
+    let lone = |g: usize, kind: OpKind| matches!(state.members[g].as_slice(), [op] if graph.op(*op).kind == kind);
     let mut triples = Vec::new();
     for (c, members) in state.members.iter().enumerate() {
         let [conv] = members.as_slice() else { continue };
@@ -361,7 +362,9 @@ fn layout_views_of_convs(state: &State<'_>, consumers: &[Vec<usize>]) -> Vec<(us
         let ValueDef::OpResult { op: input, .. } = graph.value(d.operands[0]).def else {
             continue;
         };
-        let Some(&p) = state.group_of.get(&input) else { continue };
+        let Some(&p) = state.group_of.get(&input) else {
+            continue;
+        };
         if !lone(p, OpKind::Transpose) || consumers[p] != [c] || consumers[c].len() != 1 {
             continue;
         }
@@ -455,7 +458,9 @@ fn search(
                 .iter()
                 .map(|&g| {
                     let ops = state.members[g].clone();
-                    state.estimate(model, &ops).map_or(f64::INFINITY, |e| e.time)
+                    state
+                        .estimate(model, &ops)
+                        .map_or(f64::INFINITY, |e| e.time)
                 })
                 .sum();
             // Its failures are the pairs' to report.

@@ -1,0 +1,128 @@
+//! The layout decision: a graph with convolutions is planned as written
+//! (NCHW) and in its channels-last form (the `channels-last` pass, then
+//! `canonicalize,cse,dce`), and the plan the cost model prices faster is
+//! kept, with both estimates for `--emit plan` to show.
+
+use dcir_ir::{Graph, Module};
+use dcir_passes::{Instrumentation, PassManager, PassRegistry, build_pipeline};
+
+use crate::planner::Plan;
+
+/// Which layouts the planner may run a graph's activations in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LayoutMode {
+    /// As written, or channels-last where the cost model prices it faster.
+    #[default]
+    Auto,
+    /// As written (ONNX's NCHW for CNNs).
+    AsWritten,
+    /// Channels-last wherever the pass applies.
+    ChannelsLast,
+}
+
+impl LayoutMode {
+    /// The mode named `name` (`auto`, `as-written`, `channels-last`).
+    pub fn parse(name: &str) -> Option<LayoutMode> {
+        match name {
+            "auto" => Some(LayoutMode::Auto),
+            "as-written" => Some(LayoutMode::AsWritten),
+            "channels-last" => Some(LayoutMode::ChannelsLast),
+            _ => None,
+        }
+    }
+
+    /// The names [`LayoutMode::parse`] takes.
+    pub const NAMES: &[&str] = &["auto", "as-written", "channels-last"];
+}
+
+/// The pipeline that makes a graph's channels-last form.
+pub const CHANNELS_LAST_PIPELINE: &str = "channels-last,canonicalize,cse,dce";
+
+/// What the layout decision saw and chose for one graph.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayoutChoice {
+    /// The plan kept runs the channels-last form.
+    pub channels_last: bool,
+    /// The as-written plan's estimate, seconds (`None` when not planned).
+    pub as_written: Option<f64>,
+    /// The channels-last plan's estimate, seconds (`None` when not planned:
+    /// the mode excludes it, or the pass changes nothing).
+    pub channels_last_time: Option<f64>,
+}
+
+impl std::fmt::Display for LayoutChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let chosen = if self.channels_last {
+            "channels-last"
+        } else {
+            "as written"
+        };
+        write!(f, "layout: {chosen}")?;
+        if let (Some(a), Some(c)) = (self.as_written, self.channels_last_time) {
+            write!(
+                f,
+                " (estimated {:.2} us as written, {:.2} us channels-last)",
+                a * 1e6,
+                c * 1e6
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// The channels-last form of `graph`, or `None` when the pass leaves it as
+/// it is (no convolution, no NCHW activation).
+pub fn channels_last_form(graph: &Graph) -> Result<Option<Graph>, String> {
+    let registry = PassRegistry::with_builtins();
+    let passes = build_pipeline(&registry, CHANNELS_LAST_PIPELINE)
+        .map_err(|e| e.render(CHANNELS_LAST_PIPELINE))?;
+    let mut module = Module::new();
+    module.graphs.push(graph.clone());
+    let records = PassManager::new(passes, Instrumentation::default())
+        .run(&mut module, &mut std::io::sink())
+        .map_err(|e| format!("channels-last: {e}"))?;
+    let changed = records.first().is_some_and(|r| r.changed);
+    Ok(changed.then(|| module.graphs.remove(0)))
+}
+
+/// Plans `graph` with `plan` in the layouts `mode` allows and keeps the
+/// plan estimated fastest (as written on a tie): the graph the plan is of,
+/// the plan and what was chosen.
+pub fn plan_layout(
+    graph: &Graph,
+    mode: LayoutMode,
+    mut plan: impl FnMut(&Graph) -> Result<Plan, String>,
+) -> Result<(Graph, Plan, LayoutChoice), String> {
+    let nhwc = match mode {
+        LayoutMode::AsWritten => None,
+        LayoutMode::Auto | LayoutMode::ChannelsLast => channels_last_form(graph)?,
+    };
+    let Some(nhwc) = nhwc else {
+        let p = plan(graph)?;
+        let choice = LayoutChoice {
+            channels_last: false,
+            as_written: Some(p.total_time()),
+            channels_last_time: None,
+        };
+        return Ok((graph.clone(), p, choice));
+    };
+    let cl = plan(&nhwc)?;
+    if mode == LayoutMode::ChannelsLast {
+        let choice = LayoutChoice {
+            channels_last: true,
+            as_written: None,
+            channels_last_time: Some(cl.total_time()),
+        };
+        return Ok((nhwc, cl, choice));
+    }
+    let aw = plan(graph)?;
+    let choice = LayoutChoice {
+        channels_last: cl.total_time() < aw.total_time(),
+        as_written: Some(aw.total_time()),
+        channels_last_time: Some(cl.total_time()),
+    };
+    Ok(match choice.channels_last {
+        true => (nhwc, cl, choice),
+        false => (graph.clone(), aw, choice),
+    })
+}
