@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use dcir_fusion::{CostModel, DeviceSpec, apply_plan, plan_graph};
+use dcir_fusion::{CostModel, DeviceSpec, LayoutMode, apply_plan, plan_graph, plan_layout};
 use dcir_ir::OpKind;
 
 fn repo_root() -> PathBuf {
@@ -27,6 +27,8 @@ struct Row {
     kernels: usize,
     planned_us: f64,
     unfused_us: f64,
+    /// The layout the plan runs in (`--layout auto`'s choice).
+    layout: &'static str,
 }
 
 /// A kernel to compile: the kernel, its source, the model's name and its summary.
@@ -48,6 +50,7 @@ fn compile_model(path: &Path) -> Result<(Row, Vec<Pending>), String> {
         kernels: 0,
         planned_us: 0.0,
         unfused_us: 0.0,
+        layout: "as written",
     };
     let mut kernels = Vec::new();
     for graph in &imported.module.graphs {
@@ -57,11 +60,16 @@ fn compile_model(path: &Path) -> Result<(Row, Vec<Pending>), String> {
             .iter()
             .filter(|&&o| !matches!(graph.op(o).kind, OpKind::Constant | OpKind::Return))
             .count();
-        let plan =
-            plan_graph(graph, &model, &dcir_cuda::CudaTarget).map_err(|e| format!("fuse: {e}"))?;
+        let (laid_out, plan, layout) = plan_layout(graph, LayoutMode::Auto, |g| {
+            plan_graph(g, &model, &dcir_cuda::CudaTarget)
+        })
+        .map_err(|e| format!("fuse: {e}"))?;
+        if layout.channels_last {
+            row.layout = "channels-last";
+        }
         row.planned_us += plan.total_time() * 1e6;
         row.unfused_us += plan.unfused_time() * 1e6;
-        let fused = apply_plan(graph, &plan).map_err(|e| format!("fuse: {e}"))?;
+        let fused = apply_plan(&laid_out, &plan).map_err(|e| format!("fuse: {e}"))?;
         // The artifact (launches, buffers, views, constants) builds and validates.
         let source_only = dcir_cuda::BuildOptions {
             compile: false,
@@ -170,13 +178,14 @@ fn render(rows: &[Row], distinct: usize) -> String {
          runs (`run.sh zoo`) and the timings against \
          PyTorch are in [benchmarks.md](benchmarks.md). Ops are the imported graph's (constants \
          left out); the estimates are the cost model's (H200), in µs, for the plan and for every \
-         op its own kernel.\n\n\
-         | model | ops | kernels | planned (µs) | unfused (µs) |\n|---|---:|---:|---:|---:|\n",
+         op its own kernel; the layout is the one `--layout auto` keeps (as written, or the \
+         `channels-last` pass's form where the cost model prices it faster).\n\n\
+         | model | ops | kernels | planned (µs) | unfused (µs) | layout |\n|---|---:|---:|---:|---:|---|\n",
     );
     for r in rows {
         out.push_str(&format!(
-            "| {} | {} | {} | {:.1} | {:.1} |\n",
-            r.name, r.ops, r.kernels, r.planned_us, r.unfused_us
+            "| {} | {} | {} | {:.1} | {:.1} | {} |\n",
+            r.name, r.ops, r.kernels, r.planned_us, r.unfused_us, r.layout
         ));
     }
     let kernels: usize = rows.iter().map(|r| r.kernels).sum();
