@@ -42,13 +42,14 @@
 #   test      the GPU test target (crates/dcir-cli/tests/gpu_check.rs)
 #   library   the library calls: every graph of tests/filetests/cuda/cublaslt.dcir
 #             and cudnn.dcir through --check and --bench (cuDNN from PyTorch's
-#             wheel: its lib folder is put on LD_LIBRARY_PATH); ResNet-50 b32 f16,
-#             the BERT layer at batch 32 (suite.py's
-#             graph) and ViT-B/16 at batch 32 (exported here) in f16 with and
-#             without --no-library, checked and timed, and torch eager and
-#             torch.compile (CUDA graphs) on ViT-B/16 b32 f16; library.log
-#             then fit.py: the cost model's estimate against the measured
-#             time of every group of those three graphs (fit.md)
+#             wheel: its lib folder is put on LD_LIBRARY_PATH); ResNet-50 b32 f16
+#             (as written and channels-last), the BERT layer at batch 32
+#             (suite.py's graph) and ViT-B/16 at batch 32 (exported here) in
+#             f16 checked, then timed per kernel with and without --no-library
+#             against the cost model's estimate of every group (fit.py, fit.md;
+#             plans, times and --explain-fusion lines under $OUT); with
+#             LIBRARY_PEERS=1 also torch eager and torch.compile (CUDA graphs)
+#             on ViT-B/16 b32 f16; library.log
 #   ab        two builds of dcir-run on zoo models (batch 1, f32 and f16):
 #             $B/dcir-run (A) against $AB_RUN (B, default $B/ab/dcir-run, the
 #             other build's binary copied there), AB_MODELS (a default list),
@@ -341,15 +342,14 @@ library() {
     for g in dnn_bias_relu dnn_residual dnn_f32_strided dnn_grouped_bias dnn_depthwise; do
         lib_run tests/filetests/cuda/cudnn.dcir --graph "$g" --check --bench 20
     done
-    # ResNet-50 at batch 32 in f16, with and without libraries.
+    # ResNet-50 at batch 32 in f16 (as written and channels-last), the BERT
+    # layer at batch 32 (suite.py's graph) and ViT-B/16 at batch 32 (exported
+    # here), checked with libraries; then each timed per kernel with
+    # libraries and with our kernels only (--no-library), against the cost
+    # model's estimate of every group (fit.py into fit.md), on the card's
+    # preset so that dcir-opt and dcir-run plan alike.
     "$B/dcir-import" crates/dcir-onnx/models/resnet50_b32.onnx -o /tmp/r50b32.dcir --no-weights >>"$log" 2>&1
     to_f16 /tmp/r50b32.dcir /tmp/r50b32_f16.dcir
-    lib_run /tmp/r50b32_f16.dcir --check --bench 50
-    lib_run /tmp/r50b32_f16.dcir --no-library --bench 50
-    # The channels-last form (NHWC cuDNN calls, 1x1 convs as matmuls).
-    "$B/dcir-opt" --pipeline channels-last,canonicalize,cse,dce /tmp/r50b32_f16.dcir -o /tmp/r50b32_cl.dcir >>"$log" 2>&1
-    lib_run /tmp/r50b32_cl.dcir --check --bench 50
-    "$B/dcir-opt" --fuse --emit plan --explain-fusion /tmp/r50b32_f16.dcir 2>&1 | grep -E '^  @g|^\| @g' >>"$log"
     python3 -c "import sys; sys.path.insert(0, '$B'); import suite; open('/tmp/bert_b32.dcir', 'w').write(suite.bert_layer_text(32).replace('f32', 'f16'))"
     python3 - <<'PY' >>"$log" 2>&1
 import torch, torchvision
@@ -358,12 +358,27 @@ torch.onnx.export(torchvision.models.vit_b_16().eval(), (torch.randn(32, 3, 224,
 PY
     "$B/dcir-import" /tmp/vit_b32.onnx -o /tmp/vit_b32_f32.dcir --no-weights >>"$log" 2>&1
     to_f16 /tmp/vit_b32_f32.dcir /tmp/vit_b32.dcir
-    for f in /tmp/bert_b32.dcir /tmp/vit_b32.dcir; do
-        lib_run "$f" --check --bench 100
-        lib_run "$f" --no-library --bench 100
-        "$B/dcir-opt" --fuse --emit plan --explain-fusion "$f" >>"$log" 2>&1
+    local preset=h100
+    nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && preset=h200
+    local specs=("r50b32_f16 --layout as-written" "r50b32_f16 --layout channels-last" "bert_b32" "vit_b32")
+    for spec in "${specs[@]}"; do
+        set -- $spec
+        local f=/tmp/$1.dcir label=$1; shift
+        [ $# -gt 0 ] && label="$label-$2"
+        lib_run "$f" "$@" --check
+        for mode in "" --no-library; do
+            "$B/dcir-opt" --fuse --emit plan --format json --device $preset "$@" $mode "$f" >/tmp/fit_plan.json 2>>"$log"
+            "$B/dcir-opt" --fuse --emit plan --explain-fusion --device $preset "$@" $mode "$f" 2>&1 | grep -E '^  @g|^layout' >"$OUT/explain_$label$mode.txt"
+            echo "== $label $mode per kernel" >>"$log"
+            timeout 300 "$B/dcir-run" "$f" --backend cuda --device $preset "$@" $mode --bench 20 --per-kernel >/tmp/fit_times.txt 2>>"$log"
+            grep -E 'median' /tmp/fit_times.txt >>"$log"
+            python3 "$B/fit.py" /tmp/fit_plan.json /tmp/fit_times.txt "$label $mode on $preset" >>"$OUT/fit.md" 2>&1
+            cp /tmp/fit_plan.json "$OUT/plan_$label$mode.json"
+            cp /tmp/fit_times.txt "$OUT/times_$label$mode.txt"
+        done
     done
-    python3 - <<'PY' >>"$log" 2>&1
+    if [ -n "${LIBRARY_PEERS:-}" ]; then
+        python3 - <<'PY' >>"$log" 2>&1
 import torch, torchvision
 m = torchvision.models.vit_b_16().eval().cuda().half()
 x = torch.randn(32, 3, 224, 224, device="cuda", dtype=torch.half)
@@ -381,21 +396,7 @@ print(f"vit_b32 f16 eager {timed(lambda: m(x)):.3f} ms", flush=True)
 c = torch.compile(m, mode="reduce-overhead")
 print(f"vit_b32 f16 inductor+CG {timed(lambda: c(x)):.3f} ms", flush=True)
 PY
-    # The cost model against these runs, group by group (fit.py), on the
-    # card's preset so that dcir-opt and dcir-run plan alike.
-    local preset=h100
-    nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && preset=h200
-    # Each graph with libraries and with our kernels only (--no-library),
-    # so that both the libraries' and our kernels' efficiencies are fitted.
-    for f in /tmp/r50b32_f16.dcir /tmp/r50b32_cl.dcir /tmp/bert_b32.dcir /tmp/vit_b32.dcir; do
-        for mode in "" --no-library; do
-            "$B/dcir-opt" --fuse --emit plan --format json --device $preset $mode "$f" >/tmp/fit_plan.json 2>>"$log"
-            timeout 300 "$B/dcir-run" "$f" --backend cuda --device $preset $mode --bench 20 --per-kernel >/tmp/fit_times.txt 2>>"$log"
-            python3 "$B/fit.py" /tmp/fit_plan.json /tmp/fit_times.txt "$(basename "$f") $mode on $preset" >>"$OUT/fit.md" 2>&1
-            cp /tmp/fit_plan.json "$OUT/plan_$(basename "$f" .dcir)$mode.json"
-            cp /tmp/fit_times.txt "$OUT/times_$(basename "$f" .dcir)$mode.txt"
-        done
-    done
+    fi
     summary+=("library: $(grep -c '^FAIL' "$log") failed runs; $(grep -cE 'median' "$log") timed (library.log; fit.md)")
     grep -E '^(==|FAIL)|median|check|vit_b32' "$log" | tail -40
 }
