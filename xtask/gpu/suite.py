@@ -176,6 +176,7 @@ def workloads():
     yield "mobilenet_v2", 32, "onnx:mobilenet_v2_b32", lambda: torchvision_model("mobilenet_v2"), [(32, 3, 224, 224)]
     yield "resnet50", 1, "onnx:resnet50", lambda: torchvision_model("resnet50"), [(1, 3, 224, 224)]
     yield "resnet50", 32, "onnx:resnet50_b32", lambda: torchvision_model("resnet50"), [(32, 3, 224, 224)]
+    yield "vit_b_16", 32, "export:vit_b_16:32", lambda: torchvision_model("vit_b_16"), [(32, 3, 224, 224)]
 
 
 def dcir_graph(spec, dtype, scratch):
@@ -190,6 +191,18 @@ def dcir_graph(spec, dtype, scratch):
         if not os.path.exists(path):
             subprocess.run([f"{HERE}/dcir-import", f"crates/dcir-onnx/models/{model}.onnx",
                             "-o", path, "--no-weights"], check=True, capture_output=True)
+        text = open(path).read()
+    elif spec.startswith("export:"):
+        # A torchvision model exported here the way users export
+        # (torch.onnx.export's default exporter), then imported.
+        _, model, batch = spec.split(":")
+        path = os.path.join(scratch, f"{model}_b{batch}.dcir")
+        if not os.path.exists(path):
+            onnx_path = os.path.join(scratch, f"{model}_b{batch}.onnx")
+            torch.onnx.export(torchvision_model(model).eval(), (torch.randn(int(batch), 3, 224, 224),),
+                              onnx_path, dynamo=False, opset_version=17)
+            subprocess.run([f"{HERE}/dcir-import", onnx_path, "-o", path, "--no-weights"],
+                           check=True, capture_output=True)
         text = open(path).read()
     elif spec == "convblock_b32":
         text = open("ir-examples/convblock_c64_56.dcir").read().replace("[1,64,56,56]", "[32,64,56,56]")
@@ -244,7 +257,9 @@ def dcir_ms(path, graph, tune_cache=None, tune_fusion=False):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--compile", action="store_true", help="also time torch.compile (default, reduce-overhead)")
-    ap.add_argument("--only", help="run only this workload")
+    ap.add_argument("--only", help="run only these workloads (comma-separated names)")
+    ap.add_argument("--batch", type=int, help="run only this batch size")
+    ap.add_argument("--dtypes", default="f32,f16", help="the dtypes to run (comma-separated)")
     ap.add_argument("--tune-cache", help="tune dcir's groups first (dcir-run --tune) with this cache file")
     ap.add_argument("--tune-fusion", action="store_true",
                     help="with --tune-cache, also fuse with measured times (dcir-run --tune-fusion)")
@@ -276,9 +291,13 @@ def main():
     results = []  # (name, dtype, batch, dcir ms or None, {system: ms})
     jobs = []
     for name, batch, spec, make, shapes in workloads():
-        if args.only and name != args.only:
+        if args.only and name not in args.only.split(","):
+            continue
+        if args.batch and batch != args.batch:
             continue
         for dtype, tdtype in [("f32", torch.float32), ("f16", torch.float16)]:
+            if dtype not in args.dtypes.split(","):
+                continue
             dcir = dcir_ms(*dcir_graph(spec, dtype, scratch), args.tune_cache, args.tune_fusion)
             module = make().to(DEV).eval().to(tdtype)
             inputs = [torch.randn(*s, device=DEV, dtype=tdtype) for s in shapes]

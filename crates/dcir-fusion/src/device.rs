@@ -78,19 +78,34 @@ pub struct DeviceSpec {
     pub shared_latency_cycles: f64,
     /// Cost of one kernel launch in a CUDA graph replay, seconds.
     pub launch_overhead: f64,
-    /// Fraction of the matrix rate `mma.sync` reaches, dcir's own
-    /// tensor-core kernels' instruction: 1 where it is the fastest the chip
-    /// has; on Hopper, whose full rate needs `wgmma`, about two thirds. The
-    /// cost model applies it where it weighs a kernel of ours against a
-    /// library call (docs/cost-model.md, "Library calls").
+    /// Fraction of its roofline time (the matrix rate or the bandwidth,
+    /// whichever binds) that dcir's own tensor-core GEMM kernels
+    /// (`mma.sync`) reach as they run inside a model: 1 where no data says
+    /// otherwise. The cost model ranks our candidates at the full roofline
+    /// (which orders them alike) and applies it where it weighs a kernel of
+    /// ours against a library call and in plan totals (docs/cost-model.md,
+    /// "Fitted efficiencies").
     pub mma_sync_fraction: f64,
+    /// The same for dcir's implicit-GEMM convolutions on tensor cores.
+    pub mma_sync_conv_fraction: f64,
+    /// The same for dcir's attention kernels on FMA (online softmax).
+    pub fma_attention_fraction: f64,
 }
 
-/// Fraction of Hopper's matrix rate `mma.sync` kernels reach: dcir's own
-/// tensor-core groups measured 1.53× (ResNet-50 f16) and 1.57× (a BERT
-/// layer f16) their estimates at the full rate (geomeans over groups, an
-/// H100, 2026-12-05), and cuBLAS's `wgmma` GEMMs about twice dcir's.
-pub const MMA_SYNC_FRACTION_SM90: f64 = 0.65;
+/// [`DeviceSpec::mma_sync_fraction`] on Hopper: the geomean over the 183
+/// tensor-core GEMM groups of ResNet-50 (channels-last), the BERT layer and
+/// ViT-B/16, f16 batch 32, with and without libraries (`run.sh library`,
+/// fit.py; an H100, 2026-12-06): 0.28, range 0.13–1.1. cuBLASLt's `wgmma`
+/// GEMMs reach about 1.8× that.
+pub const MMA_SYNC_FRACTION_SM90: f64 = 0.28;
+
+/// [`DeviceSpec::mma_sync_conv_fraction`] on Hopper: the geomean over 89
+/// implicit-GEMM convolution groups of the same runs, 0.20 (0.07–0.49).
+pub const MMA_SYNC_CONV_FRACTION_SM90: f64 = 0.20;
+
+/// [`DeviceSpec::fma_attention_fraction`] on Hopper: the BERT layer's
+/// attention group (f16, batch 32, same runs), 0.27.
+pub const FMA_ATTENTION_FRACTION_SM90: f64 = 0.27;
 
 impl DeviceSpec {
     /// The rate matrix math of `dtype` runs at, flop/s.
@@ -137,6 +152,8 @@ impl DeviceSpec {
             shared_latency_cycles: 30.0,
             launch_overhead: 2.0e-6,
             mma_sync_fraction: MMA_SYNC_FRACTION_SM90,
+            mma_sync_conv_fraction: MMA_SYNC_CONV_FRACTION_SM90,
+            fma_attention_fraction: FMA_ATTENTION_FRACTION_SM90,
         }
     }
 
@@ -169,6 +186,8 @@ impl DeviceSpec {
             clock_hz: 1.41e9,
             shared_latency_cycles: 30.0,
             mma_sync_fraction: 1.0,
+            mma_sync_conv_fraction: 1.0,
+            fma_attention_fraction: 1.0,
             ..DeviceSpec::h200()
         }
     }
@@ -190,6 +209,8 @@ impl DeviceSpec {
             shared_latency_cycles: 28.0,
             launch_overhead: 3.0e-6,
             mma_sync_fraction: 1.0,
+            mma_sync_conv_fraction: 1.0,
+            fma_attention_fraction: 1.0,
             ..DeviceSpec::h200()
         }
     }
@@ -213,6 +234,8 @@ impl DeviceSpec {
             shared_latency_cycles: 28.0,
             launch_overhead: 3.0e-6,
             mma_sync_fraction: 1.0,
+            mma_sync_conv_fraction: 1.0,
+            fma_attention_fraction: 1.0,
             ..DeviceSpec::h200()
         }
     }

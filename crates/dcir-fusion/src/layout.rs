@@ -1,9 +1,11 @@
 //! The layout decision: a graph with convolutions is planned as written
 //! (NCHW) and in its channels-last form (the `channels-last` pass, then
 //! `canonicalize,cse,dce`), and the plan the cost model prices faster is
-//! kept, with both estimates for `--emit plan` to show.
+//! kept, with both estimates for `--emit plan` to show. Either form is
+//! planned with its shared broadcasts made one per user first
+//! ([`unshare_broadcasts`]).
 
-use dcir_ir::{Graph, Module};
+use dcir_ir::{Graph, Module, OpKind};
 use dcir_passes::{Instrumentation, PassManager, PassRegistry, build_pipeline};
 
 use crate::planner::Plan;
@@ -95,8 +97,11 @@ pub fn plan_layout(
 ) -> Result<(Graph, Plan, LayoutChoice), String> {
     let nhwc = match mode {
         LayoutMode::AsWritten => None,
-        LayoutMode::Auto | LayoutMode::ChannelsLast => channels_last_form(graph)?,
+        LayoutMode::Auto | LayoutMode::ChannelsLast => {
+            channels_last_form(graph)?.map(|g| unshare_broadcasts(&g))
+        }
     };
+    let graph = &unshare_broadcasts(graph);
     let Some(nhwc) = nhwc else {
         let p = plan(graph)?;
         let choice = LayoutChoice {
@@ -125,4 +130,52 @@ pub fn plan_layout(
         true => (nhwc, cl, choice),
         false => (graph.clone(), aw, choice),
     })
+}
+
+/// `graph` with every `broadcast` used by several ops made one per user
+/// (each copy placed just before its user): a broadcast is an index map a
+/// kernel recomputes for free, so each copy fuses into its user's kernel,
+/// where one shared broadcast (as `cse` leaves it) would be a kernel
+/// writing the whole broadcast tensor for the others to read.
+pub fn unshare_broadcasts(graph: &Graph) -> Graph {
+    let mut g = graph.clone();
+    let body = g.body();
+    let ops = g.block(body).ops.clone();
+    for op in ops {
+        if g.op(op).kind != OpKind::Broadcast {
+            continue;
+        }
+        let result = g.op(op).results[0];
+        let users: Vec<_> = g
+            .block(body)
+            .ops
+            .iter()
+            .flat_map(|&u| {
+                let operands = &g.op(u).operands;
+                (0..operands.len())
+                    .filter(move |&i| operands[i] == result)
+                    .map(move |i| (u, i))
+            })
+            .filter(|&(u, _)| g.op(u).kind != OpKind::Return)
+            .collect();
+        for &(user, index) in users.iter().skip(1) {
+            let d = g.op(op).clone();
+            let name = g.fresh_name(&g.value(result).name.clone());
+            let ty = g.ty(result).clone();
+            let copy = g
+                .create_op(OpKind::Broadcast, d.operands, d.attrs, vec![(name, ty)])
+                .expect("a fresh name is unique");
+            g.op_mut(copy).loc = d.loc;
+            let at = g
+                .block(body)
+                .ops
+                .iter()
+                .position(|&o| o == user)
+                .expect("the user is in the body");
+            g.insert_op(body, at, copy);
+            let v = g.op(copy).results[0];
+            g.op_mut(user).operands[index] = v;
+        }
+    }
+    g
 }

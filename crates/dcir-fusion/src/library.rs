@@ -691,15 +691,34 @@ fn bias_vector(graph: &Graph, ops: &[OpId], v: ValueId, rule: &EpilogueRule) -> 
     }
 }
 
-/// Fraction of the matrix rate cuBLASLt's GEMMs reach once the device is
-/// full: cuBLAS f16 GEMMs of 4096×768×3072 and 4096×3072×768 ran at 608 and
-/// 681 TFLOP/s of 760 on an H200, strict f32 at 40.5–46.9 of 51.1
-/// (docs/cost-model.md, "Library calls").
-const LIBRARY_RATE_FRACTION: f64 = 0.85;
+/// The fraction of its roofline time (the matrix rate or the bandwidth,
+/// whichever binds, at full rate) a cuBLASLt call of `dtype` reaches inside
+/// a model. f16 and bf16: 0.49, the geomean over the 47 cuBLASLt groups of
+/// ResNet-50 (channels-last), the BERT layer and ViT-B/16 at batch 32
+/// (`run.sh library`, fit.py; an H100, 2026-12-06; range 0.11–0.82). Strict
+/// f32: 0.85 (cuBLAS f32 GEMMs ran 40.5–46.9 TFLOP/s of 51.1 on an H200).
+fn cublaslt_efficiency(dtype: DType) -> f64 {
+    match dtype {
+        DType::F32 => 0.85,
+        _ => 0.49,
+    }
+}
 
-/// Fraction of the copy bandwidth a memory-bound library GEMM (a small
-/// batch against large weights) reaches.
-const LIBRARY_BANDWIDTH_FRACTION: f64 = 0.8;
+/// The same for a cuDNN call, by the form of the call (same runs): NHWC
+/// 0.31 (17 groups, 0.22–0.55); NCHW 0.17 (40 groups, 0.08–0.24: cuDNN
+/// transposes f16 NCHW operands to NHWC around its kernels); a bias without
+/// an activation, which cuDNN's fused call runs only with
+/// `IMPLICIT_PRECOMP_GEMM`, 0.036 (2 groups: ViT-B/16's 16×16 patch
+/// convolution ran 499 µs, dcir's own kernel 81 µs).
+fn cudnn_efficiency(call: &ConvCall) -> f64 {
+    if call.bias.is_some() && call.activation == Activation::None {
+        0.036
+    } else if call.nhwc {
+        0.31
+    } else {
+        0.17
+    }
+}
 
 /// The smallest output tile a library kernel computes (cuBLASLt's Hopper
 /// kernels run 64×64 up to 256×128 tiles, and split the k loop over blocks
@@ -723,10 +742,10 @@ pub struct LibraryCost {
     pub bytes: f64,
 }
 
-/// The roofline estimate of `call` on `dev`: its flops at the library's
-/// fraction of the matrix rate (scaled down while its tiles, split along k,
-/// do not fill the SMs), or its bytes at the library's fraction of the bandwidth,
-/// whichever is longer, plus one launch.
+/// The roofline estimate of `call` on `dev`: its flops at the matrix rate
+/// (scaled down while its tiles, split along k, do not fill the SMs) or
+/// its bytes at the bandwidth, whichever is longer, over the fraction of
+/// that cuBLASLt reaches ([`cublaslt_efficiency`]), plus one launch.
 pub fn library_cost(dev: &DeviceSpec, graph: &Graph, call: &GemmCall) -> LibraryCost {
     let (b, m, n, k) = (
         call.batch as f64,
@@ -737,16 +756,18 @@ pub fn library_cost(dev: &DeviceSpec, graph: &Graph, call: &GemmCall) -> Library
     let flops = 2.0 * b * m * n * k;
     let tiles = b * (m * n / LIBRARY_TILE).max(1.0) * (k / LIBRARY_SPLIT_K).max(1.0);
     let fill = (tiles / dev.sm_count.max(1) as f64).min(1.0);
-    let compute = flops / (dev.matrix_rate(call.dtype) * LIBRARY_RATE_FRACTION * fill);
+    let compute = flops / (dev.matrix_rate(call.dtype) * fill);
     let elem = call.dtype.size_bytes() as f64;
     let size = |v: ValueId| graph.ty(v).num_elements().unwrap_or(0) as f64 * elem;
     let bytes: f64 = call.operands().into_iter().map(size).sum::<f64>() + size(call.output);
-    roofline(dev, compute, bytes, fill)
+    roofline(dev, compute, bytes, fill, cublaslt_efficiency(call.dtype))
 }
 
-/// A library call's estimate from its compute time and its bytes.
-fn roofline(dev: &DeviceSpec, compute: f64, bytes: f64, fill: f64) -> LibraryCost {
-    let memory = bytes / (dev.bandwidth * LIBRARY_BANDWIDTH_FRACTION);
+/// A library call's estimate from its compute time and its bytes at the
+/// full rates, and the fraction of that roofline the call reaches.
+fn roofline(dev: &DeviceSpec, compute: f64, bytes: f64, fill: f64, efficiency: f64) -> LibraryCost {
+    let memory = bytes / dev.bandwidth;
+    let (compute, memory) = (compute / efficiency, memory / efficiency);
     let core = compute.max(memory);
     let bound = if dev.launch_overhead >= core {
         Bound::Launch
@@ -765,8 +786,8 @@ fn roofline(dev: &DeviceSpec, compute: f64, bytes: f64, fill: f64) -> LibraryCos
 
 /// The roofline estimate of `call` on `dev`, as [`library_cost`]: the
 /// convolution's flops (an implicit GEMM of `n·oh·ow × k × c/groups·r·s`)
-/// at the library's fraction of the matrix rate, or its bytes at the
-/// library's fraction of the bandwidth, plus one launch.
+/// at the matrix rate or its bytes at the bandwidth, over the fraction of
+/// that the call's form reaches ([`cudnn_efficiency`]), plus one launch.
 pub fn conv_cost(dev: &DeviceSpec, graph: &Graph, call: &ConvCall) -> LibraryCost {
     let out = call.out.map(|d| d as f64);
     let w = call.filter.map(|d| d as f64);
@@ -777,9 +798,9 @@ pub fn conv_cost(dev: &DeviceSpec, graph: &Graph, call: &ConvCall) -> LibraryCos
     let fill = (tiles / dev.sm_count.max(1) as f64).min(1.0);
     // A grouped convolution (depthwise at the extreme) does little work per
     // element read: the roofline's memory side decides it.
-    let compute = flops / (dev.matrix_rate(call.dtype) * LIBRARY_RATE_FRACTION * fill);
+    let compute = flops / (dev.matrix_rate(call.dtype) * fill);
     let elem = call.dtype.size_bytes() as f64;
     let size = |v: ValueId| graph.ty(v).num_elements().unwrap_or(0) as f64 * elem;
     let bytes: f64 = call.operands().into_iter().map(size).sum::<f64>() + size(call.output);
-    roofline(dev, compute, bytes, fill)
+    roofline(dev, compute, bytes, fill, cudnn_efficiency(call))
 }

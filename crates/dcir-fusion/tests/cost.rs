@@ -156,12 +156,11 @@ fn f16_gemm_runs_on_tensor_cores() {
         .unwrap();
     assert_eq!(attr_str(e.params.get("math")), Some("tensor_core"));
     let flops = e.flops as f64;
-    assert!(e.time < flops / model.device.fp32_rate / 4.0);
-    assert!(
-        e.time <= 2.0 * flops / model.device.f16_tensor_rate,
-        "{}",
-        e.time
-    );
+    // At the fraction of the roofline our `mma.sync` kernels reach, still
+    // well ahead of f32 FMA.
+    let rate = model.device.f16_tensor_rate * model.device.mma_sync_fraction;
+    assert!(e.time < flops / model.device.fp32_rate / 2.0);
+    assert!(e.time <= 2.0 * flops / rate, "{}", e.time);
     // Every tile of a tensor-core candidate is a multiple of 16.
     for c in model
         .candidates(&g, &group(&g, &["c"], GroupKind::Gemm, Level::Register))

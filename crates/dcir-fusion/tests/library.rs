@@ -168,18 +168,18 @@ fn library_param(e: &dcir_fusion::Estimate) -> Option<&str> {
     e.params.get("library").and_then(Attr::as_str)
 }
 
-/// A large f16 GEMM goes to cuBLASLt (our `mma.sync` runs at about two
-/// thirds of Hopper's rate); the library is a candidate either way, and
-/// `kernels_only` never offers it.
+/// A large f16 GEMM goes to cuBLASLt (our `mma.sync` kernels reach about
+/// half of what its `wgmma` kernels do); the library is a candidate either
+/// way, and `kernels_only` never offers it.
 #[test]
 fn the_cost_model_prices_the_library_call() {
     let g = graph(&linear("f16", 4096, "  return %a\n"));
     let model = CostModel::new(DeviceSpec::h200());
     let e = model.estimate(&g, &group_of(&g)).unwrap();
     assert_eq!(library_param(&e), Some("cublaslt"));
-    // 19.3 GFLOP at 85 % of 759.5 TFLOP/s, plus the launch.
+    // 19.3 GFLOP at cuBLASLt's fitted 49 % of 759.5 TFLOP/s, plus the launch.
     let flops = 2.0 * 4096.0 * 3072.0 * 768.0;
-    let roofline = flops / (0.85 * 759.5e12) + 2e-6;
+    let roofline = flops / (0.49 * 759.5e12) + 2e-6;
     assert!((e.time / roofline - 1.0).abs() < 1e-9, "{}", e.time);
     assert!(e.candidates.len() > 1);
 

@@ -197,19 +197,21 @@ impl CostModel {
         }
     }
 
-    /// `time` of a kernel of ours with `params`, as it runs: a
-    /// compute-bound tensor-core kernel at the rate `mma.sync` reaches
-    /// (candidates are ranked at the full rate, which orders them alike;
-    /// docs/cost-model.md, "Library calls").
-    fn as_run(&self, params: &KernelParams, bound: Bound, time: f64) -> f64 {
-        if bound == Bound::Compute
-            && params.get("math").and_then(Attr::as_str) == Some("tensor_core")
-        {
-            let launch = self.device.launch_overhead;
-            launch + (time - launch) / self.device.mma_sync_fraction
-        } else {
-            time
-        }
+    /// `time` of a kernel of ours of `kind` with `params`, as it runs: a
+    /// tensor-core kernel, or an attention kernel on FMA, at the fraction of
+    /// its roofline such kernels were measured to reach (candidates are
+    /// ranked at the full roofline, which orders them alike;
+    /// docs/cost-model.md, "Fitted efficiencies").
+    fn as_run(&self, kind: GroupKind, params: &KernelParams, time: f64) -> f64 {
+        let tensor_core = params.get("math").and_then(Attr::as_str) == Some("tensor_core");
+        let fraction = match (kind, tensor_core) {
+            (GroupKind::Conv, true) => self.device.mma_sync_conv_fraction,
+            (_, true) => self.device.mma_sync_fraction,
+            (GroupKind::Attention, false) => self.device.fma_attention_fraction,
+            _ => return time,
+        };
+        let launch = self.device.launch_overhead;
+        launch + (time - launch).max(0.0) / fraction
     }
 
     /// The library call that could run `group` and its cost, or why none
@@ -254,7 +256,7 @@ impl CostModel {
                 let s = pul::score(&self.device, &info, c);
                 let params = c.params.to_params();
                 Candidate {
-                    time: self.as_run(&params, s.bound, s.time),
+                    time: self.as_run(group.kind, &params, s.time),
                     params,
                     launch: s.launch,
                     factors: s.factors,
@@ -432,7 +434,7 @@ impl Estimator for CostModel {
         let (_, bs, bp, _) = chosen;
         let params = bp.to_params();
         let own = Estimate {
-            time: self.as_run(&params, bs.bound, bs.time),
+            time: self.as_run(group.kind, &params, bs.time),
             params,
             pul: bs.factors.pul(),
             flops: info.flops,
