@@ -1,0 +1,156 @@
+//! The layout decision (`plan_layout`): a CNN is planned as written and
+//! channels-last and the faster plan kept; in the channels-last form each
+//! convolution forms one NHWC cuDNN call with its two layout transposes; a
+//! shared broadcast fuses into each of its users.
+
+use dcir_fusion::{
+    AnyGroup, CostModel, DeviceSpec, LayoutMode, Plan, plan_graph, plan_layout, unshare_broadcasts,
+};
+use dcir_ir::{Graph, OpKind, verify_module};
+
+fn graph(text: &str) -> Graph {
+    let module = dcir_reader::parse_module(text).expect("reads");
+    verify_module(&module).expect("verifies");
+    module.graphs.into_iter().next().expect("one graph")
+}
+
+/// Four 3×3 convolutions with bias and ReLU in a chain, f16 at batch 32,
+/// 56×56×64: the two inside begin and end in the channels-last layout.
+fn conv_chain() -> Graph {
+    let t = "f16[32,64,56,56]";
+    let params: Vec<String> = (0..4)
+        .map(|i| format!("%w{i}: f16[64,64,3,3], %b{i}: f16[64]"))
+        .collect();
+    let mut text = format!("graph @chain(%x: {t}, {}) -> ({t}) {{\n", params.join(", "));
+    let mut prev = "%x".to_string();
+    for i in 0..4 {
+        text += &format!(
+            "  %c{i} = conv2d {prev}, %w{i} {{pad = [1, 1, 1, 1]}} : {t}\n\
+             \x20 %bb{i} = broadcast %b{i} {{dims = [1]}} : {t}\n\
+             \x20 %a{i} = add %c{i}, %bb{i} : {t}\n\
+             \x20 %r{i} = relu %a{i} : {t}\n"
+        );
+        prev = format!("%r{i}");
+    }
+    graph(&(text + &format!("  return {prev}\n}}\n")))
+}
+
+fn planner(model: &CostModel) -> impl FnMut(&Graph) -> Result<Plan, String> + '_ {
+    move |g: &Graph| plan_graph(g, model, &AnyGroup)
+}
+
+/// The library each group of `plan` calls, in plan order (`-` for ours).
+fn libraries(plan: &Plan) -> Vec<String> {
+    plan.groups
+        .iter()
+        .map(|g| {
+            g.estimate
+                .params
+                .get("library")
+                .and_then(dcir_ir::Attr::as_str)
+                .unwrap_or("-")
+                .to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn channels_last_convolutions_are_nhwc_cudnn_calls_with_their_epilogue() {
+    let model = CostModel::new(DeviceSpec::h100());
+    let g = conv_chain();
+    let (laid_out, plan, choice) =
+        plan_layout(&g, LayoutMode::ChannelsLast, planner(&model)).expect("plans");
+    assert!(choice.channels_last);
+    assert_eq!(choice.as_written, None);
+    // Each convolution with both layout transposes, bias and ReLU: one call.
+    let convs: Vec<_> = plan
+        .groups
+        .iter()
+        .filter(|p| {
+            p.group
+                .ops
+                .iter()
+                .any(|&o| laid_out.op(o).kind == OpKind::Conv2d)
+        })
+        .collect();
+    assert_eq!(convs.len(), 4);
+    // The first reads the graph's NCHW input and the last feeds its NCHW
+    // output; the two between are NHWC calls with their whole epilogue.
+    for p in &convs[1..3] {
+        let kinds: Vec<OpKind> = p.group.ops.iter().map(|&o| laid_out.op(o).kind).collect();
+        assert_eq!(
+            kinds.iter().filter(|&&k| k == OpKind::Transpose).count(),
+            2,
+            "{kinds:?}"
+        );
+        assert!(kinds.contains(&OpKind::Relu), "{kinds:?}");
+        assert_eq!(
+            p.estimate
+                .params
+                .get("library")
+                .and_then(dcir_ir::Attr::as_str),
+            Some("cudnn")
+        );
+    }
+}
+
+#[test]
+fn auto_keeps_the_plan_estimated_faster_and_says_both() {
+    let model = CostModel::new(DeviceSpec::h100());
+    let g = conv_chain();
+    let (_, plan, choice) = plan_layout(&g, LayoutMode::Auto, planner(&model)).expect("plans");
+    let (written, nhwc) = (
+        choice.as_written.expect("planned"),
+        choice.channels_last_time.expect("planned"),
+    );
+    assert_eq!(choice.channels_last, nhwc < written);
+    assert_eq!(plan.total_time(), written.min(nhwc));
+    // NHWC cuDNN calls beat the NCHW ones on Hopper (fitted efficiencies).
+    assert!(choice.channels_last, "{choice}");
+    let calls = libraries(&plan);
+    assert_eq!(
+        calls.iter().filter(|l| *l == "cudnn").count(),
+        4,
+        "{calls:?}"
+    );
+    assert!(
+        choice
+            .to_string()
+            .starts_with("layout: channels-last (estimated ")
+    );
+
+    // As written is as written; a graph without convolutions has one plan.
+    let (same, _, choice) = plan_layout(&g, LayoutMode::AsWritten, planner(&model)).expect("plans");
+    assert!(!choice.channels_last && choice.channels_last_time.is_none());
+    assert_eq!(
+        same.block(same.body()).ops.len(),
+        g.block(g.body()).ops.len()
+    );
+}
+
+#[test]
+fn a_shared_broadcast_is_one_per_user() {
+    let t = "f32[64,256]";
+    let g = graph(&format!(
+        "graph @shared(%x: {t}, %y: {t}, %b: f32[256]) -> ({t}, {t}) {{\n\
+         \x20 %bb = broadcast %b {{dims = [1]}} : {t}\n\
+         \x20 %u = add %x, %bb : {t}\n\
+         \x20 %v = mul %y, %bb : {t}\n\
+         \x20 return %u, %v\n}}\n"
+    ));
+    let split = unshare_broadcasts(&g);
+    let mut module = dcir_ir::Module::new();
+    module.graphs.push(split.clone());
+    verify_module(&module).expect("verifies");
+    let body = &split.block(split.body()).ops;
+    let broadcasts = body
+        .iter()
+        .filter(|&&o| split.op(o).kind == OpKind::Broadcast)
+        .count();
+    assert_eq!(broadcasts, 2);
+    // Each fuses into its user: two kernels, no lone broadcast.
+    let model = CostModel::new(DeviceSpec::h100());
+    let (_, plan, _) = plan_layout(&g, LayoutMode::Auto, planner(&model)).expect("plans");
+    assert_eq!(plan.groups.len(), 2);
+    assert!(plan.groups.iter().all(|p| p.group.ops.len() == 2));
+}
