@@ -706,13 +706,13 @@ fn cublaslt_efficiency(dtype: DType) -> f64 {
 
 /// The same for a cuDNN call, by the form of the call (same runs): NHWC
 /// 0.31 (17 groups, 0.22–0.55); NCHW 0.17 (40 groups, 0.08–0.24: cuDNN
-/// transposes f16 NCHW operands to NHWC around its kernels); a bias without
-/// an activation, which cuDNN's fused call runs only with
-/// `IMPLICIT_PRECOMP_GEMM`, 0.036 (2 groups: ViT-B/16's 16×16 patch
-/// convolution ran 499 µs, dcir's own kernel 81 µs).
+/// transposes f16 NCHW operands to NHWC around its kernels); an NCHW stem
+/// (ungrouped, fewer than 8 input channels) 0.04 (ResNet-50's 7×7 ran
+/// 227–286 µs, ViT-B/16's 16×16 patch convolution 362–499 µs, where dcir's
+/// own kernel ran 81 µs; 2026-12-06).
 fn cudnn_efficiency(call: &ConvCall) -> f64 {
-    if call.bias.is_some() && call.activation == Activation::None {
-        0.036
+    if !call.nhwc && call.groups == 1 && call.input[1] < 8 {
+        0.04
     } else if call.nhwc {
         0.31
     } else {
