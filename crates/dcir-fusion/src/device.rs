@@ -90,6 +90,8 @@ pub struct DeviceSpec {
     pub mma_sync_conv_fraction: f64,
     /// The same for dcir's attention kernels on FMA (online softmax).
     pub fma_attention_fraction: f64,
+    /// The same for dcir's depthwise → pointwise kernels on FMA.
+    pub fma_depthwise_pointwise_fraction: f64,
 }
 
 /// [`DeviceSpec::mma_sync_fraction`] on Hopper: the geomean over the 183
@@ -106,6 +108,11 @@ pub const MMA_SYNC_CONV_FRACTION_SM90: f64 = 0.20;
 /// [`DeviceSpec::fma_attention_fraction`] on Hopper: the BERT layer's
 /// attention group (f16, batch 32, same runs), 0.27.
 pub const FMA_ATTENTION_FRACTION_SM90: f64 = 0.27;
+
+/// [`DeviceSpec::fma_depthwise_pointwise_fraction`] on Hopper: the geomean
+/// over MobileNetV2's seven depthwise → pointwise groups (f16, batch 32; an
+/// H100, 2026-12-06), 0.12 (0.07–0.34).
+pub const FMA_DEPTHWISE_POINTWISE_FRACTION_SM90: f64 = 0.12;
 
 impl DeviceSpec {
     /// The rate matrix math of `dtype` runs at, flop/s.
@@ -154,6 +161,7 @@ impl DeviceSpec {
             mma_sync_fraction: MMA_SYNC_FRACTION_SM90,
             mma_sync_conv_fraction: MMA_SYNC_CONV_FRACTION_SM90,
             fma_attention_fraction: FMA_ATTENTION_FRACTION_SM90,
+            fma_depthwise_pointwise_fraction: FMA_DEPTHWISE_POINTWISE_FRACTION_SM90,
         }
     }
 
@@ -188,6 +196,7 @@ impl DeviceSpec {
             mma_sync_fraction: 1.0,
             mma_sync_conv_fraction: 1.0,
             fma_attention_fraction: 1.0,
+            fma_depthwise_pointwise_fraction: 1.0,
             ..DeviceSpec::h200()
         }
     }
@@ -211,6 +220,7 @@ impl DeviceSpec {
             mma_sync_fraction: 1.0,
             mma_sync_conv_fraction: 1.0,
             fma_attention_fraction: 1.0,
+            fma_depthwise_pointwise_fraction: 1.0,
             ..DeviceSpec::h200()
         }
     }
@@ -236,6 +246,7 @@ impl DeviceSpec {
             mma_sync_fraction: 1.0,
             mma_sync_conv_fraction: 1.0,
             fma_attention_fraction: 1.0,
+            fma_depthwise_pointwise_fraction: 1.0,
             ..DeviceSpec::h200()
         }
     }

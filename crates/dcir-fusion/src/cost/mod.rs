@@ -198,7 +198,8 @@ impl CostModel {
     }
 
     /// `time` of a kernel of ours of `kind` with `params`, as it runs: a
-    /// tensor-core kernel, or an attention kernel on FMA, at the fraction of
+    /// tensor-core kernel, or an attention or depthwise → pointwise kernel
+    /// on FMA, at the fraction of
     /// its roofline such kernels were measured to reach (candidates are
     /// ranked at the full roofline, which orders them alike;
     /// docs/cost-model.md, "Fitted efficiencies").
@@ -208,6 +209,7 @@ impl CostModel {
             (GroupKind::Conv, true) => self.device.mma_sync_conv_fraction,
             (_, true) => self.device.mma_sync_fraction,
             (GroupKind::Attention, false) => self.device.fma_attention_fraction,
+            (GroupKind::DepthwisePointwise, false) => self.device.fma_depthwise_pointwise_fraction,
             _ => return time,
         };
         let launch = self.device.launch_overhead;
