@@ -159,8 +159,16 @@ def jax_ms(job, warm=10, iters=50, rounds=5):
 
 
 def torchvision_model(name):
+    """A torchvision model by its name under torchvision.models
+    (`segmentation.deeplabv3_resnet50` for one of a submodule)."""
     import torchvision
-    return getattr(torchvision.models, name)()
+    module = torchvision.models
+    *path, last = name.split(".")
+    for part in path:
+        module = getattr(module, part)
+    # No pretrained weights (the machine has no network), backbone included.
+    kwargs = {"weights_backbone": None} if path else {}
+    return getattr(module, last)(weights=None, **kwargs)
 
 
 def workloads():
@@ -177,6 +185,8 @@ def workloads():
     yield "resnet50", 1, "onnx:resnet50", lambda: torchvision_model("resnet50"), [(1, 3, 224, 224)]
     yield "resnet50", 32, "onnx:resnet50_b32", lambda: torchvision_model("resnet50"), [(32, 3, 224, 224)]
     yield "vit_b_16", 32, "export:vit_b_16:32", lambda: torchvision_model("vit_b_16"), [(32, 3, 224, 224)]
+    yield ("deeplabv3_resnet50", 1, "export:segmentation.deeplabv3_resnet50:1:520",
+           lambda: torchvision_model("segmentation.deeplabv3_resnet50"), [(1, 3, 520, 520)])
 
 
 def dcir_graph(spec, dtype, scratch):
@@ -194,12 +204,14 @@ def dcir_graph(spec, dtype, scratch):
         text = open(path).read()
     elif spec.startswith("export:"):
         # A torchvision model exported here the way users export
-        # (torch.onnx.export's default exporter), then imported.
-        _, model, batch = spec.split(":")
+        # (torch.onnx.export's TorchScript exporter), then imported:
+        # `export:MODEL:BATCH[:SIZE]`, square images of SIZE (224).
+        _, model, batch, *size = spec.split(":")
+        size = int(size[0]) if size else 224
         path = os.path.join(scratch, f"{model}_b{batch}.dcir")
         if not os.path.exists(path):
             onnx_path = os.path.join(scratch, f"{model}_b{batch}.onnx")
-            torch.onnx.export(torchvision_model(model).eval(), (torch.randn(int(batch), 3, 224, 224),),
+            torch.onnx.export(torchvision_model(model).eval(), (torch.randn(int(batch), 3, size, size),),
                               onnx_path, dynamo=False, opset_version=17)
             subprocess.run([f"{HERE}/dcir-import", onnx_path, "-o", path, "--no-weights"],
                            check=True, capture_output=True)
@@ -283,7 +295,9 @@ def main():
     header = "| workload | dtype | batch | dcir ms | " + " | ".join(f"{s} ms" for s in systems) + \
              " | best peer ms | dcir vs best |"
     rows = [f"{title}", "", header, "|" + "---|" * (header.count("|") - 1)]
-    scratch = tempfile.mkdtemp()
+    # SUITE_SCRATCH keeps the imported graphs where the caller can fetch them.
+    scratch = os.environ.get("SUITE_SCRATCH") or tempfile.mkdtemp()
+    os.makedirs(scratch, exist_ok=True)
     started = time.time()
     # Pass 1: dcir, eager and JAX for every workload; pass 2: torch.compile
     # (both modes), the slow part, in the same order until --deadline, so a

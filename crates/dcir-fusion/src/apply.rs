@@ -156,6 +156,14 @@ pub(crate) fn is_view_group(graph: &Graph, ops: &[OpId], storage: &ConcatStorage
     matches!(ops, [op] if graph.op(*op).kind == OpKind::Reshape || storage.is_stored(*op))
 }
 
+/// True for a group whose chosen implementation is a vendor-library call: it
+/// reads its inputs as stored, so it copies no view of another group's
+/// value into its region, and a view it reads is materialized by the view's
+/// own group.
+pub(crate) fn reads_stored(planned: &PlannedGroup) -> bool {
+    planned.estimate.params.get("library").is_some()
+}
+
 /// The fused op's attributes: kind, level, then the kernel parameters.
 fn group_attrs(planned: &PlannedGroup) -> Attrs {
     let mut attrs = Attrs::new()
@@ -222,9 +230,10 @@ pub(crate) fn standalone_group(
     index: usize,
     users: &FxHashMap<ValueId, Vec<OpId>>,
     group_of: &dyn Fn(OpId) -> Option<usize>,
+    stored_reader: &dyn Fn(usize) -> bool,
 ) -> Result<Option<(Graph, OpId)>, String> {
     let mut rb = Rebuild::new(graph, true);
-    let Some(fused) = emit_group(&mut rb, planned, index, users, group_of)? else {
+    let Some(fused) = emit_group(&mut rb, planned, index, users, group_of, stored_reader)? else {
         return Ok(None);
     };
     let results = rb.new.op(fused).results.clone();
@@ -269,6 +278,7 @@ pub(crate) fn apply_plan_indexed(
         plan.groups.iter().map(|g| g.group.ops.as_slice()),
     );
     let group_of = |op: OpId| partition.get(&op).copied();
+    let stored_reader = |g: usize| reads_stored(&plan.groups[g]);
     // Constants stay in the body where something outside a region reads them.
     for &op in &graph.block(graph.body()).ops {
         let d = graph.op(op);
@@ -297,7 +307,8 @@ pub(crate) fn apply_plan_indexed(
             rb.map.extend(local);
             continue;
         }
-        if let Some(fused) = emit_group(&mut rb, planned, index, &users, &group_of)? {
+        if let Some(fused) = emit_group(&mut rb, planned, index, &users, &group_of, &stored_reader)?
+        {
             fused_ops.push((fused, index));
         }
     }
@@ -324,8 +335,10 @@ fn emit_group(
     index: usize,
     users: &FxHashMap<ValueId, Vec<OpId>>,
     group_of: &dyn Fn(OpId) -> Option<usize>,
+    stored_reader: &dyn Fn(usize) -> bool,
 ) -> Result<Option<OpId>, String> {
     let graph = rb.old;
+    let copies_views = !stored_reader(index);
     let ops = &planned.group.ops;
     let inside: FxHashSet<OpId> = ops.iter().copied().collect();
     let region = rb.new.create_block();
@@ -338,7 +351,9 @@ fn emit_group(
     for v in planned.group.inputs(graph) {
         if let Some(c) = splat_constant(graph, users, v) {
             copied.push(c);
-        } else if let Some(chain) = portable_view(graph, users, group_of, v) {
+        } else if let Some(chain) = portable_view(graph, users, group_of, v)
+            && copies_views
+        {
             for &op in &chain {
                 for &operand in &graph.op(op).operands {
                     match splat_constant(graph, users, operand) {
@@ -397,12 +412,14 @@ fn emit_group(
         })?;
     }
     // A portable view escapes only to readers that are not groups (the
-    // return, a plain reshape): groups copy it instead.
+    // return, a plain reshape) or read it stored (a library call): other
+    // groups copy it instead.
     let escapes = |r: ValueId| {
         let copied_by_groups = portable_view(graph, users, group_of, r).is_some();
         users.get(&r).is_some_and(|us| {
             us.iter().any(|u| {
-                let copied_by_reader = copied_by_groups && group_of(*u).is_some();
+                let copied_by_reader =
+                    copied_by_groups && group_of(*u).is_some_and(|g| !stored_reader(g));
                 !(inside.contains(u) || copied_by_reader)
             })
         })

@@ -86,6 +86,9 @@ pub struct DeviceSpec {
     /// ours against a library call and in plan totals (docs/cost-model.md,
     /// "Fitted efficiencies").
     pub mma_sync_fraction: f64,
+    /// The same for those GEMM kernels where the matrix rate binds: large
+    /// products reach less of it than small ones reach of the bandwidth.
+    pub mma_sync_compute_fraction: f64,
     /// The same for dcir's implicit-GEMM convolutions on tensor cores.
     pub mma_sync_conv_fraction: f64,
     /// The same for dcir's attention kernels on FMA (online softmax).
@@ -100,6 +103,12 @@ pub struct DeviceSpec {
 /// fit.py; an H100, 2026-12-06): 0.28, range 0.13–1.1. cuBLASLt's `wgmma`
 /// GEMMs reach about 1.8× that.
 pub const MMA_SYNC_FRACTION_SM90: f64 = 0.28;
+
+/// [`DeviceSpec::mma_sync_compute_fraction`] on Hopper: the geomean over the
+/// 24 compute-bound tensor-core GEMM groups of ViT-B/16 f16 batch 32 (its
+/// projections, 6304 rows; an H100, 2026-12-06), 0.17 (0.13–0.22), where
+/// they ran 89–137 TFLOP/s and cuBLASLt's 576–619 on the same card.
+pub const MMA_SYNC_COMPUTE_FRACTION_SM90: f64 = 0.17;
 
 /// [`DeviceSpec::mma_sync_conv_fraction`] on Hopper: the geomean over 89
 /// implicit-GEMM convolution groups of the same runs, 0.20 (0.07–0.49).
@@ -159,6 +168,7 @@ impl DeviceSpec {
             shared_latency_cycles: 30.0,
             launch_overhead: 2.0e-6,
             mma_sync_fraction: MMA_SYNC_FRACTION_SM90,
+            mma_sync_compute_fraction: MMA_SYNC_COMPUTE_FRACTION_SM90,
             mma_sync_conv_fraction: MMA_SYNC_CONV_FRACTION_SM90,
             fma_attention_fraction: FMA_ATTENTION_FRACTION_SM90,
             fma_depthwise_pointwise_fraction: FMA_DEPTHWISE_POINTWISE_FRACTION_SM90,
@@ -194,6 +204,7 @@ impl DeviceSpec {
             clock_hz: 1.41e9,
             shared_latency_cycles: 30.0,
             mma_sync_fraction: 1.0,
+            mma_sync_compute_fraction: 1.0,
             mma_sync_conv_fraction: 1.0,
             fma_attention_fraction: 1.0,
             fma_depthwise_pointwise_fraction: 1.0,
@@ -218,6 +229,7 @@ impl DeviceSpec {
             shared_latency_cycles: 28.0,
             launch_overhead: 3.0e-6,
             mma_sync_fraction: 1.0,
+            mma_sync_compute_fraction: 1.0,
             mma_sync_conv_fraction: 1.0,
             fma_attention_fraction: 1.0,
             fma_depthwise_pointwise_fraction: 1.0,
@@ -244,6 +256,7 @@ impl DeviceSpec {
             shared_latency_cycles: 28.0,
             launch_overhead: 3.0e-6,
             mma_sync_fraction: 1.0,
+            mma_sync_compute_fraction: 1.0,
             mma_sync_conv_fraction: 1.0,
             fma_attention_fraction: 1.0,
             fma_depthwise_pointwise_fraction: 1.0,

@@ -649,7 +649,10 @@ fn epilogue(
 }
 
 /// The stored tensor `v` reads through `reshape`s (same bytes), if it is
-/// one: a value no op of `ops`, no other view and no constant computes.
+/// one: a value no op of `ops` and no constant computes. A reshape outside
+/// the group is no kernel (its result is its operand's bytes); any other op
+/// outside it, a view included, is another group's kernel, which stores its
+/// result.
 fn stored(graph: &Graph, ops: &[OpId], mut v: ValueId) -> Option<ValueId> {
     loop {
         let ValueDef::OpResult { op, .. } = graph.value(v).def else {
@@ -657,9 +660,9 @@ fn stored(graph: &Graph, ops: &[OpId], mut v: ValueId) -> Option<ValueId> {
         };
         let d = graph.op(op);
         match d.kind {
-            OpKind::Reshape => v = d.operands[0],
             OpKind::Constant => return None,
-            kind if is_view(kind) || ops.contains(&op) => return None,
+            _ if ops.contains(&op) && d.kind != OpKind::Reshape => return None,
+            OpKind::Reshape => v = d.operands[0],
             _ => return Some(v),
         }
     }

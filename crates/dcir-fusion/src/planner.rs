@@ -20,7 +20,7 @@
 use dcir_ir::{Graph, OpId, OpKind, ValueDef};
 use rustc_hash::FxHashMap;
 
-use crate::apply::{apply_plan_indexed, is_view_group, standalone_group};
+use crate::apply::{apply_plan_indexed, is_view_group, reads_stored, standalone_group};
 use crate::cost::{Estimate, Estimator};
 use crate::group::Group;
 use crate::legality::check_group;
@@ -221,7 +221,25 @@ impl State<'_> {
             let g = *self.group_of.get(&op)?;
             (!is_view_group(self.graph, &self.members[g], &self.storage)).then_some(g)
         };
-        let verdict = match standalone_group(self.graph, &planned, p, &self.users, &group_of)? {
+        // Which groups call a library (and so read their inputs stored), as
+        // estimated so far.
+        let stored_reader = |g: usize| {
+            if g == p {
+                return reads_stored(&planned);
+            }
+            self.cache
+                .get(&self.members[g])
+                .is_some_and(|e| e.as_ref().is_ok_and(|e| e.params.get("library").is_some()))
+        };
+        let alone = standalone_group(
+            self.graph,
+            &planned,
+            p,
+            &self.users,
+            &group_of,
+            &stored_reader,
+        )?;
+        let verdict = match alone {
             Some((alone, fused)) => target.accept(&alone, fused),
             None => Ok(()),
         };

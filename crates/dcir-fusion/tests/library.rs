@@ -330,3 +330,61 @@ fn cudnn_runs_a_channels_last_convolution() {
         .to_string();
     assert!(why.contains("NHWC"), "{why}");
 }
+
+/// ViT's attention input projection at batch 32: the layernorm's result
+/// transposed to sequence-first, then one matmul over all tokens.
+const SEQUENCE_FIRST_PROJECTION: &str = "graph @proj(%x: f16[32,197,768], %g: f16[768], %b: f16[768], %w: f16[768,2304]) -> (f16[6304,2304]) {
+  %n = layernorm %x, %g, %b {axis = 2} : f16[32,197,768]
+  %t = transpose %n {perm = [1, 0, 2]} : f16[197,32,768]
+  %r = reshape %t : f16[6304,768]
+  %y = matmul %r, %w : f16[6304,2304]
+  return %y
+}
+";
+
+#[test]
+fn a_view_another_group_stores_is_read_by_a_library_call() {
+    let g = graph(SEQUENCE_FIRST_PROJECTION);
+    let plan = dcir_fusion::plan_graph(
+        &g,
+        &CostModel::new(DeviceSpec::h100()),
+        &dcir_fusion::AnyGroup,
+    )
+    .expect("plans");
+    let kinds: Vec<(String, Option<&str>)> = plan
+        .groups
+        .iter()
+        .map(|p| {
+            let ops: Vec<&str> = p.group.ops.iter().map(|&o| g.op(o).kind.name()).collect();
+            (ops.join("+"), library_param(&p.estimate))
+        })
+        .collect();
+    // The transpose is stored by another group (here the layernorm's, which
+    // writes its rows sequence-first), so the matmul reads stored rows and
+    // cuBLASLt runs it.
+    assert!(
+        kinds.contains(&("reshape+matmul".to_string(), Some("cublaslt")))
+            && kinds.iter().any(|(ops, _)| ops.contains("transpose")),
+        "{kinds:?}"
+    );
+    // The library group copies no view into its region; the result is
+    // exactly the original graph's.
+    let fused = dcir_fusion::apply_plan(&g, &plan).expect("applies");
+    for &op in &fused.block(fused.body()).ops {
+        let d = fused.op(op);
+        if d.attrs.str("library").is_some() {
+            let region = d.region.expect("a region");
+            let inside: Vec<&str> = fused
+                .block(region)
+                .ops
+                .iter()
+                .map(|&o| fused.op(o).kind.name())
+                .collect();
+            assert!(!inside.contains(&"transpose"), "{inside:?}");
+        }
+    }
+    let inputs = dcir_interp::random_inputs(&g, 7);
+    let want = dcir_interp::run_graph(&g, &inputs).expect("runs");
+    let got = dcir_interp::run_graph(&fused, &inputs).expect("the fused graph runs");
+    assert_eq!(want[0].to_f64(), got[0].to_f64());
+}

@@ -197,16 +197,17 @@ impl CostModel {
         }
     }
 
-    /// `time` of a kernel of ours of `kind` with `params`, as it runs: a
-    /// tensor-core kernel, or an attention or depthwise → pointwise kernel
+    /// `time` of a kernel of ours of `kind` with `params` and `bound`, as it
+    /// runs: a tensor-core kernel, or an attention or depthwise → pointwise kernel
     /// on FMA, at the fraction of
     /// its roofline such kernels were measured to reach (candidates are
     /// ranked at the full roofline, which orders them alike;
     /// docs/cost-model.md, "Fitted efficiencies").
-    fn as_run(&self, kind: GroupKind, params: &KernelParams, time: f64) -> f64 {
+    fn as_run(&self, kind: GroupKind, params: &KernelParams, bound: Bound, time: f64) -> f64 {
         let tensor_core = params.get("math").and_then(Attr::as_str) == Some("tensor_core");
         let fraction = match (kind, tensor_core) {
             (GroupKind::Conv, true) => self.device.mma_sync_conv_fraction,
+            (_, true) if bound == Bound::Compute => self.device.mma_sync_compute_fraction,
             (_, true) => self.device.mma_sync_fraction,
             (GroupKind::Attention, false) => self.device.fma_attention_fraction,
             (GroupKind::DepthwisePointwise, false) => self.device.fma_depthwise_pointwise_fraction,
@@ -258,7 +259,7 @@ impl CostModel {
                 let s = pul::score(&self.device, &info, c);
                 let params = c.params.to_params();
                 Candidate {
-                    time: self.as_run(group.kind, &params, s.time),
+                    time: self.as_run(group.kind, &params, s.bound, s.time),
                     params,
                     launch: s.launch,
                     factors: s.factors,
@@ -436,7 +437,7 @@ impl Estimator for CostModel {
         let (_, bs, bp, _) = chosen;
         let params = bp.to_params();
         let own = Estimate {
-            time: self.as_run(group.kind, &params, bs.time),
+            time: self.as_run(group.kind, &params, bs.bound, bs.time),
             params,
             pul: bs.factors.pul(),
             flops: info.flops,
