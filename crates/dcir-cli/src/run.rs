@@ -64,8 +64,8 @@ pub struct RunArgs {
     /// (cuBLASLt, cuDNN) is planned or tuned.
     #[arg(long)]
     pub no_library: bool,
-    /// With the cuda backend, the layout CNN activations run in: `auto` keeps the graph as
-    /// written or its channels-last form, whichever the cost model prices faster; `as-written`
+    /// With the cuda backend, the layout CNN activations run in: `auto` keeps the channels-last
+    /// form where the cost model prices it at least 1.1x faster, else the graph as written; `as-written`
     /// and `channels-last` force one (dcir-opt --emit plan shows both estimates).
     #[arg(long, value_name = "MODE", default_value = "auto", value_parser = crate::parse_layout)]
     pub layout: dcir_fusion::LayoutMode,

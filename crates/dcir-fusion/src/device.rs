@@ -95,6 +95,12 @@ pub struct DeviceSpec {
     pub fma_attention_fraction: f64,
     /// The same for dcir's depthwise → pointwise kernels on FMA.
     pub fma_depthwise_pointwise_fraction: f64,
+    /// The same for dcir's contraction chains (GEMM → GEMM, 1×1 conv → 1×1
+    /// conv) on FMA.
+    pub fma_chain_fraction: f64,
+    /// The same for dcir's GEMM kernels on FMA (f32, no tensor cores) where
+    /// the FMA rate binds.
+    pub simt_gemm_compute_fraction: f64,
 }
 
 /// [`DeviceSpec::mma_sync_fraction`] on Hopper: the geomean over the 183
@@ -122,6 +128,18 @@ pub const FMA_ATTENTION_FRACTION_SM90: f64 = 0.27;
 /// over MobileNetV2's seven depthwise → pointwise groups (f16, batch 32; an
 /// H100, 2026-12-06), 0.12 (0.07–0.34).
 pub const FMA_DEPTHWISE_POINTWISE_FRACTION_SM90: f64 = 0.12;
+
+/// [`DeviceSpec::fma_chain_fraction`] on Hopper: the geomean over
+/// DeepLabV3-ResNet-50's three 1×1 → 1×1 chains (f16, 520×520, batch 1;
+/// 65×65 pixels, 64 → 256 → 64 or 128 channels; an H100, 2026-12-06),
+/// 0.23 (0.23–0.23): 101–143 µs where 23–33 µs were estimated.
+pub const FMA_CHAIN_FRACTION_SM90: f64 = 0.23;
+
+/// [`DeviceSpec::simt_gemm_compute_fraction`] on Hopper: the geomean over
+/// ViT-B/16's four projections (strict f32, batch 32, 6304 rows; an H100,
+/// 2026-12-06), 0.48 (0.33–0.63): 21.6–41.6 TFLOP/s, where cuBLAS reaches
+/// 40.5–46.9.
+pub const SIMT_GEMM_COMPUTE_FRACTION_SM90: f64 = 0.48;
 
 impl DeviceSpec {
     /// The rate matrix math of `dtype` runs at, flop/s.
@@ -172,6 +190,8 @@ impl DeviceSpec {
             mma_sync_conv_fraction: MMA_SYNC_CONV_FRACTION_SM90,
             fma_attention_fraction: FMA_ATTENTION_FRACTION_SM90,
             fma_depthwise_pointwise_fraction: FMA_DEPTHWISE_POINTWISE_FRACTION_SM90,
+            fma_chain_fraction: FMA_CHAIN_FRACTION_SM90,
+            simt_gemm_compute_fraction: SIMT_GEMM_COMPUTE_FRACTION_SM90,
         }
     }
 
@@ -208,6 +228,8 @@ impl DeviceSpec {
             mma_sync_conv_fraction: 1.0,
             fma_attention_fraction: 1.0,
             fma_depthwise_pointwise_fraction: 1.0,
+            fma_chain_fraction: 1.0,
+            simt_gemm_compute_fraction: 1.0,
             ..DeviceSpec::h200()
         }
     }
@@ -233,6 +255,8 @@ impl DeviceSpec {
             mma_sync_conv_fraction: 1.0,
             fma_attention_fraction: 1.0,
             fma_depthwise_pointwise_fraction: 1.0,
+            fma_chain_fraction: 1.0,
+            simt_gemm_compute_fraction: 1.0,
             ..DeviceSpec::h200()
         }
     }
@@ -260,6 +284,8 @@ impl DeviceSpec {
             mma_sync_conv_fraction: 1.0,
             fma_attention_fraction: 1.0,
             fma_depthwise_pointwise_fraction: 1.0,
+            fma_chain_fraction: 1.0,
+            simt_gemm_compute_fraction: 1.0,
             ..DeviceSpec::h200()
         }
     }

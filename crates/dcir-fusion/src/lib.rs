@@ -36,8 +36,8 @@ pub mod explain;
 mod layout;
 
 pub use layout::{
-    CHANNELS_LAST_PIPELINE, LayoutChoice, LayoutMode, channels_last_form, plan_layout,
-    unshare_broadcasts,
+    CHANNELS_LAST_MARGIN, CHANNELS_LAST_PIPELINE, LayoutChoice, LayoutMode, channels_last_form,
+    plan_layout, unshare_broadcasts,
 };
 mod replan;
 

@@ -4,7 +4,8 @@
 //! shared broadcast fuses into each of its users.
 
 use dcir_fusion::{
-    AnyGroup, CostModel, DeviceSpec, LayoutMode, Plan, plan_graph, plan_layout, unshare_broadcasts,
+    AnyGroup, CHANNELS_LAST_MARGIN, CostModel, DeviceSpec, LayoutMode, Plan, plan_graph,
+    plan_layout, unshare_broadcasts,
 };
 use dcir_ir::{Graph, OpKind, verify_module};
 
@@ -95,7 +96,7 @@ fn channels_last_convolutions_are_nhwc_cudnn_calls_with_their_epilogue() {
 }
 
 #[test]
-fn auto_keeps_the_plan_estimated_faster_and_says_both() {
+fn auto_keeps_the_plan_estimated_clearly_faster_and_says_both() {
     let model = CostModel::new(DeviceSpec::h100());
     let g = conv_chain();
     let (_, plan, choice) = plan_layout(&g, LayoutMode::Auto, planner(&model)).expect("plans");
@@ -103,8 +104,10 @@ fn auto_keeps_the_plan_estimated_faster_and_says_both() {
         choice.as_written.expect("planned"),
         choice.channels_last_time.expect("planned"),
     );
-    assert_eq!(choice.channels_last, nhwc < written);
-    assert_eq!(plan.total_time(), written.min(nhwc));
+    // Channels-last only where it is estimated clearly faster.
+    assert_eq!(choice.channels_last, nhwc * CHANNELS_LAST_MARGIN < written);
+    let kept = if choice.channels_last { nhwc } else { written };
+    assert_eq!(plan.total_time(), kept);
     // NHWC cuDNN calls beat the NCHW ones on Hopper (fitted efficiencies).
     assert!(choice.channels_last, "{choice}");
     let calls = libraries(&plan);

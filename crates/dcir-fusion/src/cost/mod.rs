@@ -198,8 +198,8 @@ impl CostModel {
     }
 
     /// `time` of a kernel of ours of `kind` with `params` and `bound`, as it
-    /// runs: a tensor-core kernel, or an attention or depthwise → pointwise kernel
-    /// on FMA, at the fraction of
+    /// runs: a tensor-core kernel, a compute-bound GEMM on FMA, or an
+    /// attention, contraction-chain or depthwise → pointwise kernel on FMA, at the fraction of
     /// its roofline such kernels were measured to reach (candidates are
     /// ranked at the full roofline, which orders them alike;
     /// docs/cost-model.md, "Fitted efficiencies").
@@ -211,6 +211,10 @@ impl CostModel {
             (_, true) => self.device.mma_sync_fraction,
             (GroupKind::Attention, false) => self.device.fma_attention_fraction,
             (GroupKind::DepthwisePointwise, false) => self.device.fma_depthwise_pointwise_fraction,
+            (GroupKind::ContractionChain, false) => self.device.fma_chain_fraction,
+            (GroupKind::Gemm, false) if bound == Bound::Compute => {
+                self.device.simt_gemm_compute_fraction
+            }
             _ => return time,
         };
         let launch = self.device.launch_overhead;
