@@ -3,8 +3,8 @@
 //! `canonicalize,cse,dce`), and the plan the cost model prices faster
 //! (channels-last by at least [`CHANNELS_LAST_MARGIN`]) is kept, with both
 //! estimates for `--emit plan` to show. Either form is
-//! planned with its shared broadcasts made one per user first
-//! ([`unshare_broadcasts`]).
+//! planned with its shared views made one per user first
+//! ([`unshare_views`]).
 
 use dcir_ir::{Graph, Module, OpKind};
 use dcir_passes::{Instrumentation, PassManager, PassRegistry, build_pipeline};
@@ -107,10 +107,10 @@ pub fn plan_layout(
     let nhwc = match mode {
         LayoutMode::AsWritten => None,
         LayoutMode::Auto | LayoutMode::ChannelsLast => {
-            channels_last_form(graph)?.map(|g| unshare_broadcasts(&g))
+            channels_last_form(graph)?.map(|g| unshare_views(&g))
         }
     };
-    let graph = &unshare_broadcasts(graph);
+    let graph = &unshare_views(graph);
     let Some(nhwc) = nhwc else {
         let p = plan(graph)?;
         let choice = LayoutChoice {
@@ -141,17 +141,23 @@ pub fn plan_layout(
     })
 }
 
-/// `graph` with every `broadcast` used by several ops made one per user
-/// (each copy placed just before its user): a broadcast is an index map a
-/// kernel recomputes for free, so each copy fuses into its user's kernel,
-/// where one shared broadcast (as `cse` leaves it) would be a kernel
-/// writing the whole broadcast tensor for the others to read.
-pub fn unshare_broadcasts(graph: &Graph) -> Graph {
+/// `graph` with every shared view a kernel reads for free made one per user
+/// (each copy placed just before its user): a `broadcast`, and a
+/// `transpose` from NHWC to NCHW (the `channels-last` pass's `T⁻¹`). A view
+/// is an index map a kernel recomputes, so each copy fuses into its user's
+/// kernel, where one shared view (as `cse` leaves it) would be a kernel
+/// writing the whole tensor for the others to read — and a convolution's
+/// input transpose shared by several convolutions (DeepLabV3's ASPP
+/// branches) keeps each from forming its NHWC library call.
+pub fn unshare_views(graph: &Graph) -> Graph {
     let mut g = graph.clone();
     let body = g.body();
     let ops = g.block(body).ops.clone();
     for op in ops {
-        if g.op(op).kind != OpKind::Broadcast {
+        let d = g.op(op);
+        let to_nchw =
+            d.kind == OpKind::Transpose && d.attrs.ints("perm") == Some(&[0, 3, 1, 2][..]);
+        if d.kind != OpKind::Broadcast && !to_nchw {
             continue;
         }
         let result = g.op(op).results[0];
@@ -172,7 +178,7 @@ pub fn unshare_broadcasts(graph: &Graph) -> Graph {
             let name = g.fresh_name(&g.value(result).name.clone());
             let ty = g.ty(result).clone();
             let copy = g
-                .create_op(OpKind::Broadcast, d.operands, d.attrs, vec![(name, ty)])
+                .create_op(d.kind, d.operands, d.attrs, vec![(name, ty)])
                 .expect("a fresh name is unique");
             g.op_mut(copy).loc = d.loc;
             let at = g

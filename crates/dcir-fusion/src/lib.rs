@@ -37,7 +37,7 @@ mod layout;
 
 pub use layout::{
     CHANNELS_LAST_MARGIN, CHANNELS_LAST_PIPELINE, LayoutChoice, LayoutMode, channels_last_form,
-    plan_layout, unshare_broadcasts,
+    plan_layout, unshare_views,
 };
 mod replan;
 

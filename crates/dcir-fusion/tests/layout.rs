@@ -5,7 +5,7 @@
 
 use dcir_fusion::{
     AnyGroup, CHANNELS_LAST_MARGIN, CostModel, DeviceSpec, LayoutMode, Plan, plan_graph,
-    plan_layout, unshare_broadcasts,
+    plan_layout, unshare_views,
 };
 use dcir_ir::{Graph, OpKind, verify_module};
 
@@ -141,7 +141,7 @@ fn a_shared_broadcast_is_one_per_user() {
          \x20 %v = mul %y, %bb : {t}\n\
          \x20 return %u, %v\n}}\n"
     ));
-    let split = unshare_broadcasts(&g);
+    let split = unshare_views(&g);
     let mut module = dcir_ir::Module::new();
     module.graphs.push(split.clone());
     verify_module(&module).expect("verifies");
@@ -156,4 +156,32 @@ fn a_shared_broadcast_is_one_per_user() {
     let (_, plan, _) = plan_layout(&g, LayoutMode::Auto, planner(&model)).expect("plans");
     assert_eq!(plan.groups.len(), 2);
     assert!(plan.groups.iter().all(|p| p.group.ops.len() == 2));
+}
+
+/// Two convolutions reading one NHWC tensor through one shared `T⁻¹` (as
+/// `cse` leaves the `channels-last` pass's views; DeepLabV3's ASPP
+/// branches): the view is made one per convolution, and each forms its
+/// NHWC cuDNN call.
+#[test]
+fn a_shared_layout_transpose_is_one_per_convolution() {
+    let (x, y) = ("f16[32,56,56,64]", "f16[32,64,56,56]");
+    let g = graph(&format!(
+        "graph @branches(%x: {x}, %w1: f16[64,64,3,3], %w2: f16[64,64,3,3]) -> ({x}, {x}) {{\n\
+         \x20 %t = transpose %x {{perm = [0, 3, 1, 2]}} : {y}\n\
+         \x20 %c1 = conv2d %t, %w1 {{pad = [1, 1, 1, 1]}} : {y}\n\
+         \x20 %c2 = conv2d %t, %w2 {{pad = [2, 2, 2, 2], dilation = [2, 2]}} : {y}\n\
+         \x20 %n1 = transpose %c1 {{perm = [0, 2, 3, 1]}} : {x}\n\
+         \x20 %n2 = transpose %c2 {{perm = [0, 2, 3, 1]}} : {x}\n\
+         \x20 return %n1, %n2\n}}\n"
+    ));
+    let split = unshare_views(&g);
+    let body = &split.block(split.body()).ops;
+    let transposes = body
+        .iter()
+        .filter(|&&o| split.op(o).kind == OpKind::Transpose)
+        .count();
+    assert_eq!(transposes, 4);
+    let model = CostModel::new(DeviceSpec::h100());
+    let (_, plan, _) = plan_layout(&g, LayoutMode::AsWritten, planner(&model)).expect("plans");
+    assert_eq!(libraries(&plan), ["cudnn", "cudnn"]);
 }
