@@ -730,12 +730,42 @@ fn well_conditioned(module: &Module, seed: u64) -> bool {
     })
 }
 
+/// True when `module`'s outputs on `seed`'s inputs barely move (within the
+/// f32 [`rounding_tolerance`]) when every float input is scaled by
+/// `1 + 1e-6`: where they move more (a `mod`, a comparison or a `sign`
+/// downstream turns a rounding difference into an O(1) one), a pass that
+/// only changes rounding cannot be judged by comparing results.
+fn insensitive_to_rounding(module: &Module, seed: u64) -> bool {
+    let tol = rounding_tolerance(DType::F32).expect("f32 has a tolerance");
+    module.graphs.iter().all(|g| {
+        let inputs = random_inputs(g, seed);
+        let nudged: Vec<_> = inputs
+            .iter()
+            .map(|t| match t.dtype() {
+                DType::F32 | DType::F16 | DType::BF16 => {
+                    let values: Vec<f64> = t.to_f64().iter().map(|v| v * (1.0 + 1e-6)).collect();
+                    dcir_interp::Tensor::from_f64(t.ty().clone(), &values).expect("same type")
+                }
+                _ => t.clone(),
+            })
+            .collect();
+        match (run_graph(g, &inputs), run_graph(g, &nudged)) {
+            (Ok(a), Ok(b)) => a
+                .iter()
+                .zip(&b)
+                .all(|(x, y)| x.dtype() != DType::F32 || compare(x, y, &tol).is_ok()),
+            _ => false,
+        }
+    })
+}
+
 proptest! {
     #![proptest_config(proptest_config())]
 
     /// Every built-in pass keeps the interpreter's results of random graphs:
     /// bit for bit for the exact passes, within [`rounding_tolerance`] for the
-    /// others (same type only where the graph computes in f16 or bf16).
+    /// others (same type only where the graph computes in f16 or bf16, or
+    /// where its results are not [`insensitive_to_rounding`]).
     #[test]
     fn passes_preserve_interpreter_results(specs in arb_module_spec()) {
         let module = build_module(&specs).map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -743,6 +773,7 @@ proptest! {
             // Not a rejection: many random graphs overflow, and that is fine.
             return Ok(());
         }
+        let judge_rounding = insensitive_to_rounding(&module, 7);
         for name in PassRegistry::with_builtins().names() {
             if TYPE_CHANGING_PASSES.contains(&name) {
                 continue;
@@ -758,8 +789,10 @@ proptest! {
                     // its outputs: an f16 intermediate cast to f32 rounds as f16.
                     let tol = if EXACT_PASSES.contains(&name) {
                         Some(Tolerance::EXACT)
-                    } else {
+                    } else if judge_rounding {
                         rounding_tolerance(working_dtype(b, e.dtype()))
+                    } else {
+                        None
                     };
                     let Some(tol) = tol else {
                         prop_assert_eq!(e.ty(), x.ty());
