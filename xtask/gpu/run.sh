@@ -15,9 +15,13 @@
 #             weights) through dcir-run --backend cuda --check --bench
 #   zoo       every model of crates/dcir-onnx/zoo/ (batch 1, random weights) in
 #             ZOO_DTYPES (f32 f16 bf16) through dcir-run --backend cuda --check --bench,
-#             ZOO_JOBS at once (4), ZOO_ONLY="a b" for some; one line per run in zoo.log
+#             ZOO_JOBS at once (4), ZOO_ONLY="a b" for some; one line per run in zoo.log.
+#             ZOO_BATCH=N runs the zoo exported at batch N ($B/zoo_bN/, see
+#             zoo-export); ZOO_CHECK=0 times without --check
+#   zoo-export the zoo exported at ZOO_BATCH (32) into $B/zoo_bN/ (export_zoo.py,
+#             ZOO_EXPORT_JOBS at once, 8) and $OUT/zoo_bN.tgz
 #   zoo-peers PyTorch eager (or torch.compile with ZOO_COMPILE=1, ZOO_PEERS_JOBS
-#             compiling at once, 8) on the zoo models, batch 1, f32 and f16
+#             compiling at once, 8) on the zoo models, batch ZOO_BATCH (1), f32 and f16
 #             (ZOO_PEERS_DTYPES), ZOO_ONLY for some (zoo_peers.py) into zoo_peers.log
 #   onnx-node the passing ONNX node tests (the bundle's onnx-node/, written by
 #             the node-test harness) through dcir-run --backend cuda --check
@@ -129,11 +133,16 @@ models() {
     done
 }
 
+# The zoo's ONNX files at ZOO_BATCH: the committed ones at batch 1, else zoo-export's.
+zoo_dir() { if [ "${ZOO_BATCH:-1}" = 1 ]; then echo crates/dcir-onnx/zoo; else echo "$B/zoo_b$ZOO_BATCH"; fi; }
+
 # One zoo run: `zoo_one MODEL DTYPE` prints `MODEL DTYPE PASS median ...` or FAIL.
 zoo_one() {
-    local m=$1 dt=$2 src=/tmp/zoo/$1.dcir log=$OUT/zoo/$1_$2.log
+    local m=$1 dt=$2 src=/tmp/zoo/$1.dcir log=$OUT/zoo/$1_$2.log check=--check
     [ "$dt" != f32 ] && src=/tmp/zoo/${m}_$dt.dcir
-    if timeout "${ZOO_TIMEOUT:-300}" "$B/dcir-run" "$src" --backend cuda --check --bench 20 >"$log" 2>&1; then
+    [ "${ZOO_CHECK:-1}" = 0 ] && check=
+    # shellcheck disable=SC2086 # $check is one word or none
+    if timeout "${ZOO_TIMEOUT:-300}" "$B/dcir-run" "$src" --backend cuda $check --bench 20 >"$log" 2>&1; then
         echo "$m $dt PASS $(grep '^bench:' "$log" | tail -1 | sed 's/.*median/median/')"
     else
         echo "$m $dt FAIL $(grep -m1 -iE 'error|mismatch|fail' "$log" | head -c 200)"
@@ -142,14 +151,16 @@ zoo_one() {
 
 zoo() {
     mkdir -p /tmp/zoo "$OUT/zoo"
-    local models=${ZOO_ONLY:-$(ls crates/dcir-onnx/zoo/*.onnx | xargs -n1 basename | sed 's/\.onnx$//')}
+    local dir
+    dir=$(zoo_dir)
+    local models=${ZOO_ONLY:-$(ls "$dir"/*.onnx | xargs -n1 basename | sed 's/\.onnx$//')}
     for m in $models; do
-        "$B/dcir-import" "crates/dcir-onnx/zoo/$m.onnx" -o "/tmp/zoo/$m.dcir" --no-weights >"$OUT/zoo/$m.import.log" 2>&1 &&
+        "$B/dcir-import" "$dir/$m.onnx" -o "/tmp/zoo/$m.dcir" --no-weights >"$OUT/zoo/$m.import.log" 2>&1 &&
             to_f16 "/tmp/zoo/$m.dcir" "/tmp/zoo/${m}_f16.dcir" &&
             to_bf16 "/tmp/zoo/$m.dcir" "/tmp/zoo/${m}_bf16.dcir"
     done
     builtin export -f zoo_one
-    builtin export B OUT
+    builtin export B OUT ZOO_CHECK ZOO_TIMEOUT
     for m in $models; do for dt in ${ZOO_DTYPES:-f32 f16 bf16}; do echo "$m $dt"; done; done |
         xargs -P "${ZOO_JOBS:-4}" -L 1 bash -c 'zoo_one "$0" "$1"' | sort >"$OUT/zoo.log"
     grep -q FAIL "$OUT/zoo.log" && status=1
@@ -163,11 +174,19 @@ onnx_node() {
     grep ' FAIL$' "$OUT/onnx_node.log" | head -20
 }
 
+zoo_export() {
+    local n=${ZOO_BATCH:-32}
+    python3 crates/dcir-onnx/scripts/export_zoo.py "$B/zoo_b$n" --batch "$n" --jobs "${ZOO_EXPORT_JOBS:-8}" \
+        ${ZOO_ONLY:+--only "${ZOO_ONLY// /,}"} >"$OUT/zoo_export.log" 2>&1 || status=1
+    tar czf "$OUT/zoo_b$n.tgz" -C "$B/zoo_b$n" .
+    summary+=("zoo-export: $(tail -1 "$OUT/zoo_export.log")")
+}
+
 zoo_peers() {
     # shellcheck disable=SC2046 # the flag is one word or none
     timeout "${ZOO_PEERS_TIMEOUT:-540}" python3 "$B/zoo_peers.py" $([ "${ZOO_COMPILE:-0}" = 1 ] && echo --compile) \
         --jobs "${ZOO_PEERS_JOBS:-8}" --dtypes "${ZOO_PEERS_DTYPES:-f32,f16}" ${ZOO_ONLY:+--only "${ZOO_ONLY// /,}"} \
-        --deadline "${ZOO_PEERS_DEADLINE:-0}" >"$OUT/zoo_peers.log" 2>"$OUT/zoo_peers.err"
+        --deadline "${ZOO_PEERS_DEADLINE:-0}" --batch "${ZOO_BATCH:-1}" >"$OUT/zoo_peers.log" 2>"$OUT/zoo_peers.err"
     summary+=("zoo-peers: $(grep -vc ERROR "$OUT/zoo_peers.log") timed, $(grep -c ERROR "$OUT/zoo_peers.log") ERROR (zoo_peers.log)")
 }
 
@@ -405,6 +424,7 @@ for step in "$@"; do
     case $step in
         kernels|examples|export|models|zoo|variants|profile|ncu|perf|peers|suite|sanitize|test|random|ab|library) $step ;;
         zoo-peers) zoo_peers ;;
+        zoo-export) zoo_export ;;
         onnx-node) onnx_node ;;
         *) echo "unknown step $step"; exit 2 ;;
     esac

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """PyTorch eager, or with --compile torch.compile (mode reduce-overhead), on
-the zoo models at batch 1, f32 (TF32 off) and f16: one line per model and
+the zoo models at batch 1 (or --batch N), f32 (TF32 off) and f16: one line per model and
 dtype, `name dtype eager_ms compile_ms` (nan for the one not measured),
 medians of CUDA-event timed runs after warm-up. Random weights, as
 dcir-run's. Run by `run.sh zoo-peers`.
 
-    python3 zoo_peers.py [--compile] [--jobs N] [--only a,b] [--dtypes f32,f16] [--deadline S]
+    python3 zoo_peers.py [--compile] [--jobs N] [--only a,b] [--dtypes f32,f16] [--deadline S] [--batch N]
 
 Eager runs one model at a time (eager at batch 1 is bound by the CPU's
 launches, so nothing else may run beside it). torch.compile spends its time
@@ -44,7 +44,7 @@ def median_ms(torch, fn, reps=20, warm=5):
 
 def measure(task):
     """One model in one dtype: its line."""
-    name, dtype_name, compile_, start, deadline = task
+    name, dtype_name, compile_, start, deadline, batch = task
     if deadline and time.time() - start > deadline:
         return f"{name} {dtype_name} SKIP past the deadline"
     import torch
@@ -58,7 +58,7 @@ def measure(task):
     c = None
     try:
         torch.manual_seed(0)
-        model, inputs, _ = build(name)
+        model, inputs, _ = build(name, batch)
         model = model.eval().cuda().to(dtype)
         inputs = [x.cuda().to(dtype) if x.is_floating_point() else x.cuda() for x in inputs]
         eager = compiled = float("nan")
@@ -90,6 +90,7 @@ def main():
     p.add_argument("--only", default="")
     p.add_argument("--dtypes", default="f32,f16")
     p.add_argument("--deadline", type=float, default=0)
+    p.add_argument("--batch", type=int, default=1)
     args = p.parse_args()
     if args.only:
         names = args.only.split(",")
@@ -98,7 +99,7 @@ def main():
 
         names = sorted(torchvision.models.list_models(module=torchvision.models)) + ["bert_base"]
     start = time.time()
-    tasks = [(n, d, args.compile, start, args.deadline) for n in names for d in args.dtypes.split(",")]
+    tasks = [(n, d, args.compile, start, args.deadline, args.batch) for n in names for d in args.dtypes.split(",")]
     if not args.compile:
         for task in tasks:  # one at a time, in this process
             print(measure(task), flush=True)

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Export the model zoo: every torchvision classification model, plus BERT-base,
-as graph-only ONNX files (weights stripped) at batch 1.
+as graph-only ONNX files (weights stripped) at batch 1 (or --batch N).
 
-    python3 export_zoo.py OUTDIR [--jobs N] [--only NAME,NAME...]
+    python3 export_zoo.py OUTDIR [--jobs N] [--only NAME,NAME...] [--batch N]
 
 `cargo xtask export-zoo` runs this into crates/dcir-onnx/zoo/. Needs torch,
 torchvision, transformers and onnx; no network: every model is built with
@@ -38,14 +38,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 OPSET = 17
 
 
-def build(name):
-    """The model `name` in eval mode and its example inputs and input names."""
+def build(name, batch=1):
+    """The model `name` in eval mode and its example inputs (of `batch`
+    entries) and input names."""
     import torch
 
     if name == "bert_base":
         from export_models import bert_encoder
 
-        model, ids = bert_encoder(1)
+        model, ids = bert_encoder(batch)
         return model, (ids,), ["input_ids"]
     import torchvision
 
@@ -57,10 +58,10 @@ def build(name):
     elif name == "googlenet":
         kwargs.update(aux_logits=False, init_weights=False)
     model = torchvision.models.get_model(name, **kwargs)
-    return model, (torch.randn(1, 3, size, size),), ["input"]
+    return model, (torch.randn(batch, 3, size, size),), ["input"]
 
 
-def export_one(name, outdir):
+def export_one(name, outdir, batch):
     import onnx
     import torch
 
@@ -71,8 +72,13 @@ def export_one(name, outdir):
     # (`_native_multi_head_attention`, ViT) the exporter cannot write.
     torch.backends.mha.set_fastpath_enabled(False)
     torch.manual_seed(0)
-    model, args, input_names = build(name)
+    model, args, input_names = build(name, batch)
     model.eval()
+    # Tracing runs the model once: on the GPU where there is one (a batch-32
+    # ViT-H forward takes minutes on two CPU threads); the graph is the same.
+    if torch.cuda.is_available():
+        model = model.cuda()
+        args = tuple(a.cuda() for a in args)
     tmpdir = tempfile.mkdtemp(prefix=f"zoo_{name}_")
     try:
         tmp = os.path.join(tmpdir, f"{name}.onnx")
@@ -105,6 +111,7 @@ def main():
     parser.add_argument("outdir")
     parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     parser.add_argument("--only", default="", help="comma-separated model names")
+    parser.add_argument("--batch", type=int, default=1, help="the input's batch (1)")
     parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.makedirs(args.outdir, exist_ok=True)
@@ -119,12 +126,12 @@ def main():
             sys.exit(f"unknown model(s): {', '.join(unknown)}")
         names = wanted
     if args.in_process:
-        print(export_one(names[0], args.outdir), flush=True)
+        print(export_one(names[0], args.outdir, args.batch), flush=True)
         return
     failed = 0
 
     def run(name):
-        cmd = [sys.executable, os.path.abspath(__file__), args.outdir, "--only", name]
+        cmd = [sys.executable, os.path.abspath(__file__), args.outdir, "--only", name, "--batch", str(args.batch)]
         done = subprocess.run(cmd + ["--in-process"], capture_output=True, text=True)
         if done.returncode == 0:
             return True, done.stdout.strip()
