@@ -1674,6 +1674,35 @@ impl<'m> Importer<'m> {
         let extent = self.dims_of(&x)[a];
         match (&x, &idx) {
             (Val::Const(c), Val::Const(i)) => self.cst(node, tensor::gather(c, i, a)?),
+            // One index (a scalar): a slice of extent 1 with that dim
+            // dropped, views the kernels read in place (Q, K and V out of
+            // one projection, as exporters write attention).
+            (_, Val::Const(i)) if i.dims.is_empty() && i.len() == 1 => {
+                let raw = i.to_i64()[0];
+                let j = if raw < 0 { raw + extent as i64 } else { raw };
+                if !(0..extent as i64).contains(&j) {
+                    return Err(format!("index {raw} is out of range for extent {extent}"));
+                }
+                let data = self.ir(Self::in_name(node, 0), &x)?;
+                let dims = self.b.ty(data).dims().to_vec();
+                let mut starts = vec![0i64; rank];
+                let mut ends: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
+                (starts[a], ends[a]) = (j, j + 1);
+                let sliced = self
+                    .b
+                    .op(
+                        OpKind::Slice,
+                        &[data],
+                        Attrs::new()
+                            .with("starts", Attr::Ints(starts))
+                            .with("ends", Attr::Ints(ends)),
+                    )
+                    .map_err(b)?;
+                let mut out = dims;
+                out.remove(a);
+                let v = self.b.reshape(sliced, &out).map_err(b)?;
+                self.out(node, v)
+            }
             _ => {
                 let data = self.ir(Self::in_name(node, 0), &x)?;
                 let indices = match &idx {

@@ -1028,3 +1028,51 @@ fn inputs_and_outputs_keep_the_model_names() {
     let out = graph.outputs().unwrap()[0];
     assert_eq!(graph.value(out).name, dcir_onnx::sanitize("out.put-1"));
 }
+
+#[test]
+fn gather_of_one_index_is_a_slice_of_the_data() {
+    // Q, K and V picked out of one projection as exporters write attention:
+    // a scalar index (negative counts from the end) imports as a slice with
+    // the dim dropped, a view the kernels read in place.
+    let dims = [3usize, 2, 4];
+    let x = ramp(24, 1.0);
+    for (index, axis, out) in [(1i64, 0i64, [2usize, 4]), (-1, 1, [3, 4])] {
+        let bytes = model(
+            13,
+            vec![
+                constant("i", tensor_i(&[], &[index])),
+                node("Gather", &["x", "i"], "y", vec![a_int("axis", axis)]),
+            ],
+            &[("x", &dims)],
+            ("y", &out),
+        );
+        let imported = import_bytes(&bytes, &ImportOptions::default()).unwrap();
+        let g = &imported.module.graphs[0];
+        let kinds: Vec<&str> = g.all_ops().iter().map(|&o| g.op(o).kind.name()).collect();
+        assert!(
+            kinds.contains(&"slice") && !kinds.contains(&"gather"),
+            "{kinds:?}"
+        );
+        let got = run(&bytes, &[("x", &dims, x.clone())]);
+        let expected: Vec<f64> = (0..3)
+            .flat_map(|a| (0..2).flat_map(move |b| (0..4).map(move |c| (a, b, c))))
+            .filter(|&(a, b, _)| if axis == 0 { a == 1 } else { b == 1 })
+            .map(|(a, b, c)| x[(a * 2 + b) * 4 + c] as f64)
+            .collect();
+        close(&got, &out, &expected);
+    }
+    let bytes = model(
+        13,
+        vec![
+            constant("i", tensor_i(&[], &[3])),
+            node("Gather", &["x", "i"], "y", vec![]),
+        ],
+        &[("x", &dims)],
+        ("y", &[2, 4]),
+    );
+    assert!(
+        import_err(&bytes).contains("index 3 is out of range for extent 3"),
+        "{}",
+        import_err(&bytes)
+    );
+}
