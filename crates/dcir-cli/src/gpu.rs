@@ -201,8 +201,8 @@ pub(crate) fn compile(graph: &Graph, options: &CompileOptions<'_>) -> Result<Art
         .any(|&o| graph.op(o).kind == OpKind::Fused);
     if !fused {
         let registry = crate::default_registry();
-        let passes = build_pipeline(&registry, "canonicalize,cse,dce")
-            .map_err(|e| e.render("canonicalize,cse,dce"))?;
+        let passes = build_pipeline(&registry, dcir_passes::FUSION_PIPELINE)
+            .map_err(|e| e.render(dcir_passes::FUSION_PIPELINE))?;
         PassManager::new(passes, Instrumentation::default())
             .run(&mut module, &mut std::io::sink())
             .map_err(|e| e.to_string())?;

@@ -38,7 +38,7 @@ pub struct OptArgs {
     /// Passes to run, comma-separated, options in braces: 'cse,fold-constants{max-elems=64}'.
     #[arg(long, value_name = "PIPELINE")]
     pub pipeline: Option<String>,
-    /// Fuse ops into kernels after the pipeline (default pipeline: canonicalize,cse,dce).
+    /// Fuse ops into kernels after the pipeline (default pipeline: canonicalize,fold-matmul-scale,canonicalize,cse,dce).
     #[arg(long)]
     pub fuse: bool,
     /// Plan every op as its own kernel (the unfused baseline); implies --fuse.
@@ -236,7 +236,7 @@ fn run(name: &str, registry: &PassRegistry, args: &OptArgs) -> Result<(), Report
     }
     let pipeline = match (&args.pipeline, fusing) {
         (Some(text), _) => Some(text.as_str()),
-        (None, true) => Some(FUSION_CLEANUP),
+        (None, true) => Some(dcir_passes::FUSION_PIPELINE),
         (None, false) => None,
     };
     let mut manager = match pipeline {
@@ -326,9 +326,6 @@ fn run(name: &str, registry: &PassRegistry, args: &OptArgs) -> Result<(), Report
     }
     Ok(())
 }
-
-/// What `--fuse` runs before fusing when no `--pipeline` is given.
-const FUSION_CLEANUP: &str = "canonicalize,cse,dce";
 
 fn cost_model(name: &str, device: &str, no_library: bool) -> Result<CostModel, Reported> {
     match DeviceSpec::preset(device) {

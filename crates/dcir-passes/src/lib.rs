@@ -27,3 +27,9 @@ pub use pipeline::{PipelineEntry, PipelineError, build_pipeline, parse_pipeline}
 pub use registry::{
     OptionKind, OptionValue, PassDef, PassFactory, PassOptionDef, PassOptions, PassRegistry,
 };
+
+/// What the drivers run on a graph before fusing it (`dcir-opt --fuse`
+/// without `--pipeline`, `dcir-run`): local cleanups, and scale factors
+/// moved off matmul operands so the operands stay views (whose transposes
+/// the second `canonicalize` folds into the matmul).
+pub const FUSION_PIPELINE: &str = "canonicalize,fold-matmul-scale,canonicalize,cse,dce";

@@ -460,6 +460,82 @@ fn decompose_gelu_both_forms() {
 }
 
 #[test]
+fn fold_matmul_scale_moves_the_factors_after_the_product() {
+    // Attention as torch.onnx.export writes it: Q and Kᵀ each scaled by
+    // d^-1/4 (a full-shape constant on one side, a broadcast scalar on the
+    // other), in f16 where the factor is the product of the rounded constants.
+    let before = parse(
+        "graph @g(%q: f16[2,8,16], %k: f16[2,16,8], %v: f16[2,8,16]) -> (f16[2,8,16], f16[2,16,8]) {
+          %cq = constant {value = 0.5} : f16[2,8,16]
+          %qs = mul %q, %cq : f16[2,8,16]
+          %c = constant {value = 0.25} : f16[]
+          %cb = broadcast %c {dims = []} : f16[2,16,8]
+          %ks = mul %cb, %k : f16[2,16,8]
+          %s = matmul %qs, %ks : f16[2,8,8]
+          %p = softmax %s {axis = 2} : f16[2,8,8]
+          %o = matmul %p, %v : f16[2,8,16]
+          return %o, %ks
+        }",
+    );
+    let after = run("fold-matmul-scale,dce", &before);
+    let g = &after.graphs[0];
+    // The scores' matmul reads Q and K themselves; %ks stays for its other use.
+    let scores = g
+        .all_ops()
+        .into_iter()
+        .find(|&o| g.op(o).kind == OpKind::Matmul && g.value(g.op(o).operands[0]).name == "q")
+        .expect("the scores read %q");
+    assert_eq!(g.value(g.op(scores).operands[1]).name, "k");
+    assert_eq!(count(g, OpKind::Mul), 2);
+    let printed = print_module(&after);
+    assert!(printed.contains("value = 0.125"), "{printed}");
+    assert_same_results(&before, &after, None);
+}
+
+#[test]
+fn fold_matmul_scale_leaves_what_it_cannot_move() {
+    // Not a splat, an integer matmul, a zero factor and one past f32's
+    // range: unchanged.
+    let before = parse(
+        "graph @g(%a: f32[4,4], %w: f32[4,4], %i: i32[4,4], %j: i32[4,4]) -> (f32[4,4], i32[4,4], f32[4,4], f32[4,4]) {
+          %as = mul %a, %w : f32[4,4]
+          %x = matmul %as, %w : f32[4,4]
+          %two = constant {value = 2} : i32[4,4]
+          %is = mul %i, %two : i32[4,4]
+          %y = matmul %is, %j : i32[4,4]
+          %zero = constant {value = 0.0} : f32[4,4]
+          %az = mul %a, %zero : f32[4,4]
+          %z = matmul %az, %w : f32[4,4]
+          %inf = constant {value = 1e40} : f32[4,4]
+          %ai = mul %a, %inf : f32[4,4]
+          %u = matmul %ai, %w : f32[4,4]
+          return %x, %y, %z, %u
+        }",
+    );
+    let after = run("fold-matmul-scale", &before);
+    assert_eq!(print_module(&after), print_module(&before));
+}
+
+#[test]
+fn fold_matmul_scale_drops_a_unit_product() {
+    let before = parse(
+        "graph @g(%a: f32[4,4], %w: f32[4,4]) -> (f32[4,4]) {
+          %two = constant {value = 2.0} : f32[4,4]
+          %half = constant {value = 0.5} : f32[4,4]
+          %as = mul %a, %two : f32[4,4]
+          %ws = mul %w, %half : f32[4,4]
+          %x = matmul %as, %ws {transpose_b = true} : f32[4,4]
+          return %x
+        }",
+    );
+    let after = run("fold-matmul-scale,dce", &before);
+    let g = &after.graphs[0];
+    assert_eq!(count(g, OpKind::Mul), 0);
+    assert!(print_module(&after).contains("transpose_b = true"));
+    assert_same_results(&before, &after, None);
+}
+
+#[test]
 fn decompositions_on_ln_gelu_and_a_small_attention() {
     let before = parse(
         "graph @attn(%x: f32[8,16], %wq: f32[16,16], %wk: f32[16,16], %s: f32[16], %b: f32[16]) -> (f32[8,16]) {

@@ -10,6 +10,7 @@ mod decompose_layernorm;
 mod decompose_softmax;
 mod fold_batchnorm;
 mod fold_constants;
+mod fold_matmul_scale;
 mod hoist_weights;
 mod to_half;
 
@@ -26,6 +27,7 @@ pub const BUILTIN_PASSES: &[PassDef] = &[
     decompose_softmax::DEF,
     fold_batchnorm::DEF,
     fold_constants::DEF,
+    fold_matmul_scale::DEF,
     hoist_weights::DEF,
     to_half::TO_BF16,
     to_half::TO_F16,
