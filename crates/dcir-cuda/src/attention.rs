@@ -32,8 +32,8 @@
 //!
 //! Precision: f16/bf16 widen to f32 on load, all math is f32 FMA (no tensor
 //! cores) and stays in f32 until the output's store (`docs/cuda.md`);
-//! `P·V` uses the f32 `exp(s − m)` and divides by `l` last. `stages` and
-//! `math` are not honoured.
+//! `P·V` uses the f32 `exp(s − m)` and divides by `l` last. `stages` is not
+//! honoured; `math = "tensor_core"` is [`super::attention_tc`]'s.
 
 use std::collections::BTreeSet;
 
@@ -62,23 +62,23 @@ const NAMES: [&str; 31] = [
 ];
 
 /// The parts of an attention group.
-struct Parts {
+pub(super) struct Parts {
     /// `Q·Kᵀ`, absent when the group starts at the softmax.
-    qk: Option<Contraction>,
+    pub(super) qk: Option<Contraction>,
     /// The softmax's input (the scores after their epilogue) and result.
-    x: ValueId,
-    p: ValueId,
+    pub(super) x: ValueId,
+    pub(super) p: ValueId,
     /// `P·V`, absent when the group ends after the softmax.
-    pv: Option<Contraction>,
+    pub(super) pv: Option<Contraction>,
     /// Values derived from the group's last anchor (`P·V`, else the softmax).
-    last: BTreeSet<ValueId>,
+    pub(super) last: BTreeSet<ValueId>,
     /// Results stored by the last anchor's epilogue, and results that use no anchor.
-    stored: Vec<Output>,
-    independent: Vec<Output>,
+    pub(super) stored: Vec<Output>,
+    pub(super) independent: Vec<Output>,
 }
 
 impl Parts {
-    fn find(l: &Lower, op: OpId, params: &[super::Param]) -> Result<Parts> {
+    pub(super) fn find(l: &Lower, op: OpId, params: &[super::Param]) -> Result<Parts> {
         let g = l.g;
         let region = g.op(op).region.expect("a fused op has a region");
         let anchors: Vec<OpId> = g
@@ -199,9 +199,13 @@ fn score_grid(bm: usize, bn: usize, threads: usize, d: usize, dv: usize) -> Opti
 /// fragments and row statistics).
 const MAX_ACCUMULATORS: usize = 192;
 
-/// Lowers an `attention` group.
+/// Lowers an `attention` group (on tensor cores with `math = "tensor_core"`:
+/// [`super::attention_tc`]).
 pub(super) fn attention(l: &mut Lower, op: OpId) -> Result<Kernel> {
     let g = l.g;
+    if g.op(op).attrs.str("math") == Some("tensor_core") {
+        return super::attention_tc::attention(l, op);
+    }
     for n in NAMES {
         l.used_names.insert(n.into());
     }
@@ -701,7 +705,11 @@ impl Plan<'_> {
 
 /// `acc = combine(acc, shfl_xor(acc, o))` for `o = lanes/2 .. 1`: the
 /// reduction over a row's `lanes` consecutive lanes of a warp.
-fn shuffle_reduce(acc: &str, lanes: usize, combine: &dyn Fn(Expr, Expr) -> Expr) -> Vec<Stmt> {
+pub(super) fn shuffle_reduce(
+    acc: &str,
+    lanes: usize,
+    combine: &dyn Fn(Expr, Expr) -> Expr,
+) -> Vec<Stmt> {
     let mut out = Vec::new();
     let mut offset = lanes / 2;
     while offset > 0 {

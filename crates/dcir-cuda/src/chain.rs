@@ -39,8 +39,8 @@ use super::{
     store, thread_grid, yields,
 };
 use crate::kir::{
-    ArrayRef, BinOp, Builtin, Expr, Kernel, Param, Stmt, Ty, add, bin, call, div, int, mul, rem,
-    var,
+    ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Param, Stmt, Ty, add, bin, call, div, int, mul,
+    rem, var,
 };
 
 type Result<T> = std::result::Result<T, EmitError>;
@@ -649,6 +649,11 @@ impl Contraction {
         matches!(self.form, Form::Matmul { ta: true, .. })
     }
 
+    /// Whether the matmul reads B transposed (`[.., N, K]`).
+    pub(super) fn transposes_b(&self) -> bool {
+        matches!(self.form, Form::Matmul { tb: true, .. })
+    }
+
     /// Whether consecutive rows of the result are consecutive in memory.
     pub(super) fn rows_contiguous(&self) -> bool {
         match self.form {
@@ -1204,7 +1209,36 @@ pub(super) struct Tile<'a> {
 
 /// The loop that stages `t` with `threads` threads, each element once.
 pub(super) fn stage(l: &mut Lower, t: &Tile, threads: usize) -> Result<Stmt> {
+    stage_as(l, t, threads, Ty::F32)
+}
+
+/// [`stage`] into a shared array of `stored` elements: f32, or the bits of
+/// an f16 or bf16 (each element rounded once, to nearest even).
+pub(super) fn stage_as(l: &mut Lower, t: &Tile, threads: usize, stored: Ty) -> Result<Stmt> {
     let s = t.shared;
+    let convert = match stored {
+        Ty::F16Bits => Some((Helper::Half, "dcir_f2h")),
+        Ty::Bf16Bits => Some((Helper::Bfloat16, "dcir_f2bf")),
+        _ => None,
+    };
+    if let Some((helper, _)) = convert {
+        l.helpers.insert(helper);
+    }
+    let put = |index: Expr, v: Expr| {
+        let v = match convert {
+            Some((_, f)) => call(f, vec![v]),
+            None => v,
+        };
+        Stmt::Store(
+            ArrayRef {
+                name: s.into(),
+                ty: stored,
+                reinterpret: false,
+            },
+            index,
+            v,
+        )
+    };
     let (i, r, c, row, col, val) = (
         format!("{s}_i"),
         format!("{s}_r"),
@@ -1241,15 +1275,11 @@ pub(super) fn stage(l: &mut Lower, t: &Tile, threads: usize) -> Result<Stmt> {
         let Some(Stmt::Assign(_, v)) = body.pop() else {
             unreachable!("the load ends with its assignment")
         };
-        body.push(Stmt::Store(f32_array(s), (t.slot)(var(&r), var(&c)), v));
+        body.push(put((t.slot)(var(&r), var(&c)), v));
     } else {
         body.push(let_float(&val, Expr::F32(0.0), false));
         body.extend(guarded(conds, load));
-        body.push(Stmt::Store(
-            f32_array(s),
-            (t.slot)(var(&r), var(&c)),
-            var(&val),
-        ));
+        body.push(put((t.slot)(var(&r), var(&c)), var(&val)));
     }
     let total = t.rows * t.cols;
     Ok(Stmt::For {

@@ -380,7 +380,7 @@ impl Strided {
     }
 
     /// The element offset of `(r, k)`.
-    fn at(&self, r: Expr, k: Expr) -> Expr {
+    pub(super) fn at(&self, r: Expr, k: Expr) -> Expr {
         add(self.offset.clone(), add(self.r.at(r), self.k.at(k)))
     }
 }
@@ -2044,7 +2044,7 @@ fn lower_problem(
 
 /// Operand `v` of the matmul (`rows` × k per batch entry; its dim `rank - 2`
 /// is r when `r_first`, else k), read through its views.
-fn matmul_operand<'a>(
+pub(super) fn matmul_operand<'a>(
     l: &Lower,
     v: ValueId,
     r_first: bool,

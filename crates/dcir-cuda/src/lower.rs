@@ -33,6 +33,8 @@ use crate::print::expr as print_expr;
 // privately.
 #[path = "attention.rs"]
 mod attention;
+#[path = "attention_tc.rs"]
+mod attention_tc;
 #[path = "chain.rs"]
 mod chain;
 #[path = "depthwise.rs"]

@@ -175,19 +175,30 @@ fn is_pointwise(graph: &Graph, op: OpId) -> bool {
 
 /// True when every contraction after the first reads its row operand (A, or
 /// the conv input) from inside the group and its other operand (B, or the
-/// weights) from outside: a block then owns whole rows of the intermediate,
-/// which is what keeps a chain's intermediate tile in the block.
+/// weights) from outside, directly or through views (attention's V sliced
+/// out of one projection): a block then owns whole rows of the
+/// intermediate, which is what keeps a chain's intermediate tile in the
+/// block.
 fn chained_through_rows(graph: &Graph, ops: &[OpId], anchors: &[OpId]) -> bool {
-    let inside = |v: dcir_ir::ValueId| match graph.value(v).def {
-        dcir_ir::ValueDef::OpResult { op, .. } => ops.contains(&op),
-        dcir_ir::ValueDef::BlockArg { .. } => false,
+    let def = |v: dcir_ir::ValueId| match graph.value(v).def {
+        dcir_ir::ValueDef::OpResult { op, .. } if ops.contains(&op) => Some(op),
+        _ => None,
+    };
+    let from_outside = |mut v: dcir_ir::ValueId| {
+        while let Some(op) = def(v) {
+            if !crate::class::is_view(graph.op(op).kind) {
+                return false;
+            }
+            v = graph.op(op).operands[0];
+        }
+        true
     };
     anchors[1..]
         .iter()
         .filter(|&&a| role(graph.op(a).kind) == Role::Contraction)
         .all(|&a| {
             let d = graph.op(a);
-            inside(d.operands[0]) && !inside(d.operands[1])
+            def(d.operands[0]).is_some() && from_outside(d.operands[1])
         })
 }
 

@@ -395,6 +395,61 @@ fn layout_views_of_convs(
     triples
 }
 
+/// Each group `c` holding one softmax and no contraction between a group
+/// `p` holding the matmul it reads (the scores, through any epilogue) and a
+/// group `q` holding the matmul that takes its probabilities as rows, as
+/// `(p, c, q)`: attention is one kernel only whole (each half prices as a
+/// pass over the scores), so no merge of two groups reaches it through a
+/// cheaper one. `p` feeds only `c` and `c` only `q`, so the three merge
+/// without a cycle.
+fn attention_triples(state: &State<'_>, consumers: &[Vec<usize>]) -> Vec<(usize, usize, usize)> {
+    let graph = state.graph;
+    let holds = |g: usize, kind: OpKind| {
+        state.members[g]
+            .iter()
+            .filter(|&&o| graph.op(o).kind == kind)
+            .count()
+    };
+    let mut triples = Vec::new();
+    for (c, members) in state.members.iter().enumerate() {
+        if holds(c, OpKind::Softmax) != 1
+            || holds(c, OpKind::Matmul) != 0
+            || consumers[c].len() != 1
+        {
+            continue;
+        }
+        let softmax = members
+            .iter()
+            .copied()
+            .find(|&o| graph.op(o).kind == OpKind::Softmax)
+            .expect("counted above");
+        let probabilities = graph.op(softmax).results[0];
+        let q = consumers[c][0];
+        let takes_rows = state.members[q].iter().any(|&o| {
+            let d = graph.op(o);
+            d.kind == OpKind::Matmul && d.operands[0] == probabilities
+        });
+        // The groups c reads from that hold a matmul.
+        let mut producers: Vec<usize> = members
+            .iter()
+            .flat_map(|&o| graph.op(o).operands.iter())
+            .filter_map(|&v| match graph.value(v).def {
+                ValueDef::OpResult { op, .. } => state.group_of.get(&op).copied(),
+                ValueDef::BlockArg { .. } => None,
+            })
+            .filter(|&g| g != c && holds(g, OpKind::Matmul) == 1)
+            .collect();
+        producers.sort_unstable();
+        producers.dedup();
+        if let ([p], true) = (producers.as_slice(), takes_rows)
+            && consumers[*p] == [c]
+        {
+            triples.push((*p, c, q));
+        }
+    }
+    triples
+}
+
 /// The error for an op the target lowers in no group, not even alone.
 fn no_kernel(graph: &Graph, op: OpId, refusal: &Refusal) -> String {
     let d = graph.op(op);
@@ -452,7 +507,8 @@ fn search(
                 pairs.push((p, c, Some(merged)));
             }
         }
-        let triples = layout_views_of_convs(state, &consumers);
+        let mut triples = layout_views_of_convs(state, &consumers);
+        triples.extend(attention_triples(state, &consumers));
         for (p, c, q) in &triples {
             let merged = state.sorted(
                 [*p, *c, *q]

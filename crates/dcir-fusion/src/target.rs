@@ -116,3 +116,48 @@ impl Target for AnyGroup {
         Ok(())
     }
 }
+
+/// The reach of the tensor-core attention kernel (`math = "tensor_core"` on
+/// a whole GEMM → softmax → GEMM group), stated once for the cost model,
+/// which offers such candidates only where this holds, and the CUDA
+/// emitter, which refuses the rest: f16 or bf16 Q, K and V, head dims
+/// multiples of 16 up to [`ATTENTION_TC_MAX_HEAD_DIM`], and `block = [bm,
+/// bn]` with one warp per 16 query rows (`threads = 2·bm`, 1 to 8 warps) and
+/// `bn` keys per step a multiple of 16 up to 128.
+pub fn attention_tensor_core(
+    dtype: DType,
+    d: usize,
+    dv: usize,
+    block: [usize; 2],
+    threads: usize,
+) -> Result<(), Reason> {
+    if !matches!(dtype, DType::F16 | DType::BF16) {
+        return Err(Reason::Form(format!(
+            "tensor-core attention on {} (f16 and bf16 are)",
+            dtype.name()
+        )));
+    }
+    let fits = |x: usize| x > 0 && x.is_multiple_of(16) && x <= ATTENTION_TC_MAX_HEAD_DIM;
+    if !fits(d) || !fits(dv) {
+        return Err(Reason::Form(format!(
+            "tensor-core attention with head dims {d}/{dv} (multiples of 16 up to {ATTENTION_TC_MAX_HEAD_DIM})"
+        )));
+    }
+    let [bm, bn] = block;
+    let warps = bm / 16;
+    if !bm.is_multiple_of(16)
+        || !(1..=8).contains(&warps)
+        || threads != 32 * warps
+        || !bn.is_multiple_of(16)
+        || !(16..=128).contains(&bn)
+    {
+        return Err(Reason::Parameters(format!(
+            "block = [{bm}, {bn}], threads = {threads} (tensor-core attention: one warp per 16 query rows, keys in steps of 16 to 128)"
+        )));
+    }
+    Ok(())
+}
+
+/// The largest head dim the tensor-core attention kernel takes (its
+/// accumulators and fragments live in registers).
+pub const ATTENTION_TC_MAX_HEAD_DIM: usize = 128;

@@ -526,3 +526,100 @@ fn gathered_conv_tiles_past_the_register_file_are_never_candidates() {
         "{mm:?}"
     );
 }
+
+/// ViT's attention at batch 2 as the ONNX exporter writes it (Q, K and V
+/// sliced out of one projection; the scale after the scores, where
+/// `fold-matmul-scale` puts it), in `dtype`.
+fn exporter_attention(dtype: &str) -> Graph {
+    graph(&format!(
+        "graph @vit(%qkv: {d}[3,197,2,768]) -> ({d}[394,768]) {{
+          %qs = slice %qkv {{ends = [1, 197, 2, 768], starts = [0, 0, 0, 0]}} : {d}[1,197,2,768]
+          %q = reshape %qs : {d}[197,24,64]
+          %qt = transpose %q {{perm = [1, 0, 2]}} : {d}[24,197,64]
+          %ks = slice %qkv {{ends = [2, 197, 2, 768], starts = [1, 0, 0, 0]}} : {d}[1,197,2,768]
+          %k = reshape %ks : {d}[197,24,64]
+          %kt = transpose %k {{perm = [1, 0, 2]}} : {d}[24,197,64]
+          %vs = slice %qkv {{ends = [3, 197, 2, 768], starts = [2, 0, 0, 0]}} : {d}[1,197,2,768]
+          %v = reshape %vs : {d}[197,24,64]
+          %vt = transpose %v {{perm = [1, 0, 2]}} : {d}[24,197,64]
+          %scores = matmul %qt, %kt {{transpose_b = true}} : {d}[24,197,197]
+          %scale = constant {{value = 0.125}} : {d}[]
+          %scaleb = broadcast %scale {{dims = []}} : {d}[24,197,197]
+          %scaled = mul %scores, %scaleb : {d}[24,197,197]
+          %probs = softmax %scaled {{axis = 2}} : {d}[24,197,197]
+          %ctx = matmul %probs, %vt : {d}[24,197,64]
+          %ctxr = reshape %ctx : {d}[2,12,197,64]
+          %ctxt = transpose %ctxr {{perm = [2, 0, 1, 3]}} : {d}[197,2,12,64]
+          %y = reshape %ctxt : {d}[394,768]
+          return %y
+        }}",
+        d = dtype
+    ))
+}
+
+#[test]
+fn half_attention_is_one_tensor_core_kernel_reading_the_projection() {
+    for dtype in ["f16", "bf16"] {
+        let g = exporter_attention(dtype);
+        let model = CostModel::new(DeviceSpec::h100());
+        let plan = dcir_fusion::plan_graph(&g, &model, &dcir_fusion::AnyGroup).expect("plans");
+        let attention: Vec<_> = plan
+            .groups
+            .iter()
+            .filter(|p| p.group.kind == GroupKind::Attention)
+            .collect();
+        assert_eq!(attention.len(), 1, "{dtype}");
+        let a = attention[0];
+        assert_eq!(
+            a.estimate.params.get("math").and_then(Attr::as_str),
+            Some("tensor_core"),
+            "{dtype}: {}",
+            a.estimate.params.describe()
+        );
+        // Whole, with the slices of Q, K and V and the output's views: the
+        // plan's only kernel.
+        let slices = a
+            .group
+            .ops
+            .iter()
+            .filter(|&&o| g.op(o).kind == OpKind::Slice)
+            .count();
+        assert_eq!(slices, 3, "{dtype}");
+        let kernels = plan
+            .groups
+            .iter()
+            .filter(|p| !matches!(p.group.ops.as_slice(), [o] if g.op(*o).kind == OpKind::Reshape))
+            .count();
+        assert_eq!(kernels, 1, "{dtype}");
+    }
+    // Strict f32 has no tensor-core attention.
+    let g = exporter_attention("f32");
+    let model = CostModel::new(DeviceSpec::h100());
+    let plan = dcir_fusion::plan_graph(&g, &model, &dcir_fusion::AnyGroup).expect("plans");
+    assert!(
+        plan.groups
+            .iter()
+            .all(|p| p.estimate.params.get("math").and_then(Attr::as_str) != Some("tensor_core"))
+    );
+}
+
+#[test]
+fn the_tensor_core_attention_contract() {
+    use dcir_fusion::attention_tensor_core as tc;
+    use dcir_ir::DType::{BF16, F16, F32};
+    assert!(tc(F16, 64, 64, [64, 64], 128).is_ok());
+    assert!(tc(BF16, 32, 48, [16, 16], 32).is_ok());
+    assert!(tc(F16, 128, 128, [128, 128], 256).is_ok());
+    for (dtype, d, dv, block, threads, why) in [
+        (F32, 64, 64, [64, 64], 128, "on f32"),
+        (F16, 24, 64, [64, 64], 128, "head dims 24/64"),
+        (F16, 64, 256, [64, 64], 128, "head dims 64/256"),
+        (F16, 64, 64, [64, 64], 256, "threads = 256"),
+        (F16, 64, 64, [144, 64], 288, "block = [144, 64]"),
+        (F16, 64, 64, [64, 24], 128, "block = [64, 24]"),
+        (F16, 64, 64, [64, 256], 128, "block = [64, 256]"),
+    ] {
+        let e = tc(dtype, d, dv, block, threads).expect_err(why).to_string();
+        assert!(e.contains(why), "{why}: {e}");
+    }
+}

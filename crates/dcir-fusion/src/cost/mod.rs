@@ -207,6 +207,7 @@ impl CostModel {
         let tensor_core = params.get("math").and_then(Attr::as_str) == Some("tensor_core");
         let fraction = match (kind, tensor_core) {
             (GroupKind::Conv, true) => self.device.mma_sync_conv_fraction,
+            (GroupKind::Attention, true) => self.device.mma_sync_attention_fraction,
             (_, true) if bound == Bound::Compute => self.device.mma_sync_compute_fraction,
             (_, true) => self.device.mma_sync_fraction,
             (GroupKind::Attention, false) => self.device.fma_attention_fraction,

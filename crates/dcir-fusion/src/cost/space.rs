@@ -551,7 +551,76 @@ pub(crate) fn for_each(dev: &DeviceSpec, info: &GroupInfo, out: &mut dyn FnMut(C
             dv,
             kv_bytes,
         } => {
-            // The emitter serves this family with f32 FMA in every dtype (docs/cuda.md).
+            // f16/bf16 whole attention also on tensor cores, where the
+            // kernel reaches (`attention_tensor_core`): one warp per 16
+            // query rows, scores and outputs as mma fragments.
+            let kv_extra = |grid: f64| {
+                if kv_bytes > dev.l2_bytes as f64 / 2.0 {
+                    (grid - 1.0) * kv_bytes
+                } else {
+                    0.0
+                }
+            };
+            // Keys in steps of 32 or 64, double-buffered: of the twelve
+            // variants measured on ViT-B/16 (variants_attention_tc.dcir; an
+            // H100, 2026-12-06), two stages were 4-12 % faster than one, and
+            // steps of 128 (215-255 registers) 5-15 % slower than 64.
+            for bm in [64u32, 128] {
+                for bn in [32u32, 64] {
+                    let stages = 2u32;
+                    let threads = 2 * bm;
+                    let (du, dvu) = (d as usize, dv as usize);
+                    let block = [bm as usize, bn as usize];
+                    if crate::target::attention_tensor_core(
+                        info.dtype,
+                        du,
+                        dvu,
+                        block,
+                        threads as usize,
+                    )
+                    .is_err()
+                    {
+                        continue;
+                    }
+                    let (bmf, bnf) = (bm as f64, bn as f64);
+                    let grid = ceil_div(m, bmf);
+                    let blocks = batch * grid;
+                    let rate = dev.matrix_rate(info.dtype);
+                    let block_flops = 2.0 * bmf * nk * (d + dv);
+                    let block_bytes = (bmf * d + nk * (d + dv) + bmf * dv) * info.elem;
+                    let padded = blocks * bmf * ceil_div(nk, bnf) * bnf * 2.0 * (d + dv);
+                    out(Cand {
+                        params: P::Attention {
+                            block: [bm, bn],
+                            threads,
+                            stages,
+                            tensor_core: true,
+                        },
+                        blocks,
+                        threads,
+                        // K and V double-buffered (where both copy
+                        // asynchronously; the emitter runs one stage else).
+                        smem: (bmf * (d + 8.0) + stages as f64 * bnf * (d + dv + 16.0)) * info.elem,
+                        // Scores and outputs of 16 rows per warp and Q's
+                        // fragments, half again for the unrolled epilogue
+                        // (ptxas: 168 at [64, 64] with head dims 64).
+                        regs: 1.5 * (bnf / 2.0 + dv / 2.0 + d / 4.0) + 48.0,
+                        oi: block_flops / block_bytes,
+                        rate,
+                        comp_per_load: Some(tile_comp_per_load(dev, bmf, bnf, threads, true, rate)),
+                        lane_util: (m / (grid * bmf)) * (nk / (ceil_div(nk, bnf) * bnf)),
+                        matrix_flops: padded,
+                        scalar_flops: info.scalar_flops,
+                        extra_dram: kv_extra(grid),
+                        panels: None,
+                        serialize: false,
+                        in_flight: None,
+                        feed: 1.0,
+                        chain: 0.0,
+                    });
+                }
+            }
+            // Any dtype on f32 FMA.
             let (tc, rate) = (false, dev.scalar_rate());
             for bm in [64u32, 128] {
                 for bn in [64u32, 128] {
@@ -566,11 +635,7 @@ pub(crate) fn for_each(dev: &DeviceSpec, info: &GroupInfo, out: &mut dyn FnMut(C
                             let block_flops = 2.0 * bmf * nk * (d + dv);
                             let block_bytes = (bmf * d + nk * (d + dv) + bmf * dv) * info.elem;
                             let padded = blocks * bmf * ceil_div(nk, bnf) * bnf * 2.0 * (d + dv);
-                            let extra = if kv_bytes > dev.l2_bytes as f64 / 2.0 {
-                                (grid - 1.0) * kv_bytes
-                            } else {
-                                0.0
-                            };
+                            let extra = kv_extra(grid);
                             out(Cand {
                                 params: P::Attention {
                                     block: [bm, bn],
@@ -592,7 +657,7 @@ pub(crate) fn for_each(dev: &DeviceSpec, info: &GroupInfo, out: &mut dyn FnMut(C
                                 scalar_flops: info.scalar_flops,
                                 extra_dram: extra,
                                 panels: None,
-                                serialize: stages == 1,
+                                serialize: false,
                                 in_flight: None,
                                 feed: 1.0,
                                 chain: 0.0,
@@ -710,7 +775,7 @@ fn gemm(dev: &DeviceSpec, info: &GroupInfo, g: &GemmShape, conv: bool, out: &mut
                                     b_tile: tnf * g.k * e / sf,
                                     operands: g.a_bytes + g.b_bytes,
                                 }),
-                                serialize: stages == 1,
+                                serialize: false,
                                 in_flight: None,
                                 feed: kstep / step,
                                 chain: latency_chain(gk / sf, stages, step, split),

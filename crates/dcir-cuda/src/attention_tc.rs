@@ -1,0 +1,893 @@
+//! The tensor-core path of the `attention` family (`math = "tensor_core"`):
+//! a whole GEMM → softmax → GEMM group with f16 or bf16 Q, K and V on
+//! `mma.sync.aligned.m16n8k16` with f32 accumulators, online softmax in
+//! registers (FlashAttention-2's layout). Its reach is
+//! [`dcir_fusion::attention_tensor_core`], which the cost model offers
+//! candidates by.
+//!
+//! A block owns `bm` query rows of one batch entry, one warp per 16 rows,
+//! and walks the keys in steps of `bn`:
+//!
+//! - the Q tile is staged in shared memory once (through the index maps, as
+//!   the FMA path stages it: views cost nothing, each element rounded once
+//!   to the operands' dtype; rows past M zero), and each warp keeps its
+//!   16 rows' A fragments in registers (`ldmatrix`);
+//! - per step the K and V tiles are staged row by key (`[key][d]`, zeros
+//!   past N), a barrier, then each warp computes its `16 × bn` scores as
+//!   m16n8 fragments (K's B fragments by `ldmatrix`): lane `l` holds rows
+//!   `l/4` and `l/4 + 8`, columns `2·(l%4) + {0, 1}` of each;
+//! - the group's ops up to the softmax run per score with the matmul's value
+//!   bound to the fragment element (scale, mask); scores past M or N are
+//!   `-inf`;
+//! - online softmax per row over the four lanes that share it (shuffles):
+//!   running max `m` and sum `l`, the O fragments rescaled by
+//!   `exp(m_old − m_new)`, `p = exp(s − m_new)` left in the score fragments;
+//! - `O += P·V`: the score fragments of 16 keys are, packed in pairs to the
+//!   operands' dtype, the A fragments of the second mma (the C layout of
+//!   m16n8 is the A layout of m16k16), V's B fragments by `ldmatrix.trans`;
+//! - after the last step `O / l` is bound to the second matmul's value and
+//!   the epilogue stores through the views.
+//!
+//! Shared rows are padded by 16 bytes, so the 8 rows an `ldmatrix` reads
+//! fall in 8 different bank groups. One stage: a step's loads and its math
+//! do not overlap within a block (other blocks on the SM fill the gaps).
+
+use dcir_fusion::{Reason, attention_tensor_core};
+use dcir_ir::{DType, OpId};
+
+use super::attention::{Parts, shuffle_reduce};
+use super::chain::{
+    Contraction, Tile, at, batch_coords, counted, crossing, f32_array, filled, guarded, let_float,
+    let_int, lt, stage_as, store_derived, store_independent, unrolled, with_lets,
+};
+use super::gemm_tc::{Strided, matmul_operand};
+use super::{EmitError, Index, Lower, Reduced, attr_int, kernel_name, params};
+use crate::kir::{
+    ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Stmt, Ty, add, bin, call, div, int, mul, rem,
+    select, var,
+};
+
+type Result<T> = std::result::Result<T, EmitError>;
+
+/// Locals of the kernel, reserved before the parameters are named.
+const NAMES: [&str; 39] = [
+    "tile_m", "bz", "m0", "warp", "lane", "grp", "quad", "w0", "smem", "qf", "kf", "vf", "pa",
+    "sacc", "out_acc", "row_max", "row_sum", "tile_max", "tile_sum", "m_new", "m_use", "alpha",
+    "p", "s_val", "row", "col", "n0", "kk", "j", "jp", "e", "h", "c", "cp", "i", "Qs", "Ks", "Vs",
+    "buf",
+];
+
+/// The shared arrays' row padding, in elements (16 bytes).
+const PAD: usize = 8;
+
+/// `bz`, the block's batch entry, or 0 with one entry.
+fn bz_expr(batch: usize) -> Expr {
+    if batch > 1 { var("bz") } else { int(0) }
+}
+
+/// Lowers an `attention` group on tensor cores.
+pub(super) fn attention(l: &mut Lower, op: OpId) -> Result<Kernel> {
+    let g = l.g;
+    for n in NAMES {
+        l.used_names.insert(n.into());
+    }
+    let params = params(l, op);
+    let parts = Parts::find(l, op, &params)?;
+    let (Some(qk), Some(pv)) = (&parts.qk, &parts.pv) else {
+        return Err(l.unsupported(
+            "tensor-core attention of half a group (it runs GEMM → softmax → GEMM whole)",
+        ));
+    };
+    let x_dims = g.ty(parts.x).dims().to_vec();
+    let rank = x_dims.len();
+    let batch_dims = x_dims[..rank - 2].to_vec();
+    let (m, n) = (x_dims[rank - 2], x_dims[rank - 1]);
+    let batch: usize = batch_dims.iter().product();
+    let (d, dv) = (qk.k, pv.cols);
+    let dtype = g.ty(qk.a).dtype;
+    if [qk.b, pv.b].iter().any(|&v| g.ty(v).dtype != dtype) {
+        return Err(l.unsupported("tensor-core attention with Q, K and V of different dtypes"));
+    }
+    let block = g.op(op).attrs.ints("block").unwrap_or(&[64, 64]).to_vec();
+    let [bm, bn] = block[..] else {
+        return Err(l.unsupported(Reason::Parameters(format!("block = {block:?}"))));
+    };
+    let (bm, bn) = (bm.max(1) as usize, bn.max(1) as usize);
+    let threads = attr_int(g, op, "threads", 2 * bm as i64).max(1) as usize;
+    attention_tensor_core(dtype, d, dv, [bm, bn], threads).map_err(|r| l.unsupported(r))?;
+    let largest = (m * n).max(m * d).max(n * d).max(n * dv).max(m * dv);
+    if batch * largest >= i32::MAX as usize {
+        return Err(l.unsupported(Reason::TooLarge));
+    }
+    let (stored, mma) = match dtype {
+        DType::BF16 => (Ty::Bf16Bits, Helper::MmaBf16),
+        _ => (Ty::F16Bits, Helper::MmaF16),
+    };
+    for h in [Helper::CpAsync, Helper::Ldmatrix, Helper::NanMinMax, mma] {
+        l.helpers.insert(h);
+    }
+    let batch_coords = batch_coords(&batch_dims, bz_expr(batch));
+    // K is read along its head dim by key, V along its head dim: copied by
+    // cp.async where each is a strided view with aligned runs of 8 there.
+    let k_op = matmul_operand(l, qk.b, qk.transposes_b(), n, &batch_coords);
+    let v_op = matmul_operand(l, pv.b, pv.transposes_b(), dv, &batch_coords);
+    let k_copy = k_op.k_inner.then_some(k_op.strided.as_ref()).flatten();
+    let v_copy = (!v_op.k_inner).then_some(v_op.strided.as_ref()).flatten();
+    // Two K/V buffers (the next step's copies in flight during this one's
+    // math) where both copy asynchronously and `stages` asks for them.
+    let pipelined = attr_int(g, op, "stages", 1) >= 2 && k_copy.is_some() && v_copy.is_some();
+    let (dp, dvp) = (d + PAD, dv + PAD);
+    let q_bytes = bm * dp * 2;
+    let k_bytes = bn * dp * 2;
+    let v_bytes = bn * dvp * 2;
+    let buffers = if pipelined { 2 } else { 1 };
+    let shared_bytes = q_bytes + buffers * (k_bytes + v_bytes);
+    let grid_m = m.div_ceil(bm);
+
+    let shape = Shape {
+        m,
+        n,
+        d,
+        dv,
+        bm,
+        bn,
+        dp,
+        dvp,
+        k_base: q_bytes,
+        v_base: q_bytes + k_bytes,
+        kv_stride: if pipelined { k_bytes + v_bytes } else { 0 },
+        mma: match dtype {
+            DType::BF16 => "dcir_mma_bf16",
+            _ => "dcir_mma_f16",
+        },
+        pack: match dtype {
+            DType::BF16 => "dcir_f2bf",
+            _ => "dcir_f2h",
+        },
+    };
+    l.helpers.insert(match dtype {
+        DType::BF16 => Helper::Bfloat16,
+        _ => Helper::Half,
+    });
+
+    let tid = Expr::Builtin(Builtin::ThreadX);
+    let bid = Expr::Builtin(Builtin::BlockX);
+    let mut body = vec![Stmt::Comment(format!(
+        "{bm} query rows per block (a warp per 16), keys in steps of {bn}; m16n8k16 {} mma, f32 accumulators",
+        dtype.name()
+    ))];
+    body.push(let_int("tile_m", rem(bid.clone(), grid_m as i64)));
+    if batch > 1 {
+        body.push(let_int("bz", div(bid, grid_m as i64)));
+    }
+    body.extend([
+        let_int("m0", mul(var("tile_m"), int(bm as i64))),
+        let_int("warp", div(tid.clone(), 32)),
+        let_int("lane", rem(tid, 32)),
+        let_int("grp", div(var("lane"), 4)),
+        let_int("quad", rem(var("lane"), 4)),
+        let_int("w0", mul(var("warp"), int(16))),
+    ]);
+    for (name, offset) in [("Qs", 0), ("Ks", q_bytes), ("Vs", q_bytes + k_bytes)] {
+        body.push(Stmt::SharedView {
+            name: name.into(),
+            ty: stored,
+            offset,
+        });
+    }
+    body.push(Stmt::Let {
+        name: "smem".into(),
+        ty: Ty::U32,
+        value: call("dcir_smem_u32", vec![var("dcir_smem")]),
+        constant: true,
+    });
+    body.extend(filled("row_max", 2, f32::NEG_INFINITY));
+    body.extend(filled("row_sum", 2, 0.0));
+    body.extend(filled("out_acc", dv / 2, 0.0));
+    body.push(local("sacc", Ty::F32, bn / 2));
+    body.push(local("qf", Ty::U32, d / 4));
+    body.push(local("kf", Ty::U32, 4));
+    body.push(local("vf", Ty::U32, 4));
+    body.push(local("pa", Ty::U32, 4));
+
+    body.push(Stmt::Comment(
+        "the block's queries, once; each warp's A fragments in registers".into(),
+    ));
+    let q_op = matmul_operand(l, qk.a, !qk.transposes_a(), m, &batch_coords);
+    let q_copy = (q_op.k_inner).then_some(q_op.strided.as_ref()).flatten();
+    let (stage_q, q_async) = stage_operand(
+        l,
+        &Tile {
+            value: qk.a,
+            shared: "Qs",
+            rows: bm,
+            cols: d,
+            origin: [var("m0"), int(0)],
+            bounds: [crossing(m, bm, true), None],
+            index: &|r, k| qk.a_index(g, &batch_coords, r, k),
+            slot: &|r, k| add(mul(r, int(dp as i64)), k),
+            cols_inner: qk.a_k_contiguous(g),
+        },
+        Shared {
+            base: int(0),
+            pitch: dp,
+        },
+        q_copy.map(|sv| (sv, false)),
+        threads,
+        stored,
+    )?;
+    body.push(stage_q);
+    if q_async {
+        body.extend(wait_copies());
+    }
+    body.push(Stmt::Barrier);
+    body.push(unrolled(
+        "kk",
+        d / 16,
+        vec![ldmatrix(
+            "dcir_ldmatrix_x4",
+            "qf",
+            mul(var("kk"), int(4)),
+            // Lane l reads row l%16 and k chunk l/16 of the warp's 16 × 16 block.
+            shape.a_address(
+                0,
+                dp,
+                add(var("w0"), rem(var("lane"), 16)),
+                add(mul(var("kk"), int(16)), mul(div(var("lane"), 16), int(8))),
+            ),
+        )],
+    ));
+
+    // The K and V tiles of the keys from `origin` into buffer `buf`.
+    let stage_kv = |l: &mut Lower, origin: Expr, buf: Expr| -> Result<(Vec<Stmt>, bool)> {
+        let kv = int((k_bytes + v_bytes) as i64);
+        let (stage_k, k_async) = stage_operand(
+            l,
+            &Tile {
+                value: qk.b,
+                shared: "Ks",
+                rows: bn,
+                cols: d,
+                origin: [origin.clone(), int(0)],
+                bounds: [crossing(n, bn, true), None],
+                index: &|key, k| qk.b_index(g, &batch_coords, k, key),
+                slot: &|key, k| add(mul(key, int(dp as i64)), k),
+                cols_inner: qk.b_k_contiguous(g),
+            },
+            Shared {
+                base: add(int(q_bytes as i64), mul(buf.clone(), kv.clone())),
+                pitch: dp,
+            },
+            k_copy.map(|sv| (sv, false)),
+            threads,
+            stored,
+        )?;
+        // V's r is its head dim: chunks along it.
+        let (stage_v, v_async) = stage_operand(
+            l,
+            &Tile {
+                value: pv.b,
+                shared: "Vs",
+                rows: bn,
+                cols: dv,
+                origin: [origin, int(0)],
+                bounds: [crossing(n, bn, true), None],
+                index: &|key, c| pv.b_index(g, &batch_coords, key, c),
+                slot: &|key, c| add(mul(key, int(dvp as i64)), c),
+                cols_inner: pv.b_cols_contiguous(g),
+            },
+            Shared {
+                base: add(int((q_bytes + k_bytes) as i64), mul(buf, kv)),
+                pitch: dvp,
+            },
+            v_copy.map(|sv| (sv, true)),
+            threads,
+            stored,
+        )?;
+        Ok((vec![stage_k, stage_v], k_async || v_async))
+    };
+    let mut step = Vec::new();
+    if pipelined {
+        body.push(Stmt::Comment(
+            "the first key step's K and V in flight".into(),
+        ));
+        body.extend(stage_kv(l, int(0), int(0))?.0);
+        body.push(Stmt::Call("dcir_cp_async_commit".into(), vec![]));
+        step.push(let_int("buf", rem(div(var("n0"), bn as i64), 2)));
+        let (next, _) = stage_kv(
+            l,
+            add(var("n0"), int(bn as i64)),
+            bin(BinOp::Sub, int(1), var("buf")),
+        )?;
+        step.push(Stmt::Comment(
+            "the next step's K and V into the other buffer (past the last, an empty group), then wait for this step's".into(),
+        ));
+        step.push(Stmt::If(
+            lt(add(var("n0"), int(bn as i64)), int(n as i64)),
+            next,
+        ));
+        step.extend([
+            Stmt::Call("dcir_cp_async_commit".into(), vec![]),
+            Stmt::Call("dcir_cp_async_wait<1>".into(), vec![]),
+        ]);
+    } else {
+        let (copies, asynchronous) = stage_kv(l, var("n0"), int(0))?;
+        step.extend(copies);
+        if asynchronous {
+            step.extend(wait_copies());
+        }
+    }
+    step.push(Stmt::Barrier);
+    step.extend(shape.scores());
+    step.extend(shape.score_epilogue(l, &parts, &batch_coords)?);
+    step.push(unrolled("h", 2, shape.online_softmax()));
+    step.extend(shape.accumulate_pv());
+    step.push(Stmt::Barrier);
+    body.push(Stmt::Comment(
+        "online softmax over the key steps, O += P·V".into(),
+    ));
+    body.push(counted("n0", int(0), int(n as i64), bn, step));
+    body.push(Stmt::Comment("O / l through the epilogue".into()));
+    body.push(shape.store_output(l, &parts, pv, &batch_coords)?);
+    body.extend(store_independent(l, &parts.independent)?);
+
+    let summary = format!(
+        "attention (gemm -> softmax -> gemm, {}): {batch} x [{m} queries x {n} keys], head dims {d}/{dv}, block [{bm}, {bn}], {threads} threads, online softmax, tensor cores",
+        dtype.name(),
+    );
+    Ok(Kernel {
+        name: kernel_name(g, op),
+        summary,
+        params,
+        shared: Vec::new(),
+        body,
+        helpers: std::mem::take(&mut l.helpers),
+        block: threads as u32,
+        grid: (batch * grid_m) as u32,
+        dynamic_shared: shared_bytes,
+        min_blocks_per_sm: 1,
+        scratch: Vec::new(),
+    })
+}
+
+/// Extents and layout of one kernel.
+struct Shape {
+    m: usize,
+    n: usize,
+    d: usize,
+    dv: usize,
+    bm: usize,
+    bn: usize,
+    /// Row pitches of Q and K, and of V, in elements.
+    dp: usize,
+    dvp: usize,
+    /// Byte offsets of K's and V's shared arrays, and between their two
+    /// buffers (0: one buffer).
+    k_base: usize,
+    v_base: usize,
+    kv_stride: usize,
+    /// The mma helper, and the f32 → operand conversion of P.
+    mma: &'static str,
+    pack: &'static str,
+}
+
+impl Shape {
+    /// The shared address of element (`row`, `col`) of the array at byte
+    /// `base` with rows of `pitch` elements.
+    fn a_address(&self, base: usize, pitch: usize, row: Expr, col: Expr) -> Expr {
+        add(
+            add(var("smem"), int(base as i64)),
+            mul(add(mul(row, int(pitch as i64)), col), int(2)),
+        )
+    }
+
+    /// The same in this step's K/V buffer (`buf`) of the array at `base`.
+    fn kv_address(&self, base: usize, pitch: usize, row: Expr, col: Expr) -> Expr {
+        let at = self.a_address(base, pitch, row, col);
+        match self.kv_stride {
+            0 => at,
+            stride => add(at, mul(var("buf"), int(stride as i64))),
+        }
+    }
+
+    /// `row < M`, unless the row tiles cover M exactly.
+    fn row_in_range(&self) -> Option<Expr> {
+        crossing(self.m, self.bm, true).map(|m| lt(var("row"), int(m as i64)))
+    }
+
+    /// `col < N` for a key, unless the key steps cover N exactly.
+    fn key_in_range(&self) -> Option<Expr> {
+        crossing(self.n, self.bn, true).map(|n| lt(var("col"), int(n as i64)))
+    }
+
+    /// `row` of fragment element `e` of this lane (`grp`, `grp + 8`).
+    fn row(&self) -> Stmt {
+        let_int(
+            "row",
+            add(
+                add(var("m0"), var("w0")),
+                add(var("grp"), mul(div(var("e"), 2), int(8))),
+            ),
+        )
+    }
+
+    /// The warp's `16 × bn` scores: `sacc[j·4 + e]` of n8 tile `j`.
+    fn scores(&self) -> Vec<Stmt> {
+        let zero = unrolled(
+            "i",
+            self.bn / 2,
+            vec![Stmt::Store(f32_array("sacc"), var("i"), Expr::F32(0.0))],
+        );
+        // Lane l reads key row (l/16)·8 + l%8 and k chunk (l/8)%2 of a 16-key pair.
+        let key = add(
+            mul(var("jp"), int(16)),
+            add(mul(div(var("lane"), 16), int(8)), rem(var("lane"), 8)),
+        );
+        let k = add(
+            mul(var("kk"), int(16)),
+            mul(rem(div(var("lane"), 8), 2), int(8)),
+        );
+        let pair = vec![
+            ldmatrix(
+                "dcir_ldmatrix_x4",
+                "kf",
+                int(0),
+                self.kv_address(self.k_base, self.dp, key, k),
+            ),
+            self.mma_call(
+                "sacc",
+                mul(var("jp"), int(2)),
+                "qf",
+                mul(var("kk"), int(4)),
+                "kf",
+                0,
+            ),
+            self.mma_call(
+                "sacc",
+                add(mul(var("jp"), int(2)), int(1)),
+                "qf",
+                mul(var("kk"), int(4)),
+                "kf",
+                2,
+            ),
+        ];
+        vec![
+            zero,
+            unrolled("kk", self.d / 16, vec![unrolled("jp", self.bn / 16, pair)]),
+        ]
+    }
+
+    /// `mma(acc[tile·4 ..], a[a0 ..], b[b0], b[b0 + 1])`.
+    fn mma_call(&self, acc: &str, tile: Expr, a: &str, a0: Expr, b: &str, b0: i64) -> Stmt {
+        let mut args: Vec<Expr> = (0..4)
+            .map(|q| at(acc, add(mul(tile.clone(), int(4)), int(q))))
+            .collect();
+        args.extend((0..4).map(|q| u32_at(a, add(a0.clone(), int(q)))));
+        args.extend((0..2).map(|q| u32_at(b, int(b0 + q))));
+        Stmt::Call(self.mma.into(), args)
+    }
+
+    /// The group's ops up to the softmax per score, `-inf` past M or N.
+    fn score_epilogue(&self, l: &mut Lower, parts: &Parts, batch: &[Expr]) -> Result<Vec<Stmt>> {
+        let qk = parts.qk.as_ref().expect("a whole attention group");
+        let slot = add(mul(var("j"), int(4)), var("e"));
+        let conds = vec![self.row_in_range(), self.key_in_range()];
+        let in_range = conds.iter().any(Option::is_some);
+        let each = l.scoped(|l| {
+            l.reduced = Some((qk.result, Reduced::Row(at("sacc", slot.clone())), 0));
+            let mut coords = batch.to_vec();
+            coords.extend([var("row"), var("col")]);
+            let dims = l.g.ty(parts.x).dims().to_vec();
+            let v = l.value_at(parts.x, &Index::coords(&dims, coords));
+            l.reduced = None;
+            l.body.push(Stmt::Assign("s_val".into(), v?));
+            Ok(())
+        })?;
+        let mut per_score = vec![let_float("s_val", Expr::F32(f32::NEG_INFINITY), false)];
+        if in_range {
+            per_score.extend(guarded(conds, each));
+        } else {
+            per_score.extend(each);
+        }
+        per_score.push(Stmt::Store(f32_array("sacc"), slot, var("s_val")));
+        let lets = vec![
+            self.row(),
+            let_int(
+                "col",
+                add(
+                    add(var("n0"), mul(var("j"), int(8))),
+                    add(mul(var("quad"), int(2)), rem(var("e"), 2)),
+                ),
+            ),
+        ];
+        Ok(vec![unrolled(
+            "j",
+            self.bn / 8,
+            vec![unrolled("e", 4, with_lets(lets, per_score))],
+        )])
+    }
+
+    /// The online softmax update of this lane's row half `h` (elements
+    /// `2h`, `2h + 1` of each score tile); rescales its outputs and leaves
+    /// `p` in the scores.
+    fn online_softmax(&self) -> Vec<Stmt> {
+        let max = |a: Expr, b: Expr| call("dcir_max", vec![a, b]);
+        let (tiles, outs) = (self.bn / 8, self.dv / 8);
+        let elem = |tile: &str| add(add(mul(var(tile), int(4)), mul(var("h"), int(2))), var("e"));
+        let mut out = vec![
+            let_float("tile_max", Expr::F32(f32::NEG_INFINITY), false),
+            unrolled(
+                "j",
+                tiles,
+                vec![unrolled(
+                    "e",
+                    2,
+                    vec![Stmt::Assign(
+                        "tile_max".into(),
+                        max(var("tile_max"), at("sacc", elem("j"))),
+                    )],
+                )],
+            ),
+        ];
+        out.extend(shuffle_reduce("tile_max", 4, &max));
+        out.extend([
+            let_float("m_new", max(at("row_max", var("h")), var("tile_max")), true),
+            Stmt::Comment("a row still all -inf keeps p = 0 (not exp(-inf + inf))".into()),
+            let_float(
+                "m_use",
+                select(
+                    bin(BinOp::Eq, var("m_new"), Expr::F32(f32::NEG_INFINITY)),
+                    Expr::F32(0.0),
+                    var("m_new"),
+                ),
+                true,
+            ),
+            let_float(
+                "alpha",
+                call(
+                    "expf",
+                    vec![bin(BinOp::Sub, at("row_max", var("h")), var("m_use"))],
+                ),
+                true,
+            ),
+            let_float("tile_sum", Expr::F32(0.0), false),
+            unrolled(
+                "j",
+                tiles,
+                vec![unrolled(
+                    "e",
+                    2,
+                    vec![
+                        let_float(
+                            "p",
+                            call(
+                                "expf",
+                                vec![bin(BinOp::Sub, at("sacc", elem("j")), var("m_use"))],
+                            ),
+                            true,
+                        ),
+                        Stmt::Store(f32_array("sacc"), elem("j"), var("p")),
+                        Stmt::Assign(
+                            "tile_sum".into(),
+                            bin(BinOp::Add, var("tile_sum"), var("p")),
+                        ),
+                    ],
+                )],
+            ),
+        ]);
+        let add_f = |a: Expr, b: Expr| bin(BinOp::Add, a, b);
+        out.extend(shuffle_reduce("tile_sum", 4, &add_f));
+        out.extend([
+            Stmt::Store(
+                f32_array("row_sum"),
+                var("h"),
+                call(
+                    "fmaf",
+                    vec![at("row_sum", var("h")), var("alpha"), var("tile_sum")],
+                ),
+            ),
+            Stmt::Store(f32_array("row_max"), var("h"), var("m_new")),
+            unrolled(
+                "c",
+                outs,
+                vec![unrolled(
+                    "e",
+                    2,
+                    vec![Stmt::Store(
+                        f32_array("out_acc"),
+                        elem("c"),
+                        bin(BinOp::Mul, at("out_acc", elem("c")), var("alpha")),
+                    )],
+                )],
+            ),
+        ]);
+        out
+    }
+
+    /// `O += P·V` over the step's keys: P's A fragments packed from the
+    /// scores of each 16 keys, V's B fragments by `ldmatrix.trans`.
+    fn accumulate_pv(&self) -> Vec<Stmt> {
+        let word = |tile: Expr, e: i64| {
+            let lane = |k: i64| {
+                Expr::Cast(
+                    Ty::U32,
+                    Box::new(call(
+                        self.pack,
+                        vec![at("sacc", add(mul(tile.clone(), int(4)), int(e + k)))],
+                    )),
+                )
+            };
+            bin(BinOp::BitOr, lane(0), bin(BinOp::Shl, lane(1), int(16)))
+        };
+        let (t0, t1) = (mul(var("kk"), int(2)), add(mul(var("kk"), int(2)), int(1)));
+        let mut per_kk: Vec<Stmt> = [(&t0, 0), (&t0, 2), (&t1, 0), (&t1, 2)]
+            .into_iter()
+            .enumerate()
+            .map(|(q, (tile, e))| {
+                Stmt::Store(u32_array("pa"), int(q as i64), word(tile.clone(), e))
+            })
+            .collect();
+        // Lane l reads key row l%16 and dv chunk l/16 of a 16 × 16 block.
+        let key = add(mul(var("kk"), int(16)), rem(var("lane"), 16));
+        let col = add(mul(var("cp"), int(16)), mul(div(var("lane"), 16), int(8)));
+        per_kk.push(unrolled(
+            "cp",
+            self.dv / 16,
+            vec![
+                ldmatrix(
+                    "dcir_ldmatrix_x4_trans",
+                    "vf",
+                    int(0),
+                    self.kv_address(self.v_base, self.dvp, key, col),
+                ),
+                self.mma_call("out_acc", mul(var("cp"), int(2)), "pa", int(0), "vf", 0),
+                self.mma_call(
+                    "out_acc",
+                    add(mul(var("cp"), int(2)), int(1)),
+                    "pa",
+                    int(0),
+                    "vf",
+                    2,
+                ),
+            ],
+        ));
+        vec![unrolled("kk", self.bn / 16, per_kk)]
+    }
+
+    /// After the last step: `O / l` bound to `P·V`'s value, through the epilogue.
+    fn store_output(
+        &self,
+        l: &mut Lower,
+        parts: &Parts,
+        pv: &Contraction,
+        batch: &[Expr],
+    ) -> Result<Stmt> {
+        let g = l.g;
+        let value = bin(
+            BinOp::Div,
+            at("out_acc", add(mul(var("c"), int(4)), var("e"))),
+            at("row_sum", div(var("e"), 2)),
+        );
+        let stores = l.scoped(|l| {
+            l.reduced = Some((pv.result, Reduced::Row(value), 0));
+            let idx = pv.out_index(g, batch, var("row"), var("col"));
+            let result = store_derived(l, &parts.last, pv.result, &idx, &parts.stored);
+            l.reduced = None;
+            result
+        })?;
+        let lets = vec![
+            self.row(),
+            let_int(
+                "col",
+                add(
+                    mul(var("c"), int(8)),
+                    add(mul(var("quad"), int(2)), rem(var("e"), 2)),
+                ),
+            ),
+        ];
+        let per_output = with_lets(lets, guarded(vec![self.row_in_range()], stores));
+        Ok(unrolled(
+            "c",
+            self.dv / 8,
+            vec![unrolled("e", 4, per_output)],
+        ))
+    }
+}
+
+/// Where a tile lives in shared memory: byte offset and row pitch (elements).
+struct Shared {
+    base: Expr,
+    pitch: usize,
+}
+
+/// Stages tile `t` (its global row and column from `t.origin`) into the
+/// shared array at `at`: with `copy` — a strided view of a kernel parameter
+/// contiguous along the tile's columns in aligned runs of 8, whose (r, k)
+/// are the tile's (row, column), or (column, row) when flagged — as 16-byte
+/// `cp.async` copies (zeros past the row bound; true is returned: the
+/// caller commits and waits), else
+/// element by element through the index maps ([`stage_as`]).
+fn stage_operand(
+    l: &mut Lower,
+    t: &Tile,
+    at: Shared,
+    copy: Option<(&Strided, bool)>,
+    threads: usize,
+    stored: Ty,
+) -> Result<(Stmt, bool)> {
+    let Some((sv, swapped)) = copy else {
+        return Ok((stage_as(l, t, threads, stored)?, false));
+    };
+    let s = t.shared;
+    let name = |x: &str| format!("{s}_{x}");
+    for x in ["i", "r", "c", "row"] {
+        l.used_names.insert(name(x));
+    }
+    let chunks = t.cols / 8;
+    let total = t.rows * chunks;
+    let row = add(t.origin[0].clone(), var(name("r")));
+    let full = t.bounds[0].map(|b| lt(var(name("row")), int(b as i64)));
+    let col = add(t.origin[1].clone(), var(name("c")));
+    let src = if swapped {
+        sv.at(col, var(name("row")))
+    } else {
+        sv.at(var(name("row")), col)
+    };
+    let src = match &full {
+        Some(f) => select(f.clone(), src, int(0)),
+        None => src,
+    };
+    let dst = add(
+        add(var("smem"), at.base),
+        mul(
+            add(mul(var(name("r")), int(at.pitch as i64)), var(name("c"))),
+            int(2),
+        ),
+    );
+    let body = vec![
+        let_int(&name("r"), div(var(name("i")), chunks as i64)),
+        let_int(&name("c"), mul(rem(var(name("i")), chunks as i64), int(8))),
+        let_int(&name("row"), row),
+        Stmt::Call(
+            "dcir_cp_async16".into(),
+            vec![
+                dst,
+                add(var(sv.param.clone()), src),
+                full.unwrap_or(Expr::Bool(true)),
+            ],
+        ),
+    ];
+    Ok((
+        Stmt::For {
+            var: name("i"),
+            start: Expr::Builtin(Builtin::ThreadX),
+            end: int(total as i64),
+            step: int(threads as i64),
+            unroll: total.is_multiple_of(threads) && total / threads <= 32,
+            body,
+        },
+        true,
+    ))
+}
+
+/// Commits this thread's copies and waits for them (a barrier follows).
+fn wait_copies() -> [Stmt; 2] {
+    [
+        Stmt::Call("dcir_cp_async_commit".into(), vec![]),
+        Stmt::Call("dcir_cp_async_wait<0>".into(), vec![]),
+    ]
+}
+
+/// `ty name[len];`
+fn local(name: &str, ty: Ty, len: usize) -> Stmt {
+    Stmt::LocalArray {
+        name: name.into(),
+        ty,
+        len,
+    }
+}
+
+fn u32_array(name: &str) -> ArrayRef {
+    ArrayRef {
+        name: name.into(),
+        ty: Ty::U32,
+        reinterpret: false,
+    }
+}
+
+fn u32_at(name: &str, index: Expr) -> Expr {
+    Expr::Load(u32_array(name), Box::new(index))
+}
+
+/// An x4 `ldmatrix` (`f`) at shared address `addr` into `frag[first ..
+/// first + 4]`.
+fn ldmatrix(f: &str, frag: &str, first: Expr, addr: Expr) -> Stmt {
+    let mut args: Vec<Expr> = (0..4)
+        .map(|q| u32_at(frag, add(first.clone(), int(q))))
+        .collect();
+    args.push(addr);
+    Stmt::Call(f.into(), args)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::emit_module_source;
+
+    /// The CUDA source of a tensor-core attention group over 2 heads of
+    /// `seq` tokens and head dim `d` in `dtype` (K stored head dim first when
+    /// `k_t`), or the emitter's error.
+    fn attention(
+        dtype: &str,
+        seq: usize,
+        d: usize,
+        block: [usize; 2],
+        stages: usize,
+        k_t: bool,
+    ) -> Result<String, String> {
+        let x = format!("{dtype}[2,{seq},{d}]");
+        let s = format!("{dtype}[2,{seq},{seq}]");
+        let (k_ty, k_flag) = if k_t {
+            (format!("{dtype}[2,{d},{seq}]"), "")
+        } else {
+            (x.clone(), " {transpose_b = true}")
+        };
+        let src = format!(
+            "graph @g(%q: {x}, %k: {k_ty}, %v: {x}) -> ({x}) {{\n\
+             \x20 %r = fused @g0(%q.in = %q, %k.in = %k, %v.in = %v) {{block = [{}, {}], kind = \"attention\", level = \"shared\", math = \"tensor_core\", stages = {stages}, threads = {}}} : {x} {{\n\
+             \x20   %s = matmul %q.in, %k.in{k_flag} : {s}\n\
+             \x20   %p = softmax %s {{axis = 2}} : {s}\n\
+             \x20   %o = matmul %p, %v.in : {x}\n\
+             \x20   yield %o\n\
+             \x20 }}\n\
+             \x20 return %r\n\
+             }}\n",
+            block[0],
+            block[1],
+            2 * block[0]
+        );
+        let module = dcir_reader::parse_module(&src).map_err(|e| format!("{e:?}"))?;
+        emit_module_source(&module).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn two_stages_keep_the_next_key_step_in_flight() {
+        let s = attention("f16", 197, 64, [64, 32], 2, false).expect("lowers");
+        assert!(s.contains("const int buf = n0 / 32 % 2;"), "{s}");
+        assert!(s.contains("if (n0 + 32 < 197)"), "{s}");
+        assert!(s.contains("dcir_cp_async_wait<1>();"), "{s}");
+        assert!(
+            s.contains("dcir_mma_f16(") && s.contains("dcir_ldmatrix_x4_trans("),
+            "{s}"
+        );
+        // Q once, K and V per step: all three copied 16 bytes at a time.
+        assert_eq!(s.matches("dcir_cp_async16(smem").count(), 5, "{s}");
+        assert!(s.contains("tensor cores"), "{s}");
+    }
+
+    #[test]
+    fn one_stage_or_a_strided_operand_stages_once_per_step() {
+        let s = attention("bf16", 128, 32, [128, 64], 1, false).expect("lowers");
+        assert!(
+            !s.contains("buf") && s.contains("dcir_cp_async_wait<0>();"),
+            "{s}"
+        );
+        assert!(
+            s.contains("dcir_mma_bf16(") && s.contains("dcir_f2bf("),
+            "{s}"
+        );
+        // K stored head dim first: element by element, and so one stage.
+        let s = attention("f16", 80, 32, [64, 32], 2, true).expect("lowers");
+        assert!(s.contains("Ks[Ks_r * 40 + Ks_c] = dcir_f2h("), "{s}");
+        assert!(!s.contains("buf"), "{s}");
+    }
+
+    #[test]
+    fn what_the_tensor_cores_do_not_take_is_refused_by_reason() {
+        let e = attention("f32", 64, 64, [64, 64], 1, false).expect_err("f32");
+        assert!(e.contains("tensor-core attention on f32"), "{e}");
+        let e = attention("f16", 64, 24, [64, 64], 1, false).expect_err("head dim");
+        assert!(e.contains("head dims 24/24"), "{e}");
+        let e = attention("f16", 64, 64, [64, 24], 1, false).expect_err("block");
+        assert!(e.contains("block = [64, 24]"), "{e}");
+    }
+}
