@@ -20,6 +20,9 @@
 #             zoo-export); ZOO_CHECK=0 times without --check
 #   zoo-export the zoo exported at ZOO_BATCH (32) into $B/zoo_bN/ (export_zoo.py,
 #             ZOO_EXPORT_JOBS at once, 8) and $OUT/zoo_bN.tgz
+#   zoo-timed the zoo (ZOO_BATCH, ZOO_DTYPES, ZOO_ONLY) timed one model at a time
+#             (--bench ZOO_BENCH, 20; no --check) after a parallel pass (ZOO_JOBS)
+#             that fills the NVRTC cache; zoo.log as `zoo` writes it, for zoo_table.py
 #   zoo-peers PyTorch eager (or torch.compile with ZOO_COMPILE=1, ZOO_PEERS_JOBS
 #             compiling at once, 8) on the zoo models, batch ZOO_BATCH (1), f32 and f16
 #             (ZOO_PEERS_DTYPES), ZOO_ONLY for some (zoo_peers.py) into zoo_peers.log
@@ -142,7 +145,7 @@ zoo_one() {
     [ "$dt" != f32 ] && src=/tmp/zoo/${m}_$dt.dcir
     [ "${ZOO_CHECK:-1}" = 0 ] && check=
     # shellcheck disable=SC2086 # $check is one word or none
-    if timeout "${ZOO_TIMEOUT:-300}" "$B/dcir-run" "$src" --backend cuda $check --bench 20 >"$log" 2>&1; then
+    if timeout "${ZOO_TIMEOUT:-300}" "$B/dcir-run" "$src" --backend cuda $check --bench "${ZOO_BENCH:-20}" >"$log" 2>&1; then
         echo "$m $dt PASS $(grep '^bench:' "$log" | tail -1 | sed 's/.*median/median/')"
     else
         echo "$m $dt FAIL $(grep -m1 -iE 'error|mismatch|fail' "$log" | head -c 200)"
@@ -160,7 +163,7 @@ zoo() {
             to_bf16 "/tmp/zoo/$m.dcir" "/tmp/zoo/${m}_bf16.dcir"
     done
     builtin export -f zoo_one
-    builtin export B OUT ZOO_CHECK ZOO_TIMEOUT
+    builtin export B OUT ZOO_CHECK ZOO_TIMEOUT ZOO_BENCH
     for m in $models; do for dt in ${ZOO_DTYPES:-f32 f16 bf16}; do echo "$m $dt"; done; done |
         xargs -P "${ZOO_JOBS:-4}" -L 1 bash -c 'zoo_one "$0" "$1"' | sort >"$OUT/zoo.log"
     grep -q FAIL "$OUT/zoo.log" && status=1
@@ -172,6 +175,13 @@ onnx_node() {
     grep -E '^(onnx-node:|test_.* FAIL$)' "$OUT/onnx_node_full.log" >"$OUT/onnx_node.log"
     summary+=("$(grep -m1 '^onnx-node:' "$OUT/onnx_node.log") (onnx_node.log)")
     grep ' FAIL$' "$OUT/onnx_node.log" | head -20
+}
+
+zoo_timed() {
+    (ZOO_CHECK=0 ZOO_BENCH=1 zoo)
+    mv "$OUT/zoo.log" "$OUT/zoo_compile.log"
+    rm -rf "$OUT/zoo"
+    ZOO_CHECK=0 ZOO_JOBS=1 zoo
 }
 
 zoo_export() {
@@ -425,6 +435,7 @@ for step in "$@"; do
         kernels|examples|export|models|zoo|variants|profile|ncu|perf|peers|suite|sanitize|test|random|ab|library) $step ;;
         zoo-peers) zoo_peers ;;
         zoo-export) zoo_export ;;
+        zoo-timed) zoo_timed ;;
         onnx-node) onnx_node ;;
         *) echo "unknown step $step"; exit 2 ;;
     esac
