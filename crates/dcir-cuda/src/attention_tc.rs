@@ -50,11 +50,11 @@ use crate::kir::{
 type Result<T> = std::result::Result<T, EmitError>;
 
 /// Locals of the kernel, reserved before the parameters are named.
-const NAMES: [&str; 39] = [
+const NAMES: [&str; 40] = [
     "tile_m", "bz", "m0", "warp", "lane", "grp", "quad", "w0", "smem", "qf", "kf", "vf", "pa",
-    "sacc", "out_acc", "row_max", "row_sum", "tile_max", "tile_sum", "m_new", "m_use", "alpha",
-    "p", "s_val", "row", "col", "n0", "kk", "j", "jp", "e", "h", "c", "cp", "i", "Qs", "Ks", "Vs",
-    "buf",
+    "sacc", "out_acc", "row_max", "row_sum", "tile_max", "tile_sum", "m_new", "m_use", "m_log2",
+    "alpha", "p", "s_val", "row", "col", "n0", "kk", "j", "jp", "e", "h", "c", "cp", "i", "Qs",
+    "Ks", "Vs", "buf",
 ];
 
 /// The shared arrays' row padding, in elements (16 bytes).
@@ -103,7 +103,13 @@ pub(super) fn attention(l: &mut Lower, op: OpId) -> Result<Kernel> {
         DType::BF16 => (Ty::Bf16Bits, Helper::MmaBf16),
         _ => (Ty::F16Bits, Helper::MmaF16),
     };
-    for h in [Helper::CpAsync, Helper::Ldmatrix, Helper::NanMinMax, mma] {
+    for h in [
+        Helper::CpAsync,
+        Helper::Ldmatrix,
+        Helper::NanMinMax,
+        Helper::Exp2,
+        mma,
+    ] {
         l.helpers.insert(h);
     }
     let batch_coords = batch_coords(&batch_dims, bz_expr(batch));
@@ -542,14 +548,13 @@ impl Shape {
                 ),
                 true,
             ),
+            Stmt::Comment("exp(x - m) as 2^(x·log2 e - m·log2 e): one fma and ex2".into()),
             let_float(
-                "alpha",
-                call(
-                    "expf",
-                    vec![bin(BinOp::Sub, at("row_max", var("h")), var("m_use"))],
-                ),
+                "m_log2",
+                bin(BinOp::Mul, var("m_use"), Expr::F32(LOG2_E)),
                 true,
             ),
+            let_float("alpha", exp2_minus(at("row_max", var("h"))), true),
             let_float("tile_sum", Expr::F32(0.0), false),
             unrolled(
                 "j",
@@ -558,14 +563,7 @@ impl Shape {
                     "e",
                     2,
                     vec![
-                        let_float(
-                            "p",
-                            call(
-                                "expf",
-                                vec![bin(BinOp::Sub, at("sacc", elem("j")), var("m_use"))],
-                            ),
-                            true,
-                        ),
+                        let_float("p", exp2_minus(at("sacc", elem("j"))), true),
                         Stmt::Store(f32_array("sacc"), elem("j"), var("p")),
                         Stmt::Assign(
                             "tile_sum".into(),
@@ -771,6 +769,18 @@ fn stage_operand(
 }
 
 /// Commits this thread's copies and waits for them (a barrier follows).
+/// log2 e, the factor that turns `exp` into `exp2`.
+const LOG2_E: f32 = std::f32::consts::LOG2_E;
+
+/// `exp(x − m_use)` as `dcir_exp2(x·log2 e − m_log2)`: -inf stays 0.
+fn exp2_minus(x: Expr) -> Expr {
+    let scaled = call(
+        "fmaf",
+        vec![x, Expr::F32(LOG2_E), Expr::Neg(Box::new(var("m_log2")))],
+    );
+    call("dcir_exp2", vec![scaled])
+}
+
 fn wait_copies() -> [Stmt; 2] {
     [
         Stmt::Call("dcir_cp_async_commit".into(), vec![]),

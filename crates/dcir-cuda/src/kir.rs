@@ -366,6 +366,9 @@ pub enum Helper {
     Gelu,
     /// `dcir_sigmoid`.
     Sigmoid,
+    /// `dcir_exp2`: 2^x by `ex2.approx.ftz.f32` (2 ulp; -inf gives 0), for
+    /// a softmax that scales its exponents by log2 e itself.
+    Exp2,
     /// `dcir_ipow`: integer `a ^ b` (wrapping; the truncated real result for `b < 0`).
     IntPow,
     /// Shared-memory addressing and asynchronous copies (inline PTX):

@@ -79,6 +79,9 @@ __device__ __forceinline__ float dcir_gelu_tanh(float x) {
 }
 "#
         }
+        Helper::Exp2 => {
+            "__device__ __forceinline__ float dcir_exp2(float x) {\n  float e;\n  asm(\"ex2.approx.ftz.f32 %0, %1;\" : \"=f\"(e) : \"f\"(x));\n  return e;\n}\n"
+        }
         Helper::Sigmoid => {
             "__device__ __forceinline__ float dcir_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }\n"
         }
