@@ -1,11 +1,13 @@
 //! The partition planner: DeepCuts' Algorithm 1 as a greedy best-merge search.
 //!
 //! Every op that does work starts as its own group (constants are data, not
-//! kernels). Each round considers every pair of groups joined by a
+//! kernels), but a broadcast with one one-to-one user starts in its user's.
+//! Each round considers every pair of groups joined by a
 //! producer → consumer edge, asks whether their union is legal (each edge
 //! passes [`edge_rule`], the union forms a kernel shape ([`group_kind`]), and
 //! merging creates no cycle through a third group), and asks the estimator
-//! for the union's time. The merge that saves the most time is applied; the
+//! for the union's time. The merge that saves the most time is applied
+//! (savings within `SAVING_TIE` are ties, the earliest producer's first); the
 //! search stops when no legal merge saves time. Estimates are cached per op
 //! set, so a round re-estimates only pairs that touch the last merge, and a
 //! round's new sets go to the estimator together ([`Estimator::estimate_all`]).
@@ -21,6 +23,7 @@ use dcir_ir::{Graph, OpId, OpKind, ValueDef};
 use rustc_hash::FxHashMap;
 
 use crate::apply::{apply_plan_indexed, is_view_group, reads_stored, standalone_group};
+use crate::class::{Mapping, mapping};
 use crate::cost::{Estimate, Estimator};
 use crate::group::Group;
 use crate::legality::check_group;
@@ -29,6 +32,9 @@ use crate::target::{Refusal, Target};
 
 /// Searches after a final check refused a group, at most.
 const MAX_SEARCHES: usize = 16;
+
+/// Merge savings closer than this (seconds) are ties.
+const SAVING_TIE: f64 = 1e-8;
 
 /// One group of the plan with its estimate.
 #[derive(Clone, Debug)]
@@ -356,6 +362,40 @@ fn reachable_through_other(consumers: &[Vec<usize>], from: usize, to: usize) -> 
     false
 }
 
+/// Starts each `broadcast` with one user, an op that maps elements one to
+/// one (a bias add), in its user's group: the broadcast is index
+/// arithmetic there, while alone it prices as a kernel writing the whole
+/// broadcast shape, which makes its user look costly to merge anywhere else
+/// (a projection's bias would go with the views after it, not into the
+/// projection's epilogue).
+fn broadcasts_with_their_consumers(state: &mut State<'_>) {
+    let graph = state.graph;
+    for &op in &graph.block(graph.body()).ops {
+        let d = graph.op(op);
+        if d.kind != OpKind::Broadcast {
+            continue;
+        }
+        let Some(&[user]) = state.users.get(&d.results[0]).map(Vec::as_slice) else {
+            continue;
+        };
+        let (Some(&g), Some(&ug)) = (state.group_of.get(&op), state.group_of.get(&user)) else {
+            continue;
+        };
+        if mapping(graph.op(user).kind) != Mapping::OneToOne {
+            continue;
+        }
+        let merged = state.sorted([state.members[g].clone(), state.members[ug].clone()].concat());
+        if state.form(&merged).is_err() {
+            continue;
+        }
+        for &o in &merged {
+            state.group_of.insert(o, ug);
+        }
+        state.members[ug] = merged;
+        state.members[g].clear();
+    }
+}
+
 /// Each lone `conv2d` group `c` between two lone `transpose` groups, `p`
 /// reading its input and `q` its result, as `(p, c, q)`: a convolution over
 /// a tensor stored in another layout (the `channels-last` pass's NHWC)
@@ -481,6 +521,7 @@ fn search(
     if !merge {
         return finish(state, model, Vec::new());
     }
+    broadcasts_with_their_consumers(state);
     let mut rejections;
     loop {
         // The round's producer → consumer pairs, with the union of each that
@@ -580,8 +621,12 @@ fn search(
                 Ok(e) => saving.push((separate - e.time, vec![p, c], merged)),
             }
         }
-        // Best saving first; a stable sort keeps the first of equal savings first.
-        saving.sort_by(|a, b| b.0.total_cmp(&a.0));
+        // Best saving first. Savings within SAVING_TIE are equal (a copy
+        // kernel priced a few ns above an epilogue must not decide), and a
+        // stable sort keeps the first of equal savings first: the earliest
+        // producer's.
+        let tie = |s: f64| (s / SAVING_TIE).round();
+        saving.sort_by(|a, b| tie(b.0).total_cmp(&tie(a.0)));
         let mut best = None;
         for (_, joined, merged) in saving {
             let p = joined[0];

@@ -87,6 +87,79 @@ fn elementwise_time_is_bytes_over_bandwidth() {
 }
 
 #[test]
+fn an_input_only_sliced_is_read_at_the_slices_size() {
+    // Through views into slices: a third each, both thirds read.
+    let g = graph(
+        "graph @s(%x: f32[256,3,512]) -> (f32[512,256], f32[256,512]) {\n  %t = transpose %x {perm = [1, 0, 2]} : f32[3,256,512]\n  %a = slice %t {ends = [1, 256, 512], starts = [0, 0, 0]} : f32[1,256,512]\n  %ar = reshape %a : f32[256,512]\n  %at = transpose %ar {perm = [1, 0]} : f32[512,256]\n  %ya = relu %at : f32[512,256]\n  %b = slice %t {ends = [3, 256, 512], starts = [2, 0, 0]} : f32[1,256,512]\n  %br = reshape %b : f32[256,512]\n  %yb = neg %br : f32[256,512]\n  return %ya, %yb\n}",
+    );
+    let names = ["t", "a", "ar", "at", "ya", "b", "br", "yb"];
+    let e = h200()
+        .estimate(
+            &g,
+            &group(&g, &names, GroupKind::Elementwise, Level::Register),
+        )
+        .unwrap();
+    assert_eq!(e.bytes, 4 * 256 * 512 * 4);
+    // A view the group also stores reads the whole input.
+    let g = graph(
+        "graph @s(%x: f32[3,512]) -> (f32[1,512], f32[3,512]) {\n  %t = reshape %x : f32[3,512]\n  %a = slice %t {ends = [1, 512], starts = [0, 0]} : f32[1,512]\n  %y = relu %a : f32[1,512]\n  return %y, %t\n}",
+    );
+    let e = h200()
+        .estimate(
+            &g,
+            &group(
+                &g,
+                &["t", "a", "y"],
+                GroupKind::Elementwise,
+                Level::Register,
+            ),
+        )
+        .unwrap();
+    assert_eq!(e.bytes, (3 * 512 + 512 + 3 * 512) * 4);
+}
+
+#[test]
+fn a_pool_reading_through_a_layout_transpose_pays_a_sector_per_element() {
+    // The same pool over the same NCHW elements: read as stored, and read
+    // out of an NHWC tensor through the channels-last transpose.
+    let g = graph(
+        "graph @p(%x: f16[32,64,112,112], %h: f16[32,112,112,64]) -> (f16[32,64,56,56], f16[32,64,56,56]) {\n  %a = maxpool2d %x {kernel = [3, 3], pad = [1, 1, 1, 1], stride = [2, 2]} : f16[32,64,56,56]\n  %t = transpose %h {perm = [0, 3, 1, 2]} : f16[32,64,112,112]\n  %b = maxpool2d %t {kernel = [3, 3], pad = [1, 1, 1, 1], stride = [2, 2]} : f16[32,64,56,56]\n  return %a, %b\n}",
+    );
+    let model = CostModel::new(DeviceSpec::h100());
+    let stored = model
+        .estimate(&g, &group(&g, &["a"], GroupKind::Pool, Level::Register))
+        .unwrap();
+    let gathered = model
+        .estimate(
+            &g,
+            &group(&g, &["t", "b"], GroupKind::Pool, Level::Register),
+        )
+        .unwrap();
+    assert_eq!(stored.bytes, gathered.bytes);
+    // f16: 16 elements a sector, one used.
+    assert!(
+        gathered.time > 8.0 * stored.time,
+        "{} vs {}",
+        gathered.time,
+        stored.time
+    );
+}
+
+#[test]
+fn a_splat_constant_is_a_literal_not_a_read() {
+    let g = graph(
+        "graph @c(%x: f32[1024,1024]) -> (f32[1024,1024]) {\n  %c = constant {value = 0.5} : f32[1024,1024]\n  %y = mul %x, %c : f32[1024,1024]\n  return %y\n}",
+    );
+    let e = h200()
+        .estimate(
+            &g,
+            &group(&g, &["y"], GroupKind::Elementwise, Level::Register),
+        )
+        .unwrap();
+    assert_eq!(e.bytes, 2 * 1024 * 1024 * 4);
+}
+
+#[test]
 fn broadcast_input_is_read_at_its_own_size() {
     let g = graph(
         "graph @b(%x: f32[1024,1024], %b: f32[1024]) -> (f32[1024,1024]) {\n  %bb = broadcast %b {dims = [1]} : f32[1024,1024]\n  %y = add %x, %bb : f32[1024,1024]\n  return %y\n}",
@@ -601,6 +674,60 @@ fn half_attention_is_one_tensor_core_kernel_reading_the_projection() {
             .iter()
             .all(|p| p.estimate.params.get("math").and_then(Attr::as_str) != Some("tensor_core"))
     );
+}
+
+/// The projection before `exporter_attention`'s slices, with its bias, as
+/// ViT's exported `MultiheadAttention` writes it (sequence first).
+fn exporter_attention_with_projection(dtype: &str) -> Graph {
+    graph(&format!(
+        "graph @vit(%x: {d}[394,768], %w: {d}[768,2304], %b: {d}[2304]) -> ({d}[394,768]) {{
+          %proj = matmul %x, %w : {d}[394,2304]
+          %bb = broadcast %b {{dims = [1]}} : {d}[394,2304]
+          %biased = add %proj, %bb : {d}[394,2304]
+          %split = reshape %biased : {d}[197,2,3,768]
+          %qkv = transpose %split {{perm = [2, 0, 1, 3]}} : {d}[3,197,2,768]
+          %qs = slice %qkv {{ends = [1, 197, 2, 768], starts = [0, 0, 0, 0]}} : {d}[1,197,2,768]
+          %q = reshape %qs : {d}[197,24,64]
+          %qt = transpose %q {{perm = [1, 0, 2]}} : {d}[24,197,64]
+          %ks = slice %qkv {{ends = [2, 197, 2, 768], starts = [1, 0, 0, 0]}} : {d}[1,197,2,768]
+          %k = reshape %ks : {d}[197,24,64]
+          %kt = transpose %k {{perm = [1, 0, 2]}} : {d}[24,197,64]
+          %vs = slice %qkv {{ends = [3, 197, 2, 768], starts = [2, 0, 0, 0]}} : {d}[1,197,2,768]
+          %v = reshape %vs : {d}[197,24,64]
+          %vt = transpose %v {{perm = [1, 0, 2]}} : {d}[24,197,64]
+          %scores = matmul %qt, %kt {{transpose_b = true}} : {d}[24,197,197]
+          %scale = constant {{value = 0.125}} : {d}[]
+          %scaleb = broadcast %scale {{dims = []}} : {d}[24,197,197]
+          %scaled = mul %scores, %scaleb : {d}[24,197,197]
+          %probs = softmax %scaled {{axis = 2}} : {d}[24,197,197]
+          %ctx = matmul %probs, %vt : {d}[24,197,64]
+          %ctxr = reshape %ctx : {d}[2,12,197,64]
+          %ctxt = transpose %ctxr {{perm = [2, 0, 1, 3]}} : {d}[197,2,12,64]
+          %y = reshape %ctxt : {d}[394,768]
+          return %y
+        }}",
+        d = dtype
+    ))
+}
+
+#[test]
+fn the_projection_takes_its_bias_and_attention_reads_it_through_the_views() {
+    // Two kernels: the projection with its bias (an epilogue), and the
+    // attention reading Q, K and V out of its result through the head
+    // split's views; no copy kernel between them.
+    let g = exporter_attention_with_projection("f16");
+    let model = CostModel::new(DeviceSpec::h100());
+    let plan = dcir_fusion::plan_graph(&g, &model, &dcir_fusion::AnyGroup).expect("plans");
+    let kinds: Vec<Vec<&str>> = plan
+        .groups
+        .iter()
+        .map(|p| p.group.ops.iter().map(|&o| g.op(o).kind.name()).collect())
+        .collect();
+    assert_eq!(kinds.len(), 2, "{kinds:?}");
+    assert_eq!(plan.groups[0].group.kind, GroupKind::Gemm, "{kinds:?}");
+    assert_eq!(kinds[0], ["matmul", "broadcast", "add"], "{kinds:?}");
+    assert_eq!(plan.groups[1].group.kind, GroupKind::Attention, "{kinds:?}");
+    assert_eq!(kinds[1][..2], ["reshape", "transpose"], "{kinds:?}");
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! the problem shape of its anchor ops, computed once per estimate.
 
 use dcir_ir::shape::Rows;
-use dcir_ir::{DType, Graph, OpId, OpKind, TensorType, ValueDef, ValueId};
+use dcir_ir::{Attr, DType, Graph, OpId, OpKind, TensorType, ValueDef, ValueId};
 use dcir_passes::analysis::op_cost;
 use rustc_hash::FxHashSet;
 
@@ -90,8 +90,10 @@ pub(crate) enum Body {
         input_bytes: f64,
         layout: RowLayout,
     },
-    /// `outputs` output elements, each reading a `window` of inputs.
-    Pool { outputs: f64 },
+    /// `outputs` output elements, each reading a window of its input;
+    /// `gathered_bytes` of the inputs reach the pool through a transpose
+    /// that moves their innermost axis (each element its own sector).
+    Pool { outputs: f64, gathered_bytes: f64 },
     /// Matmul or implicit-GEMM conv (`conv` true).
     Gemm { g: GemmShape, conv: bool },
     /// Depthwise conv, direct kernel.
@@ -149,6 +151,86 @@ fn check(t: &TensorType) -> Result<f64, String> {
 fn size(graph: &Graph, v: ValueId) -> f64 {
     // Checked by `analyze` before any call.
     graph.ty(v).num_elements().unwrap_or(0) as f64 * graph.ty(v).dtype.size_bytes() as f64
+}
+
+/// Bytes a group made of `ops` reads of its input `v`: the whole tensor,
+/// unless every use inside the group reaches it only through reshapes and
+/// transposes into slices (none of those views among the group's `outputs`);
+/// then the slices' elements (at most the tensor). ViT's attention reads each
+/// of Q, K and V as a third of the projection.
+fn read_size(graph: &Graph, ops: &[OpId], outputs: &[ValueId], v: ValueId) -> f64 {
+    if is_literal(graph, ops, v) {
+        return 0.0;
+    }
+    let full = size(graph, v);
+    let mut sliced = 0.0;
+    let mut frontier = vec![v];
+    while let Some(w) = frontier.pop() {
+        let mut used = false;
+        for &op in ops {
+            let d = graph.op(op);
+            if !d.operands.contains(&w) {
+                continue;
+            }
+            used = true;
+            match d.kind {
+                OpKind::Slice => sliced += size(graph, d.results[0]),
+                OpKind::Reshape | OpKind::Transpose => frontier.push(d.results[0]),
+                _ => return full,
+            }
+        }
+        // A view the group stores: the whole tensor.
+        if !used || (w != v && outputs.contains(&w)) {
+            return full;
+        }
+    }
+    f64::min(sliced, full)
+}
+
+/// Bytes of the group's inputs that reach `op`'s first operand through a
+/// transpose moving their innermost axis: read in `op`'s order, each
+/// element lands in its own 32-byte sector (a pool over an NHWC tensor
+/// viewed as NCHW).
+fn gathered_bytes(graph: &Graph, inside: &FxHashSet<OpId>, op: OpId) -> f64 {
+    let mut bytes = 0.0;
+    let mut seen: Vec<ValueId> = Vec::new();
+    let mut stack = vec![(graph.op(op).operands[0], false)];
+    while let Some((v, crossed)) = stack.pop() {
+        match graph.value(v).def {
+            ValueDef::OpResult { op: def, .. } if inside.contains(&def) => {
+                let d = graph.op(def);
+                let moves = d.kind == OpKind::Transpose
+                    && d.attrs
+                        .ints("perm")
+                        .is_some_and(|p| p.last().is_some_and(|&l| l + 1 != p.len() as i64));
+                for &o in &d.operands {
+                    stack.push((o, crossed || moves));
+                }
+            }
+            _ if crossed && !seen.contains(&v) => {
+                seen.push(v);
+                bytes += size(graph, v);
+            }
+            _ => {}
+        }
+    }
+    bytes
+}
+
+/// True for a splat constant (GELU's 0.5, an exported graph's full-shape
+/// scalars) that no contraction of the group reads: the emitter writes it
+/// into the kernel as a literal, so the kernel reads no memory for it.
+fn is_literal(graph: &Graph, ops: &[OpId], v: ValueId) -> bool {
+    let ValueDef::OpResult { op, .. } = graph.value(v).def else {
+        return false;
+    };
+    let d = graph.op(op);
+    d.kind == OpKind::Constant
+        && d.attrs.get("value").and_then(Attr::splat).is_some()
+        && ops.iter().all(|&o| {
+            let u = graph.op(o);
+            role(u.kind) != Role::Contraction || !u.operands.contains(&v)
+        })
 }
 
 fn dims(graph: &Graph, v: ValueId) -> Vec<f64> {
@@ -329,11 +411,8 @@ pub(crate) fn analyze(graph: &Graph, group: &Group) -> Result<GroupInfo, String>
     }
 
     // Compulsory traffic: inputs once (at their own size: a broadcast inside
-    // the group reads its small operand), outputs (values used outside) once.
-    let mut bytes = 0.0;
-    for v in group.inputs(graph) {
-        bytes += size(graph, v);
-    }
+    // the group reads its small operand; an input only sliced reads the
+    // slices), outputs (values used outside) once.
     // Users anywhere: a group read from a `fused` op's region (the tuner's)
     // has its results used by the region's `yield`.
     let mut outputs: Vec<ValueId> = Vec::new();
@@ -349,6 +428,10 @@ pub(crate) fn analyze(graph: &Graph, group: &Group) -> Result<GroupInfo, String>
                 outputs.push(v);
             }
         }
+    }
+    let mut bytes = 0.0;
+    for v in group.inputs(graph) {
+        bytes += read_size(graph, &group.ops, &outputs, v);
     }
     for &v in &outputs {
         bytes += size(graph, v);
@@ -446,6 +529,7 @@ pub(crate) fn analyze(graph: &Graph, group: &Group) -> Result<GroupInfo, String>
         }
         (GroupKind::Pool, &[a]) if role(kinds[0]) == Role::Pool => Body::Pool {
             outputs: check(graph.ty(graph.op(a).results[0]))?,
+            gathered_bytes: gathered_bytes(graph, &inside, a),
         },
         (GroupKind::Gemm, &[a]) if kinds == [OpKind::Matmul] => Body::Gemm {
             g: gemm_of_matmul(graph, a, &inside),

@@ -10,6 +10,9 @@ use super::KernelParams;
 use super::shape::{Body, Depthwise, GemmShape, GroupInfo, RowLayout};
 use crate::device::DeviceSpec;
 
+/// The memory system's access granule (an L2 sector), bytes.
+const SECTOR_BYTES: f64 = 32.0;
+
 /// Elementwise and pool block sizes.
 const THREADS_FLAT: [u32; 3] = [128, 256, 512];
 /// Vector widths (elements per load).
@@ -476,7 +479,12 @@ pub(crate) fn for_each(dev: &DeviceSpec, info: &GroupInfo, out: &mut dyn FnMut(C
                 }
             }
         }
-        Body::Pool { outputs } => {
+        Body::Pool {
+            outputs,
+            gathered_bytes,
+        } => {
+            // A gathered element costs its whole sector.
+            let gathered = gathered_bytes * (SECTOR_BYTES / info.elem.max(1.0) - 1.0).max(0.0);
             for threads in THREADS_FLAT {
                 for items in ITEMS {
                     let per_block = (threads * items) as f64;
@@ -493,7 +501,7 @@ pub(crate) fn for_each(dev: &DeviceSpec, info: &GroupInfo, out: &mut dyn FnMut(C
                         lane_util: (outputs / (blocks * per_block)).min(1.0),
                         matrix_flops: 0.0,
                         scalar_flops: info.scalar_flops,
-                        extra_dram: 0.0,
+                        extra_dram: gathered,
                         panels: None,
                         serialize: false,
                         in_flight: None,
