@@ -367,9 +367,16 @@ fn reachable_through_other(consumers: &[Vec<usize>], from: usize, to: usize) -> 
 /// arithmetic there, while alone it prices as a kernel writing the whole
 /// broadcast shape, which makes its user look costly to merge anywhere else
 /// (a projection's bias would go with the views after it, not into the
-/// projection's epilogue).
-fn broadcasts_with_their_consumers(state: &mut State<'_>) {
+/// projection's epilogue). Like any merge it must not be estimated slower
+/// than the two apart (a measuring estimator may say so) and the target
+/// must accept it.
+fn broadcasts_with_their_consumers(
+    state: &mut State<'_>,
+    model: &dyn Estimator,
+    target: &dyn Target,
+) -> Result<(), String> {
     let graph = state.graph;
+    let mut pairs = Vec::new();
     for &op in &graph.block(graph.body()).ops {
         let d = graph.op(op);
         if d.kind != OpKind::Broadcast {
@@ -378,14 +385,35 @@ fn broadcasts_with_their_consumers(state: &mut State<'_>) {
         let Some(&[user]) = state.users.get(&d.results[0]).map(Vec::as_slice) else {
             continue;
         };
-        let (Some(&g), Some(&ug)) = (state.group_of.get(&op), state.group_of.get(&user)) else {
-            continue;
-        };
         if mapping(graph.op(user).kind) != Mapping::OneToOne {
             continue;
         }
-        let merged = state.sorted([state.members[g].clone(), state.members[ug].clone()].concat());
-        if state.form(&merged).is_err() {
+        if let (Some(&g), Some(&ug)) = (state.group_of.get(&op), state.group_of.get(&user)) {
+            pairs.push((g, ug));
+        }
+    }
+    // The sets as they stand before any of these merges, to the estimator at once.
+    let sets = pairs
+        .iter()
+        .flat_map(|&(g, ug)| {
+            let merged =
+                state.sorted([state.members[g].clone(), state.members[ug].clone()].concat());
+            [merged, state.members[g].clone(), state.members[ug].clone()]
+        })
+        .collect();
+    state.prefetch(model, sets);
+    for (g, ug) in pairs {
+        let (alone, user) = (state.members[g].clone(), state.members[ug].clone());
+        let merged = state.sorted([alone.clone(), user.clone()].concat());
+        let time = |state: &mut State<'_>, ops: &[OpId]| state.estimate(model, ops).map(|e| e.time);
+        let (Ok(together), Ok(a), Ok(b)) = (
+            time(state, &merged),
+            time(state, &alone),
+            time(state, &user),
+        ) else {
+            continue;
+        };
+        if together > a + b || state.verdict(model, target, ug, &merged)?.is_err() {
             continue;
         }
         for &o in &merged {
@@ -394,6 +422,7 @@ fn broadcasts_with_their_consumers(state: &mut State<'_>) {
         state.members[ug] = merged;
         state.members[g].clear();
     }
+    Ok(())
 }
 
 /// Each lone `conv2d` group `c` between two lone `transpose` groups, `p`
@@ -521,7 +550,7 @@ fn search(
     if !merge {
         return finish(state, model, Vec::new());
     }
-    broadcasts_with_their_consumers(state);
+    broadcasts_with_their_consumers(state, model, target)?;
     let mut rejections;
     loop {
         // The round's producer → consumer pairs, with the union of each that
