@@ -1610,7 +1610,13 @@ fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
     // one element at a time.
     let order = (!shape.contiguous(&x_dims)).then(|| shape.order());
     let width = if order.is_none() && attr_int(g, op, "vector", 1) > 1 {
-        wide_vector(&params, row)
+        let width = wide_vector(&params, row);
+        let keep = |y: ValueId| views_keep_vectors(g, y, width);
+        if outputs.iter().all(|&(_, _, y, per_row)| per_row || keep(y)) {
+            width
+        } else {
+            1
+        }
     } else {
         1
     };
@@ -2105,13 +2111,20 @@ fn store_vectors(
     idxs: &[Index],
 ) -> Result<()> {
     let width = idxs.len();
-    let index = plan.vectors(width).bases[0].1.clone();
+    let row_major = plan.vectors(width).bases[0].1.clone();
     for (p, dtype, y, _) in outputs {
         let mut lanes = Vec::new();
         for idx in idxs {
-            let v = l.value_at(*y, idx)?;
+            let v = viewed_value(l, *y, idx)?;
             lanes.push(l.narrow(*dtype, v));
         }
+        // Through views the vector starts where the first lane lands
+        // (`views_keep_vectors`: a multiple of `width`).
+        let index = if is_view(l.g, *y) {
+            div(result_index(l.g, *y, &idxs[0]).get_linear(), width as i64)
+        } else {
+            row_major.clone()
+        };
         l.body.push(Stmt::Store(
             ArrayRef {
                 name: p.name.clone(),
@@ -2132,30 +2145,120 @@ fn store_per_element(
 ) -> Result<()> {
     for (p, dtype, y, per_row) in outputs {
         if !per_row {
-            let v = l.value_at(*y, idx)?;
-            store(l, p, *dtype, idx.get_linear(), v);
+            let v = viewed_value(l, *y, idx)?;
+            store(l, p, *dtype, result_index(l.g, *y, idx).get_linear(), v);
         }
     }
     Ok(())
 }
 
+/// The value of the per-element result `y` at the reduced input's element
+/// `idx`: the value its views start from, at `idx` in the input's linear
+/// order (so the row's cached and computed values are reused).
+fn viewed_value(l: &mut Lower, y: ValueId, idx: &Index) -> Result<Expr> {
+    let mut v = y;
+    while let ValueDef::OpResult { op, .. } = l.g.value(v).def {
+        let d = l.g.op(op);
+        if !matches!(d.kind, OpKind::Reshape | OpKind::Transpose) {
+            break;
+        }
+        v = d.operands[0];
+    }
+    let dims = l.g.ty(v).dims().to_vec();
+    if dims == idx.dims {
+        l.value_at(v, idx)
+    } else {
+        l.value_at(v, &Index::linear(&dims, idx.get_linear()))
+    }
+}
+
+/// Whether `v` is a reshape or transpose result.
+fn is_view(g: &Graph, v: ValueId) -> bool {
+    matches!(
+        g.value(v).def,
+        ValueDef::OpResult { op, .. } if matches!(g.op(op).kind, OpKind::Reshape | OpKind::Transpose)
+    )
+}
+
+/// The index of the per-element result `y` whose element derives from the
+/// reduced input's element at `idx`: forward through the reshapes and
+/// transposes between `y` and the value they view, which is in the input's
+/// linear order.
+fn result_index(g: &Graph, y: ValueId, idx: &Index) -> Index {
+    let dims = g.ty(y).dims().to_vec();
+    let ValueDef::OpResult { op, .. } = g.value(y).def else {
+        return Index::linear(&dims, idx.get_linear());
+    };
+    let d = g.op(op);
+    match (d.kind, d.attrs.ints("perm")) {
+        (OpKind::Reshape, _) => {
+            Index::linear(&dims, result_index(g, d.operands[0], idx).get_linear())
+        }
+        (OpKind::Transpose, Some(perm)) => {
+            let c = result_index(g, d.operands[0], idx).get_coords();
+            Index::coords(&dims, perm.iter().map(|&p| c[p as usize].clone()).collect())
+        }
+        _ if dims == idx.dims => idx.clone(),
+        _ => Index::linear(&dims, idx.get_linear()),
+    }
+}
+
+/// Whether `width` consecutive elements of a row, starting at a multiple of
+/// `width`, stay consecutive and aligned in `y`: every transpose on the way
+/// keeps the innermost axis innermost, and every value on the way (the first
+/// non-view included) has an innermost extent that `width` divides.
+fn views_keep_vectors(g: &Graph, y: ValueId, width: usize) -> bool {
+    let innermost = g.ty(y).dims().last().copied().unwrap_or(1);
+    if !innermost.is_multiple_of(width) {
+        return false;
+    }
+    let ValueDef::OpResult { op, .. } = g.value(y).def else {
+        return true;
+    };
+    let d = g.op(op);
+    match d.kind {
+        OpKind::Reshape => views_keep_vectors(g, d.operands[0], width),
+        OpKind::Transpose => {
+            let perm = d.attrs.ints("perm").unwrap_or_default();
+            perm.last().is_some_and(|&p| p as usize + 1 == perm.len())
+                && views_keep_vectors(g, d.operands[0], width)
+        }
+        _ => true,
+    }
+}
+
 /// Everything computed from the reduction's result must keep to its row:
-/// elementwise math, casts and reshapes only.
+/// elementwise math, casts and reshapes, and transposes on the way to a
+/// result (no math after them: [`result_index`] follows views forward only).
 fn check_epilogue(l: &Lower, op: OpId, rv: ValueId) -> Result<()> {
     let g = l.g;
     let region = g.op(op).region.expect("a fused op has a region");
     let mut tainted: BTreeSet<ValueId> = BTreeSet::from([rv]);
+    // Tainted values a transpose reordered (and their reshapes).
+    let mut reordered: BTreeSet<ValueId> = BTreeSet::new();
     for &o in &g.block(region).ops {
         let data = g.op(o);
         if data.kind == OpKind::Yield || !data.operands.iter().any(|v| tainted.contains(v)) {
             continue;
         }
-        let ok = data.kind.is_elementwise() || matches!(data.kind, OpKind::Cast | OpKind::Reshape);
-        if !ok {
+        let view = matches!(data.kind, OpKind::Reshape | OpKind::Transpose);
+        let place = if !view && data.operands.iter().any(|v| reordered.contains(v)) {
+            "after a transpose of the reduction's result (only views)"
+        } else if !view && !data.kind.is_elementwise() && data.kind != OpKind::Cast {
+            "after the reduction (only elementwise epilogues and views)"
+        } else {
+            ""
+        };
+        if !place.is_empty() {
             return Err(l.unsupported(Reason::Op {
                 op: data.kind,
-                place: "after the reduction (only elementwise epilogues)".into(),
+                place: place.into(),
             }));
+        }
+        if data.kind == OpKind::Transpose
+            || (view && data.operands.iter().any(|v| reordered.contains(v)))
+        {
+            reordered.extend(data.results.iter().copied());
         }
         tainted.extend(data.results.iter().copied());
     }
