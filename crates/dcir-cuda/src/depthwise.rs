@@ -651,10 +651,18 @@ pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
         block: threads as u32,
         grid: total.div_ceil(threads) as u32,
         dynamic_shared: 0,
-        min_blocks_per_sm: 0,
+        // Left alone, ptxas squeezes a strip of up to 8 outputs into 32
+        // registers and may spill (2×4 outputs of a 3×3 f32 window); one
+        // block per SM at least lets it take what the strip needs (a budget
+        // from the cost model's estimate spilled a 2×4 strip of a 7×7 f16
+        // window at 96). Larger strips keep ptxas's own choice.
+        min_blocks_per_sm: u32::from(rows * cols <= SMALL_STRIP),
         scratch: Vec::new(),
     })
 }
+
+/// Strips of at most this many outputs get a register budget (`direct`).
+const SMALL_STRIP: usize = 8;
 
 /// Most outputs one thread of a `direct` kernel accumulates.
 const MAX_STRIP: usize = 64;
