@@ -39,6 +39,8 @@
 #   ncu       Nsight Compute on the depthwise and f16 layernorm kernels
 #   perf      the kernel families at real sizes (kernel_check --no-check)
 #   peers     PyTorch (cuBLAS/cuDNN) at the perf shapes (family_peers.py)
+#   gemm      ViT-B/16 f32 b32's projections through cuBLAS and cuBLASLt, both
+#             weight layouts, with and without the bias (gemm_probe.py)
 #   suite     dcir against PyTorch eager and torch.compile on the suite's
 #             workloads, one table of ratios (suite.py --compile; more flags
 #             in SUITE_ARGS, e.g. "--tune-cache /tmp/t.json --tune-fusion")
@@ -242,6 +244,10 @@ peers() {
     python3 "$B/family_peers.py" 2>&1 | tee "$OUT/peers.log" | tail -25
 }
 
+gemm() {
+    python3 "$B/gemm_probe.py" 2>&1 | tee "$OUT/gemm_probe.log" | grep -v Warn
+}
+
 suite() {
     # shellcheck disable=SC2086 # SUITE_ARGS is a list of flags
     timeout "${SUITE_TIMEOUT:-900}" python3 "$B/suite.py" --compile --deadline "${SUITE_DEADLINE:-0}" ${SUITE_ARGS:-} 2>&1 | tee "$OUT/suite.log" | grep -E '^\|' | tail -24
@@ -432,7 +438,7 @@ PY
 
 for step in "$@"; do
     case $step in
-        kernels|examples|export|models|zoo|variants|profile|ncu|perf|peers|suite|sanitize|test|random|ab|library) $step ;;
+        kernels|examples|export|models|zoo|variants|profile|ncu|perf|peers|gemm|suite|sanitize|test|random|ab|library) $step ;;
         zoo-peers) zoo_peers ;;
         zoo-export) zoo_export ;;
         zoo-timed) zoo_timed ;;

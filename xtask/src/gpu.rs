@@ -30,6 +30,7 @@ const SCRIPTS: &[&str] = &[
     "suite.py",
     "zoo_peers.py",
     "fit.py",
+    "gemm_probe.py",
 ];
 
 /// The GPU test targets of dcir-cli carried as binaries.
