@@ -40,7 +40,8 @@
 #   perf      the kernel families at real sizes (kernel_check --no-check)
 #   peers     PyTorch (cuBLAS/cuDNN) at the perf shapes (family_peers.py)
 #   gemm      ViT-B/16 f32 b32's projections through cuBLAS and cuBLASLt, both
-#             weight layouts, with and without the bias (gemm_probe.py)
+#             weight layouts, with and without the bias, and the cuBLASLt
+#             heuristic's first eight algorithms each timed (gemm_probe.py)
 #   suite     dcir against PyTorch eager and torch.compile on the suite's
 #             workloads, one table of ratios (suite.py --compile; more flags
 #             in SUITE_ARGS, e.g. "--tune-cache /tmp/t.json --tune-fusion")
