@@ -116,6 +116,19 @@ pub struct ConvCall {
     /// runtime asks cuDNN's heuristic.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub algorithm: Option<u32>,
+    /// Without a recorded `algorithm`, the heuristic's algorithm of this
+    /// rank (0: its first choice; the tuner measures several).
+    #[serde(default, skip_serializing_if = "is_first")]
+    pub heuristic_rank: u32,
+}
+
+/// The ranks of a library heuristic's algorithms a call may name: its first
+/// sixteen (the IR's `heuristic_rank` has the same range).
+pub const HEURISTIC_RANKS: u32 = 16;
+
+/// Whether a rank is the default, left out of the JSON.
+fn is_first(rank: &u32) -> bool {
+    *rank == 0
 }
 
 impl ConvCall {
@@ -145,6 +158,13 @@ impl ConvCall {
             return Err(format!(
                 "cuDNN forward algorithm {} (cudnnConvolutionFwdAlgo_t is 0 to 7)",
                 self.algorithm.unwrap_or_default()
+            ));
+        }
+        if self.heuristic_rank >= HEURISTIC_RANKS {
+            return Err(format!(
+                "cuDNN heuristic rank {} (at most {})",
+                self.heuristic_rank,
+                HEURISTIC_RANKS - 1
             ));
         }
         if c % self.groups != 0 || k % self.groups != 0 || cg * self.groups != c {
@@ -226,6 +246,10 @@ pub struct GemmCall {
     /// absent, the runtime asks the library's heuristic.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub algorithm: Option<Vec<u64>>,
+    /// Without a recorded `algorithm`, the heuristic's algorithm of this
+    /// rank (0: its first choice; the tuner measures several).
+    #[serde(default, skip_serializing_if = "is_first")]
+    pub heuristic_rank: u32,
 }
 
 impl GemmCall {
@@ -277,6 +301,13 @@ impl LibraryCall {
                 }
                 if g.algorithm.as_ref().is_some_and(|a| a.len() != 8) {
                     return Err("a cuBLASLt algorithm of other than 8 words".into());
+                }
+                if g.heuristic_rank >= HEURISTIC_RANKS {
+                    return Err(format!(
+                        "cuBLASLt heuristic rank {} (at most {})",
+                        g.heuristic_rank,
+                        HEURISTIC_RANKS - 1
+                    ));
                 }
                 Ok(g.operand_elements()
                     .into_iter()
@@ -789,6 +820,7 @@ mod tests {
                     bias: true,
                     activation: "relu".into(),
                     algorithm: Some(vec![1, 2, 3, 4, 5, 6, 7, 8]),
+                    heuristic_rank: 2,
                 })),
             }],
             launches: vec![Launch {
@@ -830,7 +862,7 @@ mod tests {
                 LibraryCall::Cudnn(_) => unreachable!("the sample calls cuBLASLt"),
             }
         }
-        let edits: [(Edit, &str); 6] = [
+        let edits: [(Edit, &str); 7] = [
             (
                 |a| call(a).k = 5,
                 "binds `x` (16 bytes of f16) where its library call reads 10 elements",
@@ -849,6 +881,7 @@ mod tests {
             ),
             (|a| call(a).m = 1 << 40, "extents batch 1 m 1099511627776"),
             (|a| call(a).algorithm = Some(vec![1]), "other than 8 words"),
+            (|a| call(a).heuristic_rank = 16, "heuristic rank 16"),
         ];
         for (edit, says) in edits {
             let mut a = library_sample();
@@ -877,6 +910,7 @@ mod tests {
             bias: true,
             activation: "relu".into(),
             algorithm: Some(1),
+            heuristic_rank: 1,
             nhwc: false,
         };
         let shapes: [Vec<u64>; 5] = [
@@ -922,8 +956,9 @@ mod tests {
         let a = conv_sample();
         assert_eq!(Artifact::from_json(&a.to_json()).unwrap(), a);
         type Edit = fn(&mut ConvCall);
-        let edits: [(Edit, &str); 7] = [
+        let edits: [(Edit, &str); 8] = [
             (|c| c.algorithm = Some(8), "algorithm 8"),
+            (|c| c.heuristic_rank = 16, "heuristic rank 16"),
             (
                 |c| c.pad = [0, 0],
                 "output [2, 6, 8, 8] is not its convolution's",

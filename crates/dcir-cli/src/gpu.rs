@@ -138,12 +138,12 @@ struct DeviceProbe(dcir_runtime::LibraryProbe);
 
 impl LibraryProbe for DeviceProbe {
     fn gemm(&self, _: &Graph, call: &dcir_fusion::GemmCall) -> Result<(), String> {
-        let call = dcir_cuda::library::gemm_description(call);
+        let call = dcir_cuda::library::gemm_description(call, 0);
         self.0.check(&dcir_artifact::LibraryCall::Cublaslt(call))
     }
 
     fn conv(&self, _: &Graph, call: &dcir_fusion::library::ConvCall) -> Result<(), String> {
-        let call = dcir_cuda::library::conv_description(call);
+        let call = dcir_cuda::library::conv_description(call, 0);
         self.0.check(&dcir_artifact::LibraryCall::Cudnn(call))
     }
 }

@@ -815,7 +815,23 @@ fn library_calls_are_planned_shown_and_turned_off() {
     let out = dcir_opt(&["-"], Some(fused));
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        text(&out.stderr).contains("takes no kernel parameter, found `threads`"),
+        text(&out.stderr)
+            .contains("takes no kernel parameter but `heuristic_rank`, found `threads`"),
+        "{}",
+        text(&out.stderr)
+    );
+    // ... but takes the rank of the library heuristic's algorithm, which
+    // nothing else takes.
+    let ranked = String::from_utf8_lossy(fused).replace("threads = 128", "heuristic_rank = 3");
+    let out = dcir_opt(&["-"], Some(ranked.as_bytes()));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("heuristic_rank = 3"));
+    let unranked = ranked.replace("library = \"cublaslt\", ", "");
+    let out = dcir_opt(&["-"], Some(unranked.as_bytes()));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr)
+            .contains("`heuristic_rank` picks a library's algorithm: it needs `library`"),
         "{}",
         text(&out.stderr)
     );

@@ -45,6 +45,7 @@ pub fn library_call(g: &Graph, op: OpId) -> Result<BoundCall, EmitError> {
     };
     let name = library_of(g, op).unwrap_or_default();
     let kind = data.attrs.str("kind").unwrap_or("none");
+    let rank = heuristic_rank(g, op);
     if !matches!(
         (name, kind),
         (library::CUBLASLT, "gemm") | (library::CUDNN, "conv")
@@ -85,7 +86,7 @@ pub fn library_call(g: &Graph, op: OpId) -> Result<BoundCall, EmitError> {
         names.extend(call.z.map(|_| "z"));
         names.extend(call.bias.map(|_| "bias"));
         names.push("out");
-        let conv = conv_description(&call);
+        let conv = conv_description(&call, rank);
         let mut epilogue: Vec<&str> = Vec::new();
         epilogue.extend(call.z.map(|_| "add"));
         epilogue.extend(call.bias.map(|_| "bias"));
@@ -107,7 +108,7 @@ pub fn library_call(g: &Graph, op: OpId) -> Result<BoundCall, EmitError> {
             } else {
                 epilogue.join(" + ")
             }
-        );
+        ) + &ranked(rank);
         return Ok(BoundCall {
             call: LibraryCall::Cudnn(conv),
             operands: call.operands().into_iter().map(outer).collect(),
@@ -132,18 +133,37 @@ pub fn library_call(g: &Graph, op: OpId) -> Result<BoundCall, EmitError> {
         call.n,
         call.k,
         call.epilogue()
-    );
+    ) + &ranked(rank);
     Ok(BoundCall {
-        call: LibraryCall::Cublaslt(gemm_description(&call)),
+        call: LibraryCall::Cublaslt(gemm_description(&call, rank)),
         operands: call.operands().into_iter().map(outer).collect(),
         params: params(dtype, &names),
         summary,
     })
 }
 
+/// What a summary adds for a call of rank `rank`: nothing for the
+/// heuristic's first choice.
+fn ranked(rank: u32) -> String {
+    if rank == 0 {
+        String::new()
+    } else {
+        format!(", the heuristic's algorithm of rank {rank}")
+    }
+}
+
+/// The rank of the library heuristic's algorithm `fused` op `op` runs
+/// (`heuristic_rank`, 0 when absent: the heuristic's first choice).
+pub fn heuristic_rank(g: &Graph, op: OpId) -> u32 {
+    match g.op(op).attrs.get("heuristic_rank") {
+        Some(&Attr::Int(rank)) => u32::try_from(rank).unwrap_or(0),
+        _ => 0,
+    }
+}
+
 /// The artifact's record of a cuBLASLt call the recognizer found (no
-/// algorithm chosen yet).
-pub fn gemm_description(call: &library::GemmCall) -> GemmCall {
+/// algorithm chosen yet): the heuristic's algorithm of rank `rank`.
+pub fn gemm_description(call: &library::GemmCall, rank: u32) -> GemmCall {
     GemmCall {
         dtype: call.dtype.name().into(),
         batch: call.batch,
@@ -156,12 +176,13 @@ pub fn gemm_description(call: &library::GemmCall) -> GemmCall {
         bias: call.bias.is_some(),
         activation: activation_name(call.activation).into(),
         algorithm: None,
+        heuristic_rank: rank,
     }
 }
 
 /// The artifact's record of a cuDNN call the recognizer found (no
-/// algorithm chosen yet).
-pub fn conv_description(call: &library::ConvCall) -> ConvCall {
+/// algorithm chosen yet): the heuristic's algorithm of rank `rank`.
+pub fn conv_description(call: &library::ConvCall, rank: u32) -> ConvCall {
     ConvCall {
         dtype: call.dtype.name().into(),
         input: call.input,
@@ -176,6 +197,7 @@ pub fn conv_description(call: &library::ConvCall) -> ConvCall {
         bias: call.bias.is_some(),
         activation: activation_name(call.activation).into(),
         algorithm: None,
+        heuristic_rank: rank,
     }
 }
 

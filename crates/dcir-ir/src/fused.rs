@@ -11,7 +11,9 @@
 //! (a tile its threads divide) it checks, and refuses with the reason.
 //!
 //! `library` names a vendor library that runs the group instead of a
-//! generated kernel; such a group carries no other kernel parameter.
+//! generated kernel; such a group carries no other kernel parameter but
+//! `heuristic_rank`, which of the library heuristic's ranked algorithms it
+//! runs (the tuner measures several), and only such a group carries it.
 
 use crate::attr::{Attr, Attrs};
 use crate::op::AttrError;
@@ -207,7 +209,12 @@ pub const FUSED_PARAMS: &[ParamSpec] = &[
     p(
         "library",
         ParamType::Str(&["cublaslt", "cudnn"]),
-        "a vendor library call instead of a generated kernel (takes no other parameter)",
+        "a vendor library call instead of a generated kernel (takes no other parameter but `heuristic_rank`)",
+    ),
+    p(
+        "heuristic_rank",
+        ParamType::Int(range(0, 15)),
+        "with `library`: the library heuristic's algorithm of this rank (0, the default, is its first choice)",
     ),
 ];
 
@@ -233,7 +240,15 @@ pub const FUSED_KINDS: &[FusedKind] = &[
     },
     FusedKind {
         name: "gemm",
-        params: &["tile", "threads", "stages", "math", "split_k", "library"],
+        params: &[
+            "tile",
+            "threads",
+            "stages",
+            "math",
+            "split_k",
+            "library",
+            "heuristic_rank",
+        ],
     },
     FusedKind {
         name: "conv",
@@ -245,6 +260,7 @@ pub const FUSED_KINDS: &[FusedKind] = &[
             "math",
             "split_k",
             "library",
+            "heuristic_rank",
         ],
     },
     FusedKind {
@@ -296,12 +312,18 @@ pub fn check_fused_attrs(attrs: &Attrs) -> Result<(), AttrError> {
         if name == "kind" {
             continue;
         }
-        if library && !matches!(name, "level" | "library") {
+        if library && !matches!(name, "level" | "library" | "heuristic_rank") {
             return Err(error(
                 name,
                 format!(
-                    "a `fused` op with `library` calls the library and takes no kernel parameter, found `{name}`"
+                    "a `fused` op with `library` calls the library and takes no kernel parameter but `heuristic_rank`, found `{name}`"
                 ),
+            ));
+        }
+        if !library && name == "heuristic_rank" {
+            return Err(error(
+                name,
+                "`heuristic_rank` picks a library's algorithm: it needs `library`".into(),
             ));
         }
         let allowed = match kind {

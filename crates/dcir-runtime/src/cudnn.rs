@@ -285,12 +285,18 @@ impl Conv {
                 "describing the activation",
             )?;
             let forced = this.fused && !relu;
+            if forced && call.heuristic_rank > 0 {
+                return Err(format!(
+                    "cuDNN's fused call without relu runs one algorithm (implicit precomputed GEMM), not one of rank {}",
+                    call.heuristic_rank
+                ));
+            }
             this.algo = match (forced, call.algorithm.and_then(algorithm)) {
                 (true, _) => {
                     sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM
                 }
                 (false, Some(recorded)) if this.accepts(handle, recorded) => recorded,
-                (false, _) => this.heuristic(handle)?,
+                (false, _) => this.heuristic(handle, call.heuristic_rank)?,
             };
             let mut bytes = 0usize;
             check(
@@ -346,10 +352,14 @@ impl Conv {
         self.workspace_bytes
     }
 
-    /// The first algorithm of cuDNN's heuristic that succeeds within the
-    /// workspace limit.
+    /// The algorithm of rank `rank` (0: the first) among those of cuDNN's
+    /// heuristic that succeed within the workspace limit.
     #[allow(unsafe_code)]
-    unsafe fn heuristic(&self, handle: &Handle) -> Result<sys::cudnnConvolutionFwdAlgo_t, String> {
+    unsafe fn heuristic(
+        &self,
+        handle: &Handle,
+        rank: u32,
+    ) -> Result<sys::cudnnConvolutionFwdAlgo_t, String> {
         const WANTED: usize = 8;
         let mut perf =
             [std::mem::MaybeUninit::<sys::cudnnConvolutionFwdAlgoPerf_t>::zeroed(); WANTED];
@@ -371,14 +381,25 @@ impl Conv {
                 "cudnnGetConvolutionForwardAlgorithm_v7",
             )?;
         }
-        (0..(returned.max(0) as usize).min(WANTED))
+        let usable: Vec<_> = (0..(returned.max(0) as usize).min(WANTED))
             // SAFETY: zero-initialized, the first `returned` written by cuDNN.
             .map(|i| unsafe { perf[i].assume_init() })
-            .find(|p| {
+            .filter(|p| {
                 p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS && p.memory <= WORKSPACE_LIMIT
             })
             .map(|p| p.algo)
-            .ok_or_else(|| "cuDNN's heuristic has no algorithm for this convolution".into())
+            .collect();
+        match usable.get(rank as usize) {
+            Some(&algo) => Ok(algo),
+            None if usable.is_empty() => {
+                Err("cuDNN's heuristic has no algorithm for this convolution".into())
+            }
+            None => Err(format!(
+                "cuDNN's heuristic offers {} algorithm{} for this convolution, not one of rank {rank}",
+                usable.len(),
+                if usable.len() == 1 { "" } else { "s" }
+            )),
+        }
     }
 
     /// Enqueues the convolution on the handle's stream with the workspace

@@ -256,8 +256,8 @@ impl Matmul {
     }
 
     /// The recorded algorithm when cuBLASLt accepts it for this call, else
-    /// the heuristic's first within the workspace and the pointers'
-    /// alignment.
+    /// the heuristic's algorithm of the call's rank (0: its first) within
+    /// the workspace and the pointers' alignment.
     #[allow(unsafe_code)]
     unsafe fn algorithm(
         &self,
@@ -326,14 +326,49 @@ impl Matmul {
                     let bytes = alignment(ptr);
                     lt::set_matmul_pref_attribute(pref, attr, (&bytes as *const u32).cast(), 4)?;
                 }
-                lt::get_matmul_algo_heuristic(handle.0, self.desc, la, lb, lc, ld, pref)
+                let wanted = call.heuristic_rank as usize + 1;
+                let mut results = vec![
+                    std::mem::MaybeUninit::<sys::cublasLtMatmulHeuristicResult_t>::zeroed()
+                        .assume_init();
+                    wanted
+                ];
+                let mut returned = 0i32;
+                sys::cublasLtMatmulAlgoGetHeuristic(
+                    handle.0,
+                    self.desc,
+                    la,
+                    lb,
+                    lc,
+                    ld,
+                    pref,
+                    wanted as i32,
+                    results.as_mut_ptr(),
+                    &mut returned,
+                )
+                .result()?;
+                results.truncate(usize::try_from(returned).unwrap_or(0));
+                Ok(results)
             }
         })();
         // SAFETY: created above, destroyed once.
         let _ = unsafe { lt::destroy_matmul_pref(pref) };
-        chosen
-            .map(|h| h.algo)
-            .map_err(|err| format!("cuBLASLt has no algorithm for this call: {err}"))
+        let results = chosen.map_err(|err: CublasError| {
+            format!("cuBLASLt has no algorithm for this call: {err}")
+        })?;
+        match results.get(call.heuristic_rank as usize) {
+            Some(h) if h.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS => Ok(h.algo),
+            Some(h) => Err(format!(
+                "cuBLASLt's algorithm of rank {} for this call is not usable: {:?}",
+                call.heuristic_rank, h.state
+            )),
+            None if results.is_empty() => Err("cuBLASLt has no algorithm for this call".into()),
+            None => Err(format!(
+                "cuBLASLt's heuristic offers {} algorithm{} for this call, not one of rank {}",
+                results.len(),
+                if results.len() == 1 { "" } else { "s" },
+                call.heuristic_rank
+            )),
+        }
     }
 
     /// The chosen algorithm's words, as the artifact records them.
@@ -410,6 +445,7 @@ mod tests {
             bias: true,
             activation: "none".into(),
             algorithm: None,
+            heuristic_rank: 0,
         }
     }
 

@@ -33,7 +33,7 @@ use dcir_artifact::Artifact;
 use dcir_cuda::BuildOptions;
 use dcir_fusion::{CostModel, DeviceSpec, Estimator, KernelParams, Libraries};
 use dcir_interp::{random_inputs, run_graph};
-use dcir_ir::{Attrs, Graph, OpId, print_graph};
+use dcir_ir::{Attr, Attrs, Graph, OpId, print_graph};
 
 pub use cache::{Cache, Entry, Fingerprint};
 pub use measure::{GpuMeasure, Measure};
@@ -66,6 +66,16 @@ impl TuneOptions {
             arch: dcir_cuda::nvrtc::DEFAULT_ARCH.to_string(),
             libraries: Libraries::ALL,
         }
+    }
+}
+
+/// How many of a library heuristic's algorithms the tuner measures for a
+/// call (`heuristic_rank` 0 to this less one): cuBLASLt ranks many tiles
+/// and split-k configurations, cuDNN a handful of algorithms.
+pub fn library_ranks(library: &str) -> i64 {
+    match library {
+        dcir_fusion::library::CUBLASLT => 8,
+        _ => 4,
     }
 }
 
@@ -156,10 +166,23 @@ impl CandidateSet {
     ) -> Result<CandidateSet, String> {
         let mut candidates: Vec<Candidate> = Vec::new();
         let picks = diverse(ranked, top_k);
-        for params in picks.into_iter().map(Some).chain([None]) {
+        // A library call is measured with each of its heuristic's first
+        // algorithms, at the estimate of the call (the model has one).
+        let mut sets: Vec<(Option<KernelParams>, Option<&KernelParams>)> = Vec::new();
+        for p in picks {
+            sets.push((Some(p.clone()), Some(p)));
+            let library = p.get("library").and_then(Attr::as_str);
+            for rank in 1..library.map_or(0, library_ranks) {
+                let mut ranked = p.clone();
+                ranked.0.push(("heuristic_rank", Attr::Int(rank)));
+                sets.push((Some(ranked), Some(p)));
+            }
+        }
+        sets.push((None, None));
+        for (params, priced) in sets {
             let mut g = standalone.clone();
             let inner = group::fused_ops(&g)[0];
-            if let Some(p) = params {
+            if let Some(p) = &params {
                 group::set_params(&mut g, inner, p)?;
             }
             let text = group::describe_params(&g, inner);
@@ -168,8 +191,8 @@ impl CandidateSet {
             }
             candidates.push(Candidate {
                 key: fingerprint.key(&print_graph(&g)),
-                estimate_ms: estimate_ms(params),
-                kernel: params.cloned(),
+                estimate_ms: estimate_ms(priced),
+                kernel: params,
                 params: text,
                 graph: g,
             });

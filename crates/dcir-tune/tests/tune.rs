@@ -260,3 +260,65 @@ fn measured_times_decide_the_merges() {
     assert_eq!(report.measured(), 0, "{}", report.table());
     assert_eq!(merged.runs, measured);
 }
+
+/// Times cuBLASLt's algorithm of rank 3 fastest (1 ms, the others 1 ms and
+/// a tenth per rank away from it) and every kernel of ours at 5 ms.
+struct PrefersRank3;
+
+impl Measure for PrefersRank3 {
+    fn fingerprint(&self) -> Fingerprint {
+        stand_in()
+    }
+
+    fn measure(
+        &mut self,
+        _: &Graph,
+        a: &Artifact,
+        _: &[Tensor],
+        _: &[Tensor],
+    ) -> Result<f64, String> {
+        Ok(match &a.kernels[0].library {
+            Some(dcir_artifact::LibraryCall::Cublaslt(call)) => {
+                1.0 + (f64::from(call.heuristic_rank) - 3.0).abs() / 10.0
+            }
+            _ => 5.0,
+        })
+    }
+}
+
+#[test]
+fn a_library_call_is_measured_with_each_of_its_heuristics_first_algorithms() {
+    if nvrtc_missing() {
+        return;
+    }
+    let graph = planned(
+        "graph @g(%x: f16[512,768], %w: f16[768,768]) -> (f16[512,768]) {
+  %m = matmul %x, %w : f16[512,768]
+  return %m
+}
+",
+    );
+    let options = TuneOptions::new(DeviceSpec::preset("h200").expect("preset"));
+    let mut cache = Cache::in_memory();
+    let (tuned, report) =
+        tune_graph(&graph, &options, &mut PrefersRank3, &mut cache, &|_| {}).expect("tunes");
+    let [g] = report.groups.as_slice() else {
+        panic!("one group: {report:?}");
+    };
+    let ranks = dcir_tune::library_ranks(dcir_fusion::library::CUBLASLT);
+    assert!(g.candidates as i64 > ranks, "{g:?}");
+    let chosen = g.chosen.as_ref().expect("a candidate matched");
+    assert_eq!(
+        chosen.params, "heuristic_rank = 3, library = \"cublaslt\"",
+        "{g:?}"
+    );
+    // The rank reaches the artifact, for the runtime to ask the heuristic for.
+    let op = group::fused_ops(&tuned)[0];
+    assert_eq!(dcir_cuda::library::heuristic_rank(&tuned, op), 3);
+    let artifact =
+        dcir_cuda::build_artifact(&tuned, &dcir_cuda::BuildOptions::default()).expect("builds");
+    match &artifact.kernels[0].library {
+        Some(dcir_artifact::LibraryCall::Cublaslt(call)) => assert_eq!(call.heuristic_rank, 3),
+        other => panic!("a cuBLASLt call: {other:?}"),
+    }
+}
