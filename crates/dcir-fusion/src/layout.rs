@@ -1,6 +1,6 @@
 //! The layout decision: a graph with convolutions is planned as written
-//! (NCHW) and in its channels-last form (the `channels-last` pass, then
-//! `canonicalize,cse,dce`), and the plan the cost model prices faster
+//! (NCHW) and in its channels-last form ([`CHANNELS_LAST_PIPELINE`]), and
+//! the plan the cost model prices faster
 //! (channels-last by at least [`CHANNELS_LAST_MARGIN`]) is kept, with both
 //! estimates for `--emit plan` to show. Either form is
 //! planned with its shared views made one per user first
@@ -38,8 +38,10 @@ impl LayoutMode {
     pub const NAMES: &[&str] = &["auto", "as-written", "channels-last"];
 }
 
-/// The pipeline that makes a graph's channels-last form.
-pub const CHANNELS_LAST_PIPELINE: &str = "channels-last,canonicalize,cse,dce";
+/// The pipeline that makes a graph's channels-last form: the activations
+/// between convolutions, then the graph's inputs that convolutions read
+/// (after `canonicalize`, which would fold those transposes away).
+pub const CHANNELS_LAST_PIPELINE: &str = "channels-last,canonicalize,cse,dce,nhwc-inputs";
 
 /// What the layout decision saw and chose for one graph.
 #[derive(Clone, Debug, PartialEq)]

@@ -759,6 +759,7 @@ const EXACT_PASSES: &[&str] = &[
     "dce",
     "fold-constants",
     "hoist-weights",
+    "nhwc-inputs",
 ];
 
 /// The passes that change the graph's types on purpose (its outputs are not

@@ -12,6 +12,7 @@ mod fold_batchnorm;
 mod fold_constants;
 mod fold_matmul_scale;
 mod hoist_weights;
+mod nhwc_inputs;
 mod to_half;
 
 use crate::registry::PassDef;
@@ -29,6 +30,7 @@ pub const BUILTIN_PASSES: &[PassDef] = &[
     fold_constants::DEF,
     fold_matmul_scale::DEF,
     hoist_weights::DEF,
+    nhwc_inputs::DEF,
     to_half::TO_BF16,
     to_half::TO_F16,
 ];
