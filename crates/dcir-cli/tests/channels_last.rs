@@ -1,5 +1,5 @@
-//! The `channels-last` pass changes where a CNN's activations lie, never
-//! what the graph computes: for zoo CNNs that between them hold every
+//! The channels-last form (`channels-last`, then `nhwc-inputs`) changes
+//! where a CNN's activations lie, never what the graph computes: for zoo CNNs that between them hold every
 //! pattern it rewrites (convolutions with bias, ReLU and residual adds,
 //! 1×1 convolutions as matmuls, depthwise and grouped convolutions, channel
 //! concats, global and window pools, squeeze-and-excitation gates, channel
@@ -27,7 +27,8 @@ const MODELS: &[&str] = &[
 fn zoo_cnns_compute_the_same_outputs_channels_last() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let registry = dcir_cli::default_registry();
-    let pipeline = "channels-last,canonicalize,cse,dce";
+    // The channels-last form as the layout decision makes it.
+    let pipeline = dcir_fusion::CHANNELS_LAST_PIPELINE;
     let mut failures = Vec::new();
     for name in MODELS {
         let path = root.join(format!("crates/dcir-onnx/zoo/{name}.onnx"));
