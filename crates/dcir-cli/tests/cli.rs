@@ -826,6 +826,14 @@ fn library_calls_are_planned_shown_and_turned_off() {
     let out = dcir_opt(&["-"], Some(ranked.as_bytes()));
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("heuristic_rank = 3"));
+    // The plan read back from it shows the call and its rank.
+    let out = dcir_opt(&["--emit", "plan", "-"], Some(ranked.as_bytes()));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("| gemm (cublaslt, rank 3) |"),
+        "{}",
+        text(&out.stdout)
+    );
     let unranked = ranked.replace("library = \"cublaslt\", ", "");
     let out = dcir_opt(&["-"], Some(unranked.as_bytes()));
     assert_eq!(out.status.code(), Some(1));

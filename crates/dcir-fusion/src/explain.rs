@@ -137,9 +137,16 @@ pub fn plan_table(graph: &Graph, plan: &Plan, device: &str) -> String {
         } else {
             r.flops as f64 / moved as f64
         };
-        // A library call shows in the kind: `gemm (cublaslt)`.
+        // A library call shows in the kind: `gemm (cublaslt)`, with the
+        // heuristic's rank where tuning chose another than its first
+        // (`gemm (cublaslt, rank 1)`).
         let kind = match r.params.get("library").and_then(Attr::as_str) {
-            Some(library) => format!("{} ({library})", r.kind),
+            Some(library) => match r.params.get("heuristic_rank") {
+                Some(Attr::Int(rank)) if *rank > 0 => {
+                    format!("{} ({library}, rank {rank})", r.kind)
+                }
+                _ => format!("{} ({library})", r.kind),
+            },
             None => r.kind.to_string(),
         };
         let _ = writeln!(

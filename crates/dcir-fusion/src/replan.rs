@@ -109,7 +109,9 @@ pub fn fused_plan(graph: &Graph, model: &CostModel) -> Result<(Graph, Plan), Str
 }
 
 /// The estimate of `group` with the kernel parameters `attrs` record, when
-/// the model enumerates them; else the model's own choice.
+/// the model enumerates them; else the model's own choice. A library call's
+/// `heuristic_rank` (which the model does not tell apart) is kept as
+/// recorded.
 fn recorded_estimate(
     model: &CostModel,
     graph: &Graph,
@@ -119,7 +121,7 @@ fn recorded_estimate(
     let mut estimate = model.estimate(graph, group)?;
     let recorded = attrs
         .iter()
-        .filter(|(name, _)| !GROUP_ATTRS.contains(name))
+        .filter(|(name, _)| !GROUP_ATTRS.contains(name) && *name != "heuristic_rank")
         .count();
     let matching = model.candidates(graph, group)?.into_iter().find(|c| {
         c.params.0.len() == recorded
@@ -133,6 +135,9 @@ fn recorded_estimate(
         estimate.pul = c.factors.pul();
         estimate.bound = c.bound;
         estimate.params = c.params;
+        if let Some(rank) = attrs.get("heuristic_rank") {
+            estimate.params.0.push(("heuristic_rank", rank.clone()));
+        }
     }
     Ok(estimate)
 }
