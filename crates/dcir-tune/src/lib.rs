@@ -38,7 +38,7 @@ use dcir_ir::{Attr, Attrs, Graph, OpId, print_graph};
 pub use cache::{Cache, Entry, Fingerprint};
 pub use measure::{GpuMeasure, Measure};
 pub use measured::MeasuredEstimator;
-pub use report::{GroupReport, TuneReport};
+pub use report::{GroupReport, TuneReport, WholeGraph};
 
 /// How to tune.
 #[derive(Clone, Debug)]
@@ -217,7 +217,10 @@ struct Work {
 /// graph with each group's fastest measured parameters, and the report.
 /// Every uncached candidate of the graph is compiled first, on all cores;
 /// then the groups are measured in order, the cache saved after each, and
-/// `progress` hears each group's report.
+/// `progress` hears each group's report. Last, when any group changed, the
+/// whole graph is timed as planned and as tuned and the faster one is
+/// returned ([`WholeGraph`]): tuning never makes the forward pass slower
+/// than the planner's choices.
 pub fn tune_graph(
     graph: &Graph,
     options: &TuneOptions,
@@ -260,13 +263,67 @@ pub fn tune_graph(
             Ok(())
         },
     )?;
+    let (mut whole_graph, mut whole_graph_skipped) = (None, None);
+    if print_graph(&tuned) != print_graph(graph) {
+        match time_whole_graphs(graph, &tuned, options, measure) {
+            Ok(w) => {
+                if !w.kept_tuned {
+                    tuned = graph.clone();
+                }
+                whole_graph = Some(w);
+            }
+            Err(e) => whole_graph_skipped = Some(e),
+        }
+    }
     Ok((
         tuned,
         TuneReport {
             groups,
+            whole_graph,
+            whole_graph_skipped,
             seconds: start.elapsed().as_secs_f64(),
         },
     ))
+}
+
+/// Rounds of whole-graph timing, planned and tuned alternating (the best
+/// median of each is compared).
+const WHOLE_GRAPH_ROUNDS: usize = 2;
+
+/// `planned` and `tuned` (the same graph with other parameters) compiled
+/// and timed whole on the same seeded inputs; the tuned one is kept unless
+/// the planned one ran faster.
+fn time_whole_graphs(
+    planned: &Graph,
+    tuned: &Graph,
+    options: &TuneOptions,
+    measure: &mut dyn Measure,
+) -> Result<WholeGraph, String> {
+    let build = BuildOptions {
+        arch: options.arch.clone(),
+        compile: true,
+    };
+    let built = [planned, tuned].map(|g| dcir_cuda::build_artifact(g, &build));
+    let [planned_artifact, tuned_artifact] = built;
+    let planned_artifact = planned_artifact.map_err(|e| format!("the planned graph: {e}"))?;
+    let tuned_artifact = tuned_artifact.map_err(|e| format!("the tuned graph: {e}"))?;
+    let inputs = random_inputs(planned, options.seed);
+    let (mut planned_ms, mut tuned_ms) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..WHOLE_GRAPH_ROUNDS {
+        let p = measure
+            .time_graph(planned, &planned_artifact, &inputs)
+            .map_err(|e| format!("timing the planned graph: {e}"))?;
+        let t = measure
+            .time_graph(tuned, &tuned_artifact, &inputs)
+            .map_err(|e| format!("timing the tuned graph: {e}"))?;
+        planned_ms = planned_ms.min(p);
+        tuned_ms = tuned_ms.min(t);
+    }
+    Ok(WholeGraph {
+        planned_ms,
+        tuned_ms,
+        kept_tuned: tuned_ms <= planned_ms,
+    })
 }
 
 /// Compiles every candidate of `sets` the cache lacks (each key once, all

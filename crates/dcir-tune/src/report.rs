@@ -112,11 +112,30 @@ pub fn spearman(a: &[f64], b: &[f64]) -> Option<f64> {
     (va > 0.0 && vb > 0.0).then(|| cov / (va * vb).sqrt())
 }
 
+/// The whole graph timed with the planner's and with the tuned parameters:
+/// each group was measured alone with a cold cache, and a graph of choices
+/// each faster alone can run slower together, so the faster whole graph is
+/// the one kept.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct WholeGraph {
+    /// The planned graph's median, milliseconds (the best of the rounds).
+    pub planned_ms: f64,
+    /// The tuned graph's median, milliseconds (the best of the rounds).
+    pub tuned_ms: f64,
+    /// Whether the tuned parameters were kept.
+    pub kept_tuned: bool,
+}
+
 /// What tuning a graph did.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct TuneReport {
     /// Per group, in body order.
     pub groups: Vec<GroupReport>,
+    /// The whole graph as planned against as tuned; `None` when no group's
+    /// parameters changed or the comparison could not run (`whole_graph_skipped`).
+    pub whole_graph: Option<WholeGraph>,
+    /// Why the whole graph was not compared, when it could not be.
+    pub whole_graph_skipped: Option<String>,
     /// Wall time of the tuning, seconds.
     pub seconds: f64,
 }
@@ -262,6 +281,22 @@ impl TuneReport {
                 "; measured/estimated {e:.2}x (geomean)"
             )),
         );
+        if let Some(w) = &self.whole_graph {
+            let _ = writeln!(
+                out,
+                "whole graph (CUDA graph, back to back): {:.4} ms as planned, {:.4} ms tuned: {} kept",
+                w.planned_ms,
+                w.tuned_ms,
+                if w.kept_tuned {
+                    "the tuned parameters"
+                } else {
+                    "the planner's parameters"
+                }
+            );
+        }
+        if let Some(why) = &self.whole_graph_skipped {
+            let _ = writeln!(out, "whole graph not compared: {why}");
+        }
         let fits = self.model_fit();
         if !fits.is_empty() {
             out.push_str(
@@ -339,6 +374,8 @@ mod tests {
                 group("conv", &[(1.0, 1.0)]),
                 group("pool", &[]),
             ],
+            whole_graph: None,
+            whole_graph_skipped: None,
             seconds: 1.0,
         };
         let fits = report.model_fit();

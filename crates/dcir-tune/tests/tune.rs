@@ -65,6 +65,12 @@ impl Measure for Fake {
         let k = &a.kernels[0];
         Ok(k.grid[0] as f64 + k.block[0] as f64 / 100.0)
     }
+
+    /// Every whole graph alike: the tuned one is kept.
+    fn time_graph(&mut self, _: &Graph, _: &Artifact, inputs: &[Tensor]) -> Result<f64, String> {
+        assert!(!inputs.is_empty());
+        Ok(1.0)
+    }
 }
 
 const GRAPH: &str = "graph @g(%x: f32[64,256], %w: f32[256,128], %b: f32[128]) -> (f32[64,128]) {
@@ -197,6 +203,10 @@ impl Measure for ByOps {
         let region = g.op(op).region.expect("a region");
         Ok((self.per_op)(g.block(region).ops.len() - 1))
     }
+
+    fn time_graph(&mut self, _: &Graph, _: &Artifact, _: &[Tensor]) -> Result<f64, String> {
+        Ok(1.0)
+    }
 }
 
 /// The groups of `plan` as their ops' count each.
@@ -262,8 +272,21 @@ fn measured_times_decide_the_merges() {
 }
 
 /// Times cuBLASLt's algorithm of rank 3 fastest (1 ms, the others 1 ms and
-/// a tenth per rank away from it) and every kernel of ours at 5 ms.
-struct PrefersRank3;
+/// a tenth per rank away from it) and every kernel of ours at 5 ms; a whole
+/// graph as its one kernel, or at `rank3_whole_ms` when that is rank 3.
+struct PrefersRank3 {
+    rank3_whole_ms: f64,
+}
+
+/// The time of `a`'s first kernel as [`PrefersRank3`] measures a group.
+fn rank3_fastest(a: &Artifact) -> f64 {
+    match &a.kernels[0].library {
+        Some(dcir_artifact::LibraryCall::Cublaslt(call)) => {
+            1.0 + (f64::from(call.heuristic_rank) - 3.0).abs() / 10.0
+        }
+        _ => 5.0,
+    }
+}
 
 impl Measure for PrefersRank3 {
     fn fingerprint(&self) -> Fingerprint {
@@ -277,31 +300,36 @@ impl Measure for PrefersRank3 {
         _: &[Tensor],
         _: &[Tensor],
     ) -> Result<f64, String> {
-        Ok(match &a.kernels[0].library {
-            Some(dcir_artifact::LibraryCall::Cublaslt(call)) => {
-                1.0 + (f64::from(call.heuristic_rank) - 3.0).abs() / 10.0
-            }
-            _ => 5.0,
+        Ok(rank3_fastest(a))
+    }
+
+    fn time_graph(&mut self, _: &Graph, a: &Artifact, _: &[Tensor]) -> Result<f64, String> {
+        Ok(match rank3_fastest(a) {
+            1.0 => self.rank3_whole_ms,
+            ms => ms,
         })
     }
 }
+
+const ONE_MATMUL: &str = "graph @g(%x: f16[512,768], %w: f16[768,768]) -> (f16[512,768]) {
+  %m = matmul %x, %w : f16[512,768]
+  return %m
+}
+";
 
 #[test]
 fn a_library_call_is_measured_with_each_of_its_heuristics_first_algorithms() {
     if nvrtc_missing() {
         return;
     }
-    let graph = planned(
-        "graph @g(%x: f16[512,768], %w: f16[768,768]) -> (f16[512,768]) {
-  %m = matmul %x, %w : f16[512,768]
-  return %m
-}
-",
-    );
+    let graph = planned(ONE_MATMUL);
     let options = TuneOptions::new(DeviceSpec::preset("h200").expect("preset"));
     let mut cache = Cache::in_memory();
+    let mut measure = PrefersRank3 {
+        rank3_whole_ms: 1.0,
+    };
     let (tuned, report) =
-        tune_graph(&graph, &options, &mut PrefersRank3, &mut cache, &|_| {}).expect("tunes");
+        tune_graph(&graph, &options, &mut measure, &mut cache, &|_| {}).expect("tunes");
     let [g] = report.groups.as_slice() else {
         panic!("one group: {report:?}");
     };
@@ -321,4 +349,43 @@ fn a_library_call_is_measured_with_each_of_its_heuristics_first_algorithms() {
         Some(dcir_artifact::LibraryCall::Cublaslt(call)) => assert_eq!(call.heuristic_rank, 3),
         other => panic!("a cuBLASLt call: {other:?}"),
     }
+    // The whole graph ran faster tuned (rank 0 as planned: 1.3 ms).
+    let whole = report.whole_graph.as_ref().expect("compared");
+    assert!(
+        whole.kept_tuned && whole.tuned_ms == 1.0 && (whole.planned_ms - 1.3).abs() < 1e-12,
+        "{whole:?}"
+    );
+}
+
+/// Each group is measured alone, with a cold cache; the forward pass runs
+/// them back to back. A choice faster alone that makes the whole graph
+/// slower is undone: tuning never returns a slower graph than planned.
+#[test]
+fn a_tuned_graph_slower_as_a_whole_keeps_the_planned_parameters() {
+    if nvrtc_missing() {
+        return;
+    }
+    let graph = planned(ONE_MATMUL);
+    let options = TuneOptions::new(DeviceSpec::preset("h200").expect("preset"));
+    let mut cache = Cache::in_memory();
+    let mut measure = PrefersRank3 {
+        rank3_whole_ms: 2.0,
+    };
+    let (tuned, report) =
+        tune_graph(&graph, &options, &mut measure, &mut cache, &|_| {}).expect("tunes");
+    let chosen = report.groups[0]
+        .chosen
+        .as_ref()
+        .expect("a candidate matched");
+    assert!(chosen.params.contains("heuristic_rank = 3"), "{chosen:?}");
+    assert_eq!(dcir_ir::print_graph(&tuned), dcir_ir::print_graph(&graph));
+    let whole = report.whole_graph.as_ref().expect("compared");
+    assert!(!whole.kept_tuned && whole.tuned_ms == 2.0, "{whole:?}");
+    let table = report.table();
+    assert!(
+        table.contains("1.3000 ms as planned, 2.0000 ms tuned: the planner's parameters kept"),
+        "{table}"
+    );
+    let json: serde_json::Value = serde_json::from_str(&report.to_json()).expect("JSON");
+    assert_eq!(json["report"]["whole_graph"]["kept_tuned"], false);
 }
