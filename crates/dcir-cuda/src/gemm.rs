@@ -126,6 +126,26 @@ pub(super) struct ConvGeometry {
 }
 
 impl ConvGeometry {
+    /// `conv IN * W -> OUT, stride .., pad .., dilation .., groups G: B x
+    /// [M x K] @ [K x N]`, for a kernel's summary (`c`: the contraction).
+    pub(super) fn describe(&self, c: &Contraction) -> String {
+        format!(
+            "conv {:?} * {:?} -> {:?}, stride {:?}, pad {:?}, dilation {:?}, groups {}: {} x [{} x {}] @ [{} x {}]",
+            self.input,
+            self.weight,
+            self.output,
+            self.stride,
+            self.pad,
+            self.dilation,
+            self.groups,
+            c.batch,
+            c.m,
+            c.k,
+            c.k,
+            c.n
+        )
+    }
+
     /// Reads the attributes of conv op `op`.
     fn of(l: &Lower, op: OpId) -> Result<ConvGeometry> {
         let g = l.g;
@@ -1566,21 +1586,7 @@ fn lower_contraction(l: &mut Lower, op: OpId, c: &Contraction) -> Result<Kernel>
             c.n,
             if *transpose_b { "^T" } else { "" },
         ),
-        Geometry::Conv(geo) => format!(
-            "conv {:?} * {:?} -> {:?}, stride {:?}, pad {:?}, dilation {:?}, groups {}: {} x [{} x {}] @ [{} x {}]",
-            geo.input,
-            geo.weight,
-            geo.output,
-            geo.stride,
-            geo.pad,
-            geo.dilation,
-            geo.groups,
-            c.batch,
-            c.m,
-            c.k,
-            c.k,
-            c.n
-        ),
+        Geometry::Conv(geo) => geo.describe(c),
     };
     let access = |s: &Stage| if s.width > 1 { "vector" } else { "scalar" };
     let summary = format!(

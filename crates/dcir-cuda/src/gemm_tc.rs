@@ -1909,20 +1909,9 @@ pub(super) fn conv(l: &mut Lower, op: OpId) -> Result<Kernel> {
         },
     };
     let what = format!(
-        "conv implicit gemm ({}, tensor cores): conv {:?} * {:?} -> {:?}, stride {:?}, pad {:?}, dilation {:?}, groups {}: {} x [{} x {}] @ [{} x {}]",
+        "conv implicit gemm ({}, tensor cores): {}",
         problem.dtype.name(),
-        geo.input,
-        geo.weight,
-        geo.output,
-        geo.stride,
-        geo.pad,
-        geo.dilation,
-        geo.groups,
-        c.batch,
-        c.m,
-        c.k,
-        c.k,
-        c.n
+        geo.describe(&c)
     );
     let out_at = |m: Expr, n: Expr| geo.out_at(&bz, m, n);
     lower_problem(l, op, params, &problem, (c.result, &derived), &out_at, what)
