@@ -317,19 +317,24 @@ const ONE_MATMUL: &str = "graph @g(%x: f16[512,768], %w: f16[768,768]) -> (f16[5
 }
 ";
 
+/// [`ONE_MATMUL`] planned, and tuned on [`PrefersRank3`] with the whole
+/// graph at `rank3_whole_ms` when its call is rank 3.
+fn tune_one_matmul(rank3_whole_ms: f64) -> (Graph, Graph, dcir_tune::TuneReport) {
+    let graph = planned(ONE_MATMUL);
+    let options = TuneOptions::new(DeviceSpec::preset("h200").expect("preset"));
+    let mut cache = Cache::in_memory();
+    let mut measure = PrefersRank3 { rank3_whole_ms };
+    let (tuned, report) =
+        tune_graph(&graph, &options, &mut measure, &mut cache, &|_| {}).expect("tunes");
+    (graph, tuned, report)
+}
+
 #[test]
 fn a_library_call_is_measured_with_each_of_its_heuristics_first_algorithms() {
     if nvrtc_missing() {
         return;
     }
-    let graph = planned(ONE_MATMUL);
-    let options = TuneOptions::new(DeviceSpec::preset("h200").expect("preset"));
-    let mut cache = Cache::in_memory();
-    let mut measure = PrefersRank3 {
-        rank3_whole_ms: 1.0,
-    };
-    let (tuned, report) =
-        tune_graph(&graph, &options, &mut measure, &mut cache, &|_| {}).expect("tunes");
+    let (_, tuned, report) = tune_one_matmul(1.0);
     let [g] = report.groups.as_slice() else {
         panic!("one group: {report:?}");
     };
@@ -365,14 +370,7 @@ fn a_tuned_graph_slower_as_a_whole_keeps_the_planned_parameters() {
     if nvrtc_missing() {
         return;
     }
-    let graph = planned(ONE_MATMUL);
-    let options = TuneOptions::new(DeviceSpec::preset("h200").expect("preset"));
-    let mut cache = Cache::in_memory();
-    let mut measure = PrefersRank3 {
-        rank3_whole_ms: 2.0,
-    };
-    let (tuned, report) =
-        tune_graph(&graph, &options, &mut measure, &mut cache, &|_| {}).expect("tunes");
+    let (graph, tuned, report) = tune_one_matmul(2.0);
     let chosen = report.groups[0]
         .chosen
         .as_ref()
