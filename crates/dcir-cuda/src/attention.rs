@@ -43,13 +43,13 @@ use dcir_ir::{OpId, OpKind, ValueId};
 use super::chain::{
     Contraction, Output, SharedLayout, Tile, at, batch_coords, check_elementwise_path,
     check_epilogue, classify_outputs, counted, crossing, derived, f32_array, filled, fma_tile,
-    guarded, is_anchor, let_float, let_int, lt, stage, store_derived, store_independent,
-    thread_coords, unrolled, with_lets,
+    guarded, is_anchor, let_float, stage, store_derived, store_independent, thread_coords,
+    with_lets,
 };
 use super::{EmitError, Index, Lower, Reduced, attr_int, kernel_name, params};
 use crate::kir::{
-    BinOp, Builtin, Expr, Helper, Kernel, Shuffle, Stmt, Ty, add, bin, call, div, int, mul, rem,
-    select, var,
+    BinOp, Builtin, Expr, Helper, Kernel, Shuffle, Stmt, Ty, add, bin, call, div, int, let_int, lt,
+    mul, rem, select, unrolled, var,
 };
 
 type Result<T> = std::result::Result<T, EmitError>;

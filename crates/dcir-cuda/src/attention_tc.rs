@@ -38,13 +38,13 @@ use dcir_ir::{DType, OpId};
 use super::attention::{Parts, shuffle_reduce};
 use super::chain::{
     Contraction, Tile, at, batch_coords, counted, crossing, f32_array, filled, guarded, let_float,
-    let_int, lt, stage_as, store_derived, store_independent, unrolled, with_lets,
+    stage_as, store_derived, store_independent, with_lets,
 };
 use super::gemm_tc::{Strided, matmul_operand};
 use super::{EmitError, Index, Lower, Reduced, attr_int, kernel_name, params};
 use crate::kir::{
-    ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Stmt, Ty, add, bin, call, div, int, mul, rem,
-    select, var,
+    ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Stmt, Ty, add, bin, call, div, int, let_int,
+    lt, mul, rem, select, unrolled, var,
 };
 
 type Result<T> = std::result::Result<T, EmitError>;

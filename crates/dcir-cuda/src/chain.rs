@@ -39,8 +39,8 @@ use super::{
     store, thread_grid, yields,
 };
 use crate::kir::{
-    ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Param, Stmt, Ty, add, bin, call, div, int, mul,
-    rem, var,
+    ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Param, Stmt, Ty, add, bin, call, div, int,
+    let_int, lt, mul, rem, unrolled, var,
 };
 
 type Result<T> = std::result::Result<T, EmitError>;
@@ -1086,16 +1086,6 @@ pub(super) fn store_independent(l: &mut Lower, outputs: &[Output]) -> Result<Vec
     Ok(body)
 }
 
-/// `const int name = value;`
-pub(super) fn let_int(name: &str, value: Expr) -> Stmt {
-    Stmt::Let {
-        name: name.into(),
-        ty: Ty::I32,
-        value,
-        constant: true,
-    }
-}
-
 /// `lets` (index locals) followed by `body`, without the lets nothing reads.
 pub(super) fn with_lets(lets: Vec<Stmt>, body: Vec<Stmt>) -> Vec<Stmt> {
     let mut out = body;
@@ -1133,23 +1123,6 @@ pub(super) fn f32_array(name: &str) -> ArrayRef {
 /// `name[index]` of an f32 array.
 pub(super) fn at(name: &str, index: Expr) -> Expr {
     Expr::Load(f32_array(name), Box::new(index))
-}
-
-/// `a < b`
-pub(super) fn lt(a: Expr, b: Expr) -> Expr {
-    bin(BinOp::Lt, a, b)
-}
-
-/// `#pragma unroll for (int var = 0; var < n; var += 1) { body }`
-pub(super) fn unrolled(var: &str, n: usize, body: Vec<Stmt>) -> Stmt {
-    Stmt::For {
-        var: var.into(),
-        start: int(0),
-        end: int(n as i64),
-        step: int(1),
-        unroll: true,
-        body,
-    }
 }
 
 /// `for (int var = start; var < end; var += step) { body }`, unroll left to the compiler.

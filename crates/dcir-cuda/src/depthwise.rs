@@ -45,7 +45,7 @@ use dcir_ir::{DType, OpId, OpKind, ValueId};
 
 use super::pool::{
     Window, and_opt, clamp_to, in_range, let_int, per_element_after, per_output_results,
-    result_index, unrolled,
+    result_index,
 };
 use super::thread_grid;
 use super::{
@@ -54,7 +54,7 @@ use super::{
 };
 use crate::kir::{
     ArrayRef, BinOp, Builtin, Expr, Kernel, Param, SharedArray, Shuffle, Stmt, Ty, add, bin, call,
-    div, int, mul, rem, select, sub, var,
+    div, int, mul, rem, select, sub, unrolled, var,
 };
 
 type Result<T> = std::result::Result<T, EmitError>;

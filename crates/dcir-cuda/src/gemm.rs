@@ -61,8 +61,8 @@ use super::{
     vector_ty, yields,
 };
 use crate::kir::{
-    ArrayRef, BinOp, Builtin, Expr, Kernel, Param, SharedArray, Stmt, Ty, add, bin, call, div, int,
-    mul, rem, sub, var,
+    ArrayRef, BinOp, Builtin, Expr, Kernel, Param, SharedArray, Stmt, Ty, add, array, bin, call,
+    div, int, let_int, lt, mul, rem, sub, unrolled, var,
 };
 
 type Result<T> = std::result::Result<T, EmitError>;
@@ -698,25 +698,6 @@ fn keeps_linear_order(l: &Lower, tainted: &BTreeSet<ValueId>, result: ValueId, y
             .is_some_and(|&src| keeps_linear_order(l, tainted, result, src))
 }
 
-/// `const int name = value;`
-pub(super) fn let_int(name: &str, value: Expr) -> Stmt {
-    Stmt::Let {
-        name: name.into(),
-        ty: Ty::I32,
-        value,
-        constant: true,
-    }
-}
-
-/// Array `name` accessed as `ty`.
-pub(super) fn array(name: &str, ty: Ty) -> ArrayRef {
-    ArrayRef {
-        name: name.into(),
-        ty,
-        reinterpret: false,
-    }
-}
-
 /// A shared array (declared as `float4`) accessed as `ty`.
 fn shared_as(name: &str, ty: Ty) -> ArrayRef {
     ArrayRef {
@@ -724,10 +705,6 @@ fn shared_as(name: &str, ty: Ty) -> ArrayRef {
         ty,
         reinterpret: ty != Ty::Float4,
     }
-}
-
-fn lt(a: Expr, b: Expr) -> Expr {
-    bin(BinOp::Lt, a, b)
 }
 
 fn and(a: Expr, b: Expr) -> Expr {
@@ -744,18 +721,6 @@ fn guarded(cond: Option<Expr>, body: Vec<Stmt>) -> Vec<Stmt> {
     match cond {
         Some(c) => vec![Stmt::If(c, body)],
         None => body,
-    }
-}
-
-/// `#pragma unroll` `for (var = 0; var < end; var++)`.
-fn unrolled(var: &str, end: usize, body: Vec<Stmt>) -> Stmt {
-    Stmt::For {
-        var: var.into(),
-        start: int(0),
-        end: int(end as i64),
-        step: int(1),
-        unroll: true,
-        body,
     }
 }
 

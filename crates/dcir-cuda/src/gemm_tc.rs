@@ -56,8 +56,8 @@ use super::pool::in_range;
 use super::split_k::{self, SplitK};
 use super::{EmitError, Index, Lower, Reduced, attr_int, pack, params, storage_ty, yields};
 use crate::kir::{
-    ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Param, Stmt, Ty, add, bin, call, div, int, mul,
-    rem, select, sub, var,
+    ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Param, Stmt, Ty, add, array, bin, call, div,
+    int, let_int, lt, mul, rem, select, sub, var,
 };
 
 type Result<T> = std::result::Result<T, EmitError>;
@@ -516,15 +516,6 @@ pub(super) fn reserve_names(l: &mut Lower) {
     }
 }
 
-fn let_int(name: &str, value: Expr) -> Stmt {
-    Stmt::Let {
-        name: name.into(),
-        ty: Ty::I32,
-        value,
-        constant: true,
-    }
-}
-
 fn let_bool(name: &str, value: Expr) -> Stmt {
     Stmt::Let {
         name: name.into(),
@@ -543,10 +534,6 @@ fn let_u32(name: &str, value: Expr) -> Stmt {
     }
 }
 
-fn lt(a: Expr, b: Expr) -> Expr {
-    bin(BinOp::Lt, a, b)
-}
-
 fn and(a: Expr, b: Expr) -> Expr {
     match (a, b) {
         (Expr::Bool(true), e) | (e, Expr::Bool(true)) => e,
@@ -558,14 +545,6 @@ fn xor(a: Expr, b: Expr) -> Expr {
     match b {
         Expr::Int(0) => a,
         b => bin(BinOp::BitXor, a, b),
-    }
-}
-
-fn array(name: &str, ty: Ty) -> ArrayRef {
-    ArrayRef {
-        name: name.into(),
-        ty,
-        reinterpret: false,
     }
 }
 

@@ -652,6 +652,42 @@ pub fn rem(a: Expr, b: i64) -> Expr {
     }
 }
 
+/// `a < b`
+pub fn lt(a: Expr, b: Expr) -> Expr {
+    bin(BinOp::Lt, a, b)
+}
+
+/// `const int name = value;`
+pub fn let_int(name: &str, value: Expr) -> Stmt {
+    Stmt::Let {
+        name: name.into(),
+        ty: Ty::I32,
+        value,
+        constant: true,
+    }
+}
+
+/// Array `name` accessed as `ty`.
+pub fn array(name: &str, ty: Ty) -> ArrayRef {
+    ArrayRef {
+        name: name.into(),
+        ty,
+        reinterpret: false,
+    }
+}
+
+/// `#pragma unroll for (int var = 0; var < n; var += 1) { body }`
+pub fn unrolled(var: &str, n: usize, body: Vec<Stmt>) -> Stmt {
+    Stmt::For {
+        var: var.into(),
+        start: int(0),
+        end: int(n as i64),
+        step: int(1),
+        unroll: true,
+        body,
+    }
+}
+
 /// `f(args..)`.
 pub fn call(f: &str, args: Vec<Expr>) -> Expr {
     Expr::Call(f.to_string(), args)

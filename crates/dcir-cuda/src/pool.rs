@@ -30,7 +30,7 @@ use super::{
 };
 use crate::kir::{
     BinOp, Expr, Kernel, Param, Stmt, Ty, add, bin, call, clamp, div, int, mul, rem, select, sub,
-    var,
+    unrolled, var,
 };
 
 type Result<T> = std::result::Result<T, EmitError>;
@@ -222,18 +222,6 @@ fn drop_unread(body: &mut Vec<Stmt>, names: &[&str]) {
         {
             body.remove(at);
         }
-    }
-}
-
-/// `for (int v = 0; v < end; v += 1)`, unrolled.
-pub(super) fn unrolled(v: &str, end: usize, body: Vec<Stmt>) -> Stmt {
-    Stmt::For {
-        var: v.into(),
-        start: int(0),
-        end: int(end as i64),
-        step: int(1),
-        unroll: true,
-        body,
     }
 }
 

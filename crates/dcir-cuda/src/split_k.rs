@@ -18,10 +18,9 @@
 //! `S` is the largest divisor of the k-tile count not above the attribute
 //! (each split gets the same number of k-tiles); 1 keeps the plain kernel.
 
-use super::gemm::{array, let_int};
 use crate::kir::{
-    BinOp, Builtin, Expr, Helper, Kernel, Param, Scratch, Stmt, Ty, add, call, div, int, mul, rem,
-    var,
+    BinOp, Builtin, Expr, Helper, Kernel, Param, Scratch, Stmt, Ty, add, array, call, div, int,
+    let_int, mul, rem, var,
 };
 
 /// Name of the per-block partial sums parameter.
