@@ -1280,6 +1280,10 @@ fn k_loop(l: &mut Lower, t: &Tiling, split: &SplitK, a: &Stage, b: &Stage) -> Re
     }
     body.push(Stmt::Barrier);
     out.extend(prologue);
+    // Rolled: ptxas unrolls a loop of few k tiles whole and hoists every
+    // tile's shared loads ahead of their FMAs (a 32×32 f32 tile over three k
+    // tiles took 210 registers, and spilled under a two-block bound).
+    out.push(Stmt::Pragma("unroll 1".into()));
     out.push(Stmt::For {
         var: "kt".into(),
         start: int(0),
