@@ -65,6 +65,11 @@ pub struct KernelEntry {
     /// `dcir-run --per-kernel`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub summary: String,
+    /// The one architecture the kernel's machine code runs on, when it uses
+    /// instructions of an architecture-specific target (`sm_90a`: `wgmma`,
+    /// `setmaxnreg`); the runtime refuses it on any other GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requires_arch: Option<String>,
 }
 
 /// A call of a vendor library, bound like a kernel: its parameters are its
@@ -337,6 +342,72 @@ pub struct KernelParam {
     pub dtype: String,
     /// Whether the kernel writes through it.
     pub output: bool,
+    /// Passed as a TMA descriptor of the bound buffer (a `CUtensorMap` the
+    /// runtime encodes at load, by value) instead of its address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensor_map: Option<TensorMap>,
+}
+
+/// A tiled TMA descriptor over a buffer (`cuTensorMapEncodeTiled`): the
+/// tensor at `offset` bytes into the buffer, `dims` elements per dimension
+/// (innermost first) with `strides` bytes between consecutive indices of
+/// every dimension but the innermost (which is contiguous), copied in boxes
+/// of `box_dims` elements into shared memory swizzled in `swizzle`-byte rows.
+/// Reads outside `dims` fill zeros.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TensorMap {
+    /// Byte offset of element 0 in the buffer (a multiple of 16).
+    pub offset: u64,
+    /// Elements per dimension, innermost first (1 to 5 dimensions).
+    pub dims: Vec<u64>,
+    /// Byte strides of dimensions 1.. (multiples of 16).
+    pub strides: Vec<u64>,
+    /// Box extents per dimension (1 to 256 each).
+    pub box_dims: Vec<u32>,
+    /// Shared-memory swizzle in bytes: 0 (none), 32, 64 or 128; the box's
+    /// innermost extent spans at most that many bytes.
+    pub swizzle: u32,
+}
+
+impl TensorMap {
+    /// Checks the descriptor against the rules of `cuTensorMapEncodeTiled`
+    /// for elements of `elem` bytes over a buffer of `bytes` bytes.
+    pub fn check(&self, elem: u64, bytes: u64) -> Result<(), String> {
+        let rank = self.dims.len();
+        if !(1..=5).contains(&rank) || self.strides.len() != rank - 1 || self.box_dims.len() != rank
+        {
+            return Err(format!(
+                "{rank} dims, {} strides and {} box extents (1 to 5 dims, one stride fewer)",
+                self.strides.len(),
+                self.box_dims.len()
+            ));
+        }
+        if !self.offset.is_multiple_of(16) || self.strides.iter().any(|s| !s.is_multiple_of(16)) {
+            return Err("an offset or stride that is not a multiple of 16 bytes".into());
+        }
+        if self.box_dims.iter().any(|&b| !(1..=256).contains(&b)) || self.dims.contains(&0) {
+            return Err("a box extent outside 1..=256 or an empty dimension".into());
+        }
+        if !matches!(self.swizzle, 0 | 32 | 64 | 128)
+            || (self.swizzle > 0 && u64::from(self.box_dims[0]) * elem > u64::from(self.swizzle))
+        {
+            return Err(format!(
+                "swizzle {} with a box row of {} bytes",
+                self.swizzle,
+                u64::from(self.box_dims[0]) * elem
+            ));
+        }
+        // One past the last byte read: every dimension at its last index.
+        let mut last = (self.dims[0] - 1).checked_mul(elem);
+        for (&s, &d) in self.strides.iter().zip(&self.dims[1..]) {
+            last = last.and_then(|l| l.checked_add((d - 1).checked_mul(s)?));
+        }
+        let last = last.and_then(|l| l.checked_add(self.offset)?.checked_add(elem));
+        if last.is_none_or(|end| end > bytes) {
+            return Err(format!("it reaches past the buffer's {bytes} bytes"));
+        }
+        Ok(())
+    }
 }
 
 /// One kernel launch and the buffers bound to its parameters.
@@ -526,6 +597,18 @@ impl Artifact {
             if let Some(&a) = l.args.iter().find(|&&a| a as usize >= n) {
                 return Err(format!("launch {i} binds buffer {a}, of {n}"));
             }
+            for (p, &a) in k.params.iter().zip(&l.args) {
+                if let Some(map) = &p.tensor_map {
+                    let b = &self.buffers[a as usize];
+                    let elem = dtype_size(&b.dtype).unwrap_or(1);
+                    map.check(elem, b.bytes).map_err(|e| {
+                        format!(
+                            "launch {i}: the tensor map of `{}` over `{}`: {e}",
+                            p.name, b.name
+                        )
+                    })?;
+                }
+            }
             if let Some(call) = &k.library {
                 let wanted = call
                     .operands()
@@ -654,8 +737,10 @@ mod tests {
                     name: "x".into(),
                     dtype: "f32".into(),
                     output: false,
+                    tensor_map: None,
                 }],
                 library: None,
+                requires_arch: None,
             }],
             launches: vec![Launch {
                 name: "g0".into(),
@@ -770,6 +855,45 @@ mod tests {
         );
     }
 
+    /// A tensor map that `cuTensorMapEncodeTiled` would refuse, or that reads
+    /// past its buffer, is refused naming the rule.
+    #[test]
+    fn a_bad_tensor_map_is_refused() {
+        // `x` is 4 × 4 f32 (64 bytes): rows of 16 bytes.
+        let good = TensorMap {
+            offset: 0,
+            dims: vec![4, 4],
+            strides: vec![16],
+            box_dims: vec![4, 2],
+            swizzle: 0,
+        };
+        type Edit = fn(&mut TensorMap);
+        let cases: [(Edit, &str); 6] = [
+            (|_| {}, ""),
+            (|m| m.offset = 8, "multiple of 16 bytes"),
+            (|m| m.strides = vec![20], "multiple of 16 bytes"),
+            (|m| m.box_dims = vec![4, 300], "outside 1..=256"),
+            (|m| m.swizzle = 16, "swizzle 16"),
+            (|m| m.dims = vec![4, 5], "past the buffer's 64 bytes"),
+        ];
+        for (edit, says) in cases {
+            let mut a = sample();
+            let mut map = good.clone();
+            edit(&mut map);
+            a.kernels[0].params[0].tensor_map = Some(map);
+            match (a.validate(), says) {
+                (Ok(()), "") => {}
+                (Err(why), _) if !says.is_empty() => {
+                    assert!(
+                        why.contains(says) && why.contains("tensor map of `x`"),
+                        "{why}"
+                    )
+                }
+                (other, _) => panic!("{says}: {other:?}"),
+            }
+        }
+    }
+
     /// `x[2,4] · w[4,3] + bias[3]` as one cuBLASLt call of f16.
     fn library_sample() -> Artifact {
         let buffer = |id: u32, name: &str, shape: Vec<u64>, kind| Buffer {
@@ -789,6 +913,7 @@ mod tests {
             name: name.into(),
             dtype: "f16".into(),
             output,
+            tensor_map: None,
         };
         Artifact {
             graph: "linear".into(),
@@ -822,6 +947,7 @@ mod tests {
                     algorithm: Some(vec![1, 2, 3, 4, 5, 6, 7, 8]),
                     heuristic_rank: 2,
                 })),
+                requires_arch: None,
             }],
             launches: vec![Launch {
                 name: "linear_g0".into(),

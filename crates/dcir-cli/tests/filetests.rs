@@ -334,7 +334,8 @@ fn cuda_module(module: &Module) -> Result<String, String> {
         dcir_cuda::build_artifact(graph, &source_only)?;
         for kernel in dcir_cuda::lower_graph(graph).map_err(|e| e.to_string())? {
             let source = dcir_cuda::print_kernel(&kernel);
-            compile_with_nvrtc(&source, &kernel.name, kernel.block)?;
+            let arch = dcir_cuda::kernel_arch(&kernel, dcir_cuda::nvrtc::DEFAULT_ARCH)?;
+            compile_with_nvrtc(&source, &kernel.name, kernel.block, arch)?;
             out.push_str(&format!(
                 "// ===== kernel {} =====\n{source}\n",
                 kernel.name
@@ -347,10 +348,10 @@ fn cuda_module(module: &Module) -> Result<String, String> {
     Ok(out)
 }
 
-/// Compiles one kernel with NVRTC for sm_90 and fails on a spill, a stack
+/// Compiles one kernel with NVRTC for `arch` and fails on a spill, a stack
 /// frame or more registers than `threads` per block allow (ptxas's report);
 /// without NVRTC prints `SKIP:` (or fails when `DCIR_REQUIRE_NVRTC=1`).
-fn compile_with_nvrtc(source: &str, name: &str, threads: u32) -> Result<(), String> {
+fn compile_with_nvrtc(source: &str, name: &str, threads: u32, arch: &str) -> Result<(), String> {
     if let Some(reason) = dcir_cuda::nvrtc::unavailable_reason() {
         if std::env::var("DCIR_REQUIRE_NVRTC").is_ok_and(|v| v == "1") {
             return Err(format!("DCIR_REQUIRE_NVRTC=1 but {reason}"));
@@ -358,7 +359,7 @@ fn compile_with_nvrtc(source: &str, name: &str, threads: u32) -> Result<(), Stri
         println!("SKIP: NVRTC compile of {name}: {reason}");
         return Ok(());
     }
-    let compiled = dcir_cuda::nvrtc::compile(source, name, dcir_cuda::nvrtc::DEFAULT_ARCH)?;
+    let compiled = dcir_cuda::nvrtc::compile(source, name, arch)?;
     let resources = compiled
         .resources
         .ok_or_else(|| format!("no ptxas report for {name}:\n{}", compiled.log))?;
@@ -603,13 +604,20 @@ fn cuda_of_examples_and_models() {
         kernels
     };
     // (name, source, block, what it is) of each kernel to compile.
-    let mut to_compile: Vec<(String, String, u32, String)> = Vec::new();
+    let mut to_compile: Vec<(String, String, u32, String, &'static str)> = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
     let mut distinct = |kernels: &[(dcir_cuda::kir::Kernel, String)]| {
         for (k, source) in kernels {
             // Identical kernels under other names (BERT's 12 layers) compile once.
             if seen.insert(source.replace(&k.name, "KERNEL")) {
-                to_compile.push((k.name.clone(), source.clone(), k.block, k.summary.clone()));
+                let arch = k.requires_arch.unwrap_or(dcir_cuda::nvrtc::DEFAULT_ARCH);
+                to_compile.push((
+                    k.name.clone(),
+                    source.clone(),
+                    k.block,
+                    k.summary.clone(),
+                    arch,
+                ));
             }
         }
     };
@@ -691,8 +699,8 @@ fn cuda_of_examples_and_models() {
                 scope.spawn(move || {
                     chunk
                         .iter()
-                        .filter_map(|(name, source, block, summary)| {
-                            compile_with_nvrtc(source, name, *block)
+                        .filter_map(|(name, source, block, summary, arch)| {
+                            compile_with_nvrtc(source, name, *block, arch)
                                 .err()
                                 .map(|e| format!("{e}\n  {summary}"))
                         })

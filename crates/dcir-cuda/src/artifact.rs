@@ -129,6 +129,7 @@ pub fn build_artifact(g: &Graph, options: &BuildOptions) -> Result<Artifact, Str
                             params: bound.params,
                             library: Some(bound.call),
                             summary: bound.summary,
+                            requires_arch: None,
                         });
                         i
                     }
@@ -283,6 +284,10 @@ fn canonical_source(kernel: &Kernel, source: &str) -> String {
                     declared(body, names);
                 }
                 Stmt::If(_, body) => declared(body, names),
+                Stmt::IfElse(_, a, b) => {
+                    declared(a, names);
+                    declared(b, names);
+                }
                 _ => {}
             }
         }
@@ -398,11 +403,27 @@ fn kernel_entry(
                 name: p.name.clone(),
                 dtype: p.dtype.to_string(),
                 output: p.output,
+                tensor_map: p.tensor_map.clone(),
             })
             .collect(),
         library: None,
         summary: kernel.summary.clone(),
+        requires_arch: kernel.requires_arch.map(str::to_string),
     })
+}
+
+/// The architecture to compile `kernel` for in an artifact for `arch`: its
+/// own architecture-specific target when it needs one (`sm_90a` for
+/// `sm_90`), else `arch`; an error when it needs another GPU's.
+pub fn kernel_arch<'a>(kernel: &'a Kernel, arch: &'a str) -> Result<&'a str, String> {
+    match kernel.requires_arch {
+        None => Ok(arch),
+        Some(needs) if needs == arch || needs.strip_suffix('a') == Some(arch) => Ok(needs),
+        Some(needs) => Err(format!(
+            "kernel {} uses {needs} instructions (wgmma, TMA, setmaxnreg); the artifact targets {arch}",
+            kernel.name
+        )),
+    }
 }
 
 /// The occupancy promise to try after `promise` spilled: none → one block
@@ -426,6 +447,7 @@ pub fn relaxed_promise(promise: u32) -> Option<u32> {
 /// its output: the estimate picks occupancy, ptxas's report has the last
 /// word on registers.
 pub fn compile_kernel(kernel: &Kernel, arch: &str) -> Result<(String, nvrtc::Compiled), String> {
+    let arch = kernel_arch(kernel, arch)?;
     let reliefs: [fn(&Kernel) -> Option<Kernel>; 2] = [crate::lower::stream_partials, |k| {
         Some(k.with_unroll_limit(RELIEF_UNROLL))
     }];

@@ -353,6 +353,7 @@ pub(super) fn attention(l: &mut Lower, op: OpId) -> Result<Kernel> {
         dynamic_shared: shared_bytes,
         min_blocks_per_sm: 1,
         scratch: Vec::new(),
+        requires_arch: None,
     })
 }
 

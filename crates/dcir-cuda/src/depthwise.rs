@@ -658,6 +658,7 @@ pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
         // window at 96). Larger strips keep ptxas's own choice.
         min_blocks_per_sm: u32::from(rows * cols <= SMALL_STRIP),
         scratch: Vec::new(),
+        requires_arch: None,
     })
 }
 
@@ -1207,6 +1208,7 @@ pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
         dynamic_shared: 0,
         min_blocks_per_sm: 0,
         scratch: Vec::new(),
+        requires_arch: None,
     })
 }
 

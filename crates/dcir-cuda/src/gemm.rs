@@ -1600,6 +1600,7 @@ fn lower_contraction(l: &mut Lower, op: OpId, c: &Contraction) -> Result<Kernel>
             split.blocks(),
         ),
         scratch,
+        requires_arch: None,
     })
 }
 

@@ -285,7 +285,7 @@ impl Modes {
     }
 
     /// The stride when the dim is one mode.
-    fn stride(&self) -> Option<i64> {
+    pub(super) fn stride(&self) -> Option<i64> {
         match self.0.as_slice() {
             [(_, s)] => Some(*s),
             _ => None,
@@ -370,6 +370,12 @@ pub(super) struct Strided {
     pub r: Modes,
     /// The dim along K.
     pub k: Modes,
+    /// The element offset of batch entry 0's `(0, 0)`.
+    pub base: i64,
+    /// The element stride between consecutive batch entries when one stride
+    /// steps them all (0: one entry, or all alike); `offset` is then
+    /// `base + bz · stride`.
+    pub batch_stride: Option<i64>,
 }
 
 impl Strided {
@@ -503,7 +509,11 @@ const OPERAND_LOCALS: &[&str] = &[
 
 /// Reserves the kernel's local names (call before [`params`]).
 pub(super) fn reserve_names(l: &mut Lower) {
-    for &n in LOCALS.iter().chain(split_k::LOCALS) {
+    for &n in LOCALS
+        .iter()
+        .chain(split_k::LOCALS)
+        .chain(super::gemm_wgmma::LOCALS)
+    {
         l.used_names.insert(n.into());
     }
     for p in ["a", "b"] {
@@ -924,7 +934,7 @@ fn epilogue_loops(
 /// `tile_m`, `tile_n` of block-in-batch `tile`: tile rows fastest, in
 /// groups of [`GROUP_ROWS`] tile rows, so the blocks in flight share the A
 /// panels of a group and the B panel of a tile column.
-fn block_order(grid_m: usize, grid_n: usize) -> Vec<Stmt> {
+pub(super) fn block_order(grid_m: usize, grid_n: usize) -> Vec<Stmt> {
     let g = GROUP_ROWS as i64;
     if grid_m <= GROUP_ROWS {
         return vec![
@@ -1812,6 +1822,8 @@ pub(super) fn conv(l: &mut Lower, op: OpId) -> Result<Kernel> {
             offset: mul(bz.clone(), int((geo.weight[1] * pixels) as i64)),
             r: Modes::single(c.m, 1),
             k: Modes::single(c.k, pixels as i64),
+            base: 0,
+            batch_stride: Some((geo.weight[1] * pixels) as i64),
         });
     let a_pixels = if a_strided.is_none() {
         input_param(x).map(|param| PixelMapped {
@@ -1833,6 +1845,8 @@ pub(super) fn conv(l: &mut Lower, op: OpId) -> Result<Kernel> {
             offset: mul(bz.clone(), int((c.n * c.k) as i64)),
             r: Modes::single(c.n, c.k as i64),
             k: Modes::single(c.k, 1),
+            base: 0,
+            batch_stride: Some((c.n * c.k) as i64),
         });
     let (a_bz, b_bz, a_geo, w_dims) =
         (bz.clone(), bz.clone(), geo.clone(), g.ty(w).dims().to_vec());
@@ -1936,7 +1950,8 @@ fn lower_problem(
         _ => cfg,
     }
     .with_splits(attr_int(g, op, "split_k", 1), problem);
-    let outputs: Vec<&Param> = params.iter().filter(|p| p.output).collect();
+    let output_params: Vec<Param> = params.iter().filter(|p| p.output).cloned().collect();
+    let outputs: Vec<&Param> = output_params.iter().collect();
     let ys = yields(g, op);
     let results = g.op(op).results.clone();
     let epilogue = |l: &mut Lower, row: Expr, col: Expr, acc: Expr| -> Result<()> {
@@ -1944,6 +1959,9 @@ fn lower_problem(
         let coords = out_at(row, col);
         store_results(l, derived, result, &coords, &outputs, &ys, &results)
     };
+    if super::gemm_wgmma::asked(g, op) {
+        return super::gemm_wgmma::lower(l, op, params, problem, tile, &epilogue, what);
+    }
     let body = emit(l, problem, &cfg, &epilogue)?;
     let split = cfg.split_k(problem);
     let mut params = params;
@@ -2007,6 +2025,7 @@ fn lower_problem(
         dynamic_shared: cfg.shared_bytes(),
         min_blocks_per_sm: super::gemm::occupancy_promise(cfg.min_blocks_per_sm(), split.blocks()),
         scratch,
+        requires_arch: None,
     })
 }
 
@@ -2063,6 +2082,8 @@ pub(super) fn matmul_operand<'a>(
                     .fold(int(offset), |acc, (c, modes)| add(acc, modes.at(c.clone()))),
                 r,
                 k,
+                base: offset,
+                batch_stride: linear_batch(&m),
             }
         })
     });
@@ -2077,6 +2098,17 @@ pub(super) fn matmul_operand<'a>(
             c.extend(if r_first { [r, kk] } else { [kk, r] });
             l.value_at(v, &Index::coords(&dims, c))
         }),
+    }
+}
+
+/// The one stride that steps a batch entry through the batch dims' `modes`
+/// (outermost first), if there is one (0 when they are all broadcast or of
+/// extent 1).
+fn linear_batch(modes: &[Modes]) -> Option<i64> {
+    let all: Vec<(usize, i64)> = modes.iter().flat_map(|m| m.0.iter().copied()).collect();
+    match Modes(all).coalesced().0.as_slice() {
+        [(_, stride)] => Some(*stride),
+        _ => None,
     }
 }
 

@@ -186,6 +186,9 @@ pub enum Stmt {
     },
     /// `if (cond) { body }`
     If(Expr, Vec<Stmt>),
+    /// `if (cond) { then } else { otherwise }` (warp-specialized roles, each
+    /// one branch, as `setmaxnreg` needs).
+    IfElse(Expr, Vec<Stmt>, Vec<Stmt>),
     /// `__syncthreads();`
     Barrier,
     /// `ty name[len];`: a per-thread array (registers when indexed by constants).
@@ -236,6 +239,9 @@ impl Stmt {
                     || body.iter().any(|s| s.reads(name))
             }
             Stmt::If(cond, body) => cond.reads(name) || body.iter().any(|s| s.reads(name)),
+            Stmt::IfElse(cond, a, b) => {
+                cond.reads(name) || a.iter().chain(b).any(|s| s.reads(name))
+            }
             Stmt::Call(_, args) => args.iter().any(|a| a.reads(name)),
         }
     }
@@ -245,6 +251,7 @@ impl Stmt {
         match self {
             Stmt::Store(array, ..) => array.name == name,
             Stmt::For { body, .. } | Stmt::If(_, body) => body.iter().any(|s| s.writes(name)),
+            Stmt::IfElse(_, a, b) => a.iter().chain(b).any(|s| s.writes(name)),
             _ => false,
         }
     }
@@ -287,6 +294,11 @@ impl Stmt {
             Stmt::If(cond, body) => Stmt::If(
                 cond.map(f),
                 body.into_iter().map(|s| s.map_exprs(f)).collect(),
+            ),
+            Stmt::IfElse(cond, a, b) => Stmt::IfElse(
+                cond.map(f),
+                a.into_iter().map(|s| s.map_exprs(f)).collect(),
+                b.into_iter().map(|s| s.map_exprs(f)).collect(),
             ),
             s @ (Stmt::Comment(_)
             | Stmt::Pragma(_)
@@ -393,6 +405,43 @@ pub enum Helper {
     /// `dcir_split_sum`: one accumulator slot's partial sums over the
     /// splits, in split order, loaded past L1.
     SplitSum,
+    /// Hopper's asynchronous machinery (sm_90; `setmaxnreg` sm_90a): the
+    /// `dcir_tensor_map` parameter type, `mbarrier` init, arrive, expected
+    /// transaction bytes and parity wait, TMA tile loads (`dcir_tma_load2`,
+    /// `dcir_tma_load3`), register reallocation between warpgroup roles and
+    /// `wgmma`'s fence, commit, wait and shared-memory descriptor.
+    Hopper,
+    /// `dcir_wgmma_<shape>`: one `wgmma.mma_async` of this shape.
+    Wgmma(WgmmaShape),
+}
+
+/// One `wgmma.mma_async.sync.aligned.m64nNk16` with f32 accumulators and
+/// both operands in shared memory (128-byte swizzled, described by 64-bit
+/// descriptors).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct WgmmaShape {
+    /// N: 8 to 256, a multiple of 8.
+    pub n: u16,
+    /// bf16 operands (else f16).
+    pub bf16: bool,
+    /// A is M-major in shared memory (else K-major).
+    pub a_m_major: bool,
+    /// B is N-major in shared memory (else K-major).
+    pub b_n_major: bool,
+}
+
+impl WgmmaShape {
+    /// The helper's name, `dcir_wgmma_m64n<N>_<dtype>_<a><b>` (`k`: K-major,
+    /// `m`/`n`: M-/N-major).
+    pub fn helper_name(&self) -> String {
+        format!(
+            "dcir_wgmma_m64n{}_{}_{}{}",
+            self.n,
+            if self.bf16 { "bf16" } else { "f16" },
+            if self.a_m_major { "m" } else { "k" },
+            if self.b_n_major { "n" } else { "k" },
+        )
+    }
 }
 
 /// A pointer parameter of a kernel.
@@ -406,6 +455,9 @@ pub struct Param {
     pub dtype: &'static str,
     /// Whether the kernel writes it.
     pub output: bool,
+    /// Passed as a TMA descriptor of the buffer (`const __grid_constant__
+    /// dcir_tensor_map`), which the runtime encodes, instead of a pointer.
+    pub tensor_map: Option<dcir_artifact::TensorMap>,
 }
 
 /// A statically sized shared-memory array.
@@ -451,6 +503,9 @@ pub struct Kernel {
     /// Scratch buffers behind some of the trailing parameters (split-K's
     /// partial sums and arrival counters), which belong to no IR value.
     pub scratch: Vec<Scratch>,
+    /// The architecture-specific target the kernel needs (`sm_90a` for
+    /// `wgmma` and `setmaxnreg`), compiled for and recorded in the artifact.
+    pub requires_arch: Option<&'static str>,
 }
 
 /// A scratch buffer a kernel needs besides its operands and results.
@@ -495,6 +550,10 @@ fn collect_local_arrays(body: &[Stmt], out: &mut BTreeSet<String>) {
                 out.insert(name.clone());
             }
             Stmt::For { body, .. } | Stmt::If(_, body) => collect_local_arrays(body, out),
+            Stmt::IfElse(_, a, b) => {
+                collect_local_arrays(a, out);
+                collect_local_arrays(b, out);
+            }
             _ => {}
         }
     }
@@ -529,6 +588,11 @@ fn limit_unroll(body: Vec<Stmt>, times: u32, locals: &BTreeSet<String>) -> Vec<S
                 });
             }
             Stmt::If(cond, body) => out.push(Stmt::If(cond, limit_unroll(body, times, locals))),
+            Stmt::IfElse(cond, a, b) => out.push(Stmt::IfElse(
+                cond,
+                limit_unroll(a, times, locals),
+                limit_unroll(b, times, locals),
+            )),
             s => out.push(s),
         }
     }
@@ -567,6 +631,11 @@ fn indexes_local(body: &[Stmt], derived: &mut BTreeSet<String>, locals: &BTreeSe
                     || indexes_local(body, derived, locals)
             }
             Stmt::If(cond, body) => indexed(cond, derived) || indexes_local(body, derived, locals),
+            Stmt::IfElse(cond, a, b) => {
+                indexed(cond, derived)
+                    || indexes_local(a, derived, locals)
+                    || indexes_local(b, derived, locals)
+            }
             Stmt::Comment(_)
             | Stmt::Pragma(_)
             | Stmt::Barrier
@@ -780,6 +849,7 @@ mod tests {
             dynamic_shared: 0,
             min_blocks_per_sm: 0,
             scratch: Vec::new(),
+            requires_arch: None,
         };
         let limited = kernel.with_unroll_limit(4);
         let loops: Vec<(&str, bool)> = limited

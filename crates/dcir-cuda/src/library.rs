@@ -76,6 +76,7 @@ pub fn library_call(g: &Graph, op: OpId) -> Result<BoundCall, EmitError> {
                 name: (*name).into(),
                 dtype: dtype.into(),
                 output: *name == "out",
+                tensor_map: None,
             })
             .collect()
     };

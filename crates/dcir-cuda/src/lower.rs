@@ -43,6 +43,8 @@ mod depthwise;
 mod gemm;
 #[path = "gemm_tc.rs"]
 mod gemm_tc;
+#[path = "gemm_wgmma.rs"]
+mod gemm_wgmma;
 #[path = "pool.rs"]
 mod pool;
 #[path = "split_k.rs"]
@@ -1010,6 +1012,7 @@ fn params(l: &mut Lower, op: OpId) -> Vec<Param> {
             ty: storage_ty(dtype),
             dtype: dtype.name(),
             output: false,
+            tensor_map: None,
         });
     }
     for &r in &g.op(op).results {
@@ -1020,6 +1023,7 @@ fn params(l: &mut Lower, op: OpId) -> Vec<Param> {
             ty: storage_ty(dtype),
             dtype: dtype.name(),
             output: true,
+            tensor_map: None,
         });
     }
     params
@@ -1304,6 +1308,7 @@ fn elementwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
         dynamic_shared: 0,
         min_blocks_per_sm: 0,
         scratch: Vec::new(),
+        requires_arch: None,
     })
 }
 
@@ -1373,6 +1378,7 @@ fn elementwise_shapes(
         dynamic_shared: 0,
         min_blocks_per_sm: 0,
         scratch: Vec::new(),
+        requires_arch: None,
     })
 }
 
@@ -1903,6 +1909,7 @@ fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
             RowCache::Shared | RowCache::Reread => 0,
         },
         scratch: Vec::new(),
+        requires_arch: None,
     })
 }
 

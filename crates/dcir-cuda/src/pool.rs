@@ -448,6 +448,7 @@ pub(super) fn pool(l: &mut Lower, op: OpId) -> Result<Kernel> {
         dynamic_shared: 0,
         min_blocks_per_sm: 0,
         scratch: Vec::new(),
+        requires_arch: None,
     })
 }
 

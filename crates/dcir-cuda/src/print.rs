@@ -4,9 +4,10 @@
 //! indentation, parentheses only where C precedence needs them, floats printed
 //! so they read back exactly.
 
+use std::borrow::Cow;
 use std::fmt::Write;
 
-use crate::kir::{ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Shuffle, Stmt, Ty};
+use crate::kir::{ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Shuffle, Stmt, Ty, WgmmaShape};
 
 /// The C spelling of a type.
 pub fn c_type(ty: Ty) -> &'static str {
@@ -24,7 +25,86 @@ pub fn c_type(ty: Ty) -> &'static str {
     }
 }
 
-fn helper_source(helper: Helper) -> &'static str {
+fn helper_source(helper: Helper) -> Cow<'static, str> {
+    match helper {
+        Helper::Hopper => HOPPER_HELPERS.into(),
+        Helper::Wgmma(shape) => wgmma_source(shape).into(),
+        _ => fixed_helper_source(helper).into(),
+    }
+}
+
+/// Hopper's asynchronous machinery ([`Helper::Hopper`]).
+const HOPPER_HELPERS: &str = r#"// A TMA descriptor (CUtensorMap), passed by value as a __grid_constant__ parameter.
+struct alignas(64) dcir_tensor_map { unsigned long long opaque[16]; };
+__device__ __forceinline__ unsigned dcir_smem_base(const void* p) {
+  return (unsigned)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void dcir_mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
+}
+// Makes the barriers' initialization visible to the copy engine.
+__device__ __forceinline__ void dcir_mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// Arrives and adds `bytes` of copies the phase waits for.
+__device__ __forceinline__ void dcir_mbar_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void dcir_mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
+}
+// Waits until the phase of parity `parity` has completed.
+__device__ __forceinline__ void dcir_mbar_wait(unsigned bar, unsigned parity) {
+  asm volatile("{\n .reg .pred done;\n dcir_wait_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n @!done bra dcir_wait_%=;\n}"
+               :: "r"(bar), "r"(parity) : "memory");
+}
+// A box of `map` at element coordinates (c0 innermost, ..) into shared memory at
+// `dst`, counted on barrier `bar`; zeros outside the tensor.
+__device__ __forceinline__ void dcir_tma_load2(unsigned dst, const dcir_tensor_map& map, unsigned bar, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];"
+               :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(&map)), "r"(bar), "r"(c0), "r"(c1) : "memory");
+}
+__device__ __forceinline__ void dcir_tma_load3(unsigned dst, const dcir_tensor_map& map, unsigned bar, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];"
+               :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(&map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+// Registers move from the producer warpgroup (40 each) to the consumers (232 each).
+__device__ __forceinline__ void dcir_producer_registers() { asm volatile("setmaxnreg.dec.sync.aligned.u32 40;"); }
+__device__ __forceinline__ void dcir_consumer_registers() { asm volatile("setmaxnreg.inc.sync.aligned.u32 232;"); }
+__device__ __forceinline__ void dcir_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void dcir_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void dcir_wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// The descriptor of a 128-byte-swizzled operand tile at shared address `addr`,
+// `lbo` and `sbo` its leading- and stride-dimension byte offsets.
+__device__ __forceinline__ unsigned long long dcir_wgmma_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+  return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16)
+       | ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
+}
+"#;
+
+/// The `wgmma` of one shape ([`Helper::Wgmma`]): `d` (N/2 accumulators per
+/// thread) += A (descriptor `a`) · B (descriptor `b`).
+fn wgmma_source(shape: WgmmaShape) -> String {
+    let regs = usize::from(shape.n) / 2;
+    let list: Vec<String> = (0..regs).map(|i| format!("%{i}")).collect();
+    let outs: Vec<String> = (0..regs).map(|i| format!("\"+f\"(d[{i}])")).collect();
+    let ty = if shape.bf16 { "bf16" } else { "f16" };
+    format!(
+        "__device__ __forceinline__ void {name}(float* d, unsigned long long a, unsigned long long b) {{\n  \
+         asm volatile(\"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{list}}}, %{da}, %{db}, 1, 1, 1, {ta}, {tb};\"\n               \
+         : {outs}\n               : \"l\"(a), \"l\"(b));\n}}\n",
+        name = shape.helper_name(),
+        n = shape.n,
+        list = list.join(", "),
+        outs = outs.join(", "),
+        da = regs,
+        db = regs + 1,
+        ta = u8::from(shape.a_m_major),
+        tb = u8::from(shape.b_n_major),
+    )
+}
+
+fn fixed_helper_source(helper: Helper) -> &'static str {
     match helper {
         Helper::Half => {
             "__device__ __forceinline__ float dcir_h2f(unsigned short h) {\n  float f;\n  asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h));\n  return f;\n}\n\
@@ -127,6 +207,7 @@ __device__ __forceinline__ float dcir_split_sum(const float* p, int first, int s
             "// d += a (16x16, row) * b (16x8, col), bf16 operands, f32 accumulators.\n\
 __device__ __forceinline__ void dcir_mma_bf16(float& d0, float& d1, float& d2, float& d3, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {\n  asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\"\n               : \"+f\"(d0), \"+f\"(d1), \"+f\"(d2), \"+f\"(d3) : \"r\"(a0), \"r\"(a1), \"r\"(a2), \"r\"(a3), \"r\"(b0), \"r\"(b1));\n}\n"
         }
+        Helper::Hopper | Helper::Wgmma(_) => unreachable!("generated by helper_source"),
     }
 }
 
@@ -142,7 +223,7 @@ pub fn print_kernel(k: &Kernel) -> String {
 pub fn print_helpers<'a>(helpers: impl IntoIterator<Item = &'a Helper>) -> String {
     let mut out = String::new();
     for h in helpers {
-        out.push_str(helper_source(*h));
+        out.push_str(&helper_source(*h));
     }
     if !out.is_empty() {
         out.push('\n');
@@ -168,6 +249,9 @@ pub fn print_kernel_only(k: &Kernel) -> String {
         .params
         .iter()
         .map(|p| {
+            if p.tensor_map.is_some() {
+                return format!("const __grid_constant__ dcir_tensor_map {}", p.name);
+            }
             let constness = if p.output { "" } else { "const " };
             format!("{constness}{}* __restrict__ {}", c_type(p.ty), p.name)
         })
@@ -253,6 +337,13 @@ fn print_stmt(out: &mut String, s: &Stmt, depth: usize) {
         Stmt::If(cond, body) => {
             let _ = writeln!(out, "{pad}if ({}) {{", expr(cond));
             print_block(out, body, depth + 1);
+            let _ = writeln!(out, "{pad}}}");
+        }
+        Stmt::IfElse(cond, then, otherwise) => {
+            let _ = writeln!(out, "{pad}if ({}) {{", expr(cond));
+            print_block(out, then, depth + 1);
+            let _ = writeln!(out, "{pad}}} else {{");
+            print_block(out, otherwise, depth + 1);
             let _ = writeln!(out, "{pad}}}");
         }
         Stmt::Barrier => {

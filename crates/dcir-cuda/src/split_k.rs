@@ -114,12 +114,14 @@ impl SplitK {
             ty: Ty::F32,
             dtype: "f32",
             output: true,
+            tensor_map: None,
         });
         params.push(Param {
             name: ARRIVALS.into(),
             ty: Ty::U32,
             dtype: "u32",
             output: true,
+            tensor_map: None,
         });
         let slots = self.blocks() * acc_len * threads;
         vec![

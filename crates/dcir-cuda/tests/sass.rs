@@ -1,8 +1,10 @@
 //! The machine code of the tensor-core kernels, read back: every kernel the
 //! emitter writes for a `math = "tensor_core"` group multiplies on the
-//! tensor cores (`HMMA` in its SASS), and no kernel touches local memory
-//! (`LDL`/`STL`: spilled registers or arrays the compiler could not keep in
-//! registers). NVRTC compiles for `sm_90`; `nvdisasm` disassembles (the
+//! tensor cores (`HMMA` in its SASS; `HGMMA`, Hopper's warpgroup MMA, for
+//! `mainloop = "wgmma"`, which also copies tiles with TMA, `UTMALDG`), and no
+//! kernel touches local memory (`LDL`/`STL`: spilled registers or arrays the
+//! compiler could not keep in registers). NVRTC compiles for `sm_90`
+//! (`sm_90a` for the Hopper kernels); `nvdisasm` disassembles (the
 //! `nvidia-cuda-nvdisasm` wheel CI installs, `$DCIR_NVDISASM`, or one on the
 //! `PATH`). Without either the test prints `SKIP` (a failure under
 //! `DCIR_REQUIRE_NVRTC`, as in CI).
@@ -80,8 +82,8 @@ fn tensor_core_kernels_run_hmma_and_touch_no_local_memory() {
         arch: "sm_90".into(),
         compile: true,
     };
-    let mut tensor_core = 0;
-    for file in ["gemm_tc", "conv_tc", "attention_tc"] {
+    let (mut tensor_core, mut hopper) = (0, 0);
+    for file in ["gemm_tc", "conv_tc", "attention_tc", "gemm_wgmma"] {
         let path = format!(
             "{}/../../tests/filetests/cuda/{file}.dcir",
             env!("CARGO_MANIFEST_DIR")
@@ -119,7 +121,17 @@ fn tensor_core_kernels_run_hmma_and_touch_no_local_memory() {
                     kernel.summary,
                     local.join("\n")
                 );
-                if kernel.summary.contains("tensor cores") {
+                if kernel.requires_arch.is_some() {
+                    hopper += 1;
+                    for needed in ["HGMMA", "UTMALDG", "SYNCS"] {
+                        assert!(
+                            sass.contains(needed),
+                            "{} ({}) has no {needed}",
+                            kernel.name,
+                            kernel.summary
+                        );
+                    }
+                } else if kernel.summary.contains("tensor cores") {
                     tensor_core += 1;
                     assert!(
                         sass.contains("HMMA"),
@@ -132,4 +144,5 @@ fn tensor_core_kernels_run_hmma_and_touch_no_local_memory() {
         }
     }
     assert!(tensor_core >= 20, "{tensor_core} tensor-core kernels read");
+    assert!(hopper >= 4, "{hopper} Hopper kernels read");
 }

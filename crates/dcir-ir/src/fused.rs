@@ -197,6 +197,11 @@ pub const FUSED_PARAMS: &[ParamSpec] = &[
         "the arithmetic units",
     ),
     p(
+        "mainloop",
+        ParamType::Str(&["mma_sync", "wgmma"]),
+        "with `math = \"tensor_core\"`: the k loop's instructions (`wgmma`: Hopper's, with TMA loads and a persistent grid; sm_90a)",
+    ),
+    p(
         "split_k",
         ParamType::Int(range(1, 256)),
         "blocks sharing one tile's k loop",
@@ -245,6 +250,7 @@ pub const FUSED_KINDS: &[FusedKind] = &[
             "threads",
             "stages",
             "math",
+            "mainloop",
             "split_k",
             "library",
             "heuristic_rank",
@@ -258,6 +264,7 @@ pub const FUSED_KINDS: &[FusedKind] = &[
             "threads",
             "stages",
             "math",
+            "mainloop",
             "split_k",
             "library",
             "heuristic_rank",

@@ -33,6 +33,22 @@ pub enum RuntimeError {
         /// The driver's error.
         error: String,
     },
+    /// A kernel built for one architecture (`sm_90a`) on a GPU of another.
+    #[error(
+        "kernel {kernel} runs only on {needs} (it uses that architecture's own instructions); device {ordinal} is sm_{major}{minor}: compile for it without those kernels"
+    )]
+    Architecture {
+        /// The kernel's name.
+        kernel: String,
+        /// The architecture it needs.
+        needs: String,
+        /// The device index.
+        ordinal: usize,
+        /// The device's compute capability, major.
+        major: i32,
+        /// The device's compute capability, minor.
+        minor: i32,
+    },
     /// A kernel needs more shared memory per block than the device gives.
     #[error(
         "kernel {kernel} needs {needed} bytes of shared memory per block; the device allows {limit}"

@@ -14,7 +14,8 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::{
     CUdevice_attribute, CUevent_flags, CUfunction_attribute, CUgraphInstantiate_flags,
-    CUstreamCaptureMode,
+    CUstreamCaptureMode, CUtensorMap, CUtensorMapDataType, CUtensorMapFloatOOBfill,
+    CUtensorMapInterleave, CUtensorMapL2promotion, CUtensorMapSwizzle,
 };
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, DevicePtr,
@@ -101,6 +102,9 @@ struct Resolved {
     name: String,
     callee: Callee,
     args: Vec<u64>,
+    /// Per argument, the TMA descriptor passed instead of the pointer
+    /// (a parameter with a tensor map).
+    tensor_maps: Vec<Option<CUtensorMap>>,
 }
 
 /// What a launch calls.
@@ -227,6 +231,18 @@ impl Executor {
                 functions.push(None);
                 continue;
             }
+            if let Some(needs) = &k.requires_arch {
+                let (major, minor) = info.compute_capability;
+                if *needs != format!("sm_{major}{minor}a") {
+                    return Err(RuntimeError::Architecture {
+                        kernel: k.name.clone(),
+                        needs: needs.clone(),
+                        ordinal,
+                        major,
+                        minor,
+                    });
+                }
+            }
             let ptx = k.ptx.as_ref().ok_or_else(|| RuntimeError::NoPtx {
                 kernel: k.name.clone(),
             })?;
@@ -329,6 +345,23 @@ impl Executor {
                 l.name.clone()
             };
             let args: Vec<u64> = l.args.iter().map(|&a| pointer(a)).collect();
+            let tensor_maps = k
+                .params
+                .iter()
+                .zip(&l.args)
+                .map(|(p, &a)| {
+                    let Some(map) = &p.tensor_map else {
+                        return Ok(None);
+                    };
+                    let dtype = &artifact.buffers[a as usize].dtype;
+                    encode_tensor_map(map, dtype, pointer(a))
+                        .map(Some)
+                        .map_err(|error| RuntimeError::Launch {
+                            kernel: name.clone(),
+                            error: format!("encoding the tensor map of `{}`: {error}", p.name),
+                        })
+                })
+                .collect::<Result<Vec<_>>>()?;
             let callee = match &k.library {
                 None => Callee::Kernel {
                     kernel: l.kernel as usize,
@@ -393,7 +426,12 @@ impl Executor {
                     }
                 }
             };
-            launches.push(Resolved { name, callee, args });
+            launches.push(Resolved {
+                name,
+                callee,
+                args,
+                tensor_maps,
+            });
         }
         if let Some(libs) = &mut libraries {
             libs.workspace = Some(alloc("the library workspace", workspace_bytes as u64)?);
@@ -710,12 +748,17 @@ impl Executor {
                     .as_ref()
                     .expect("a kernel launch names a loaded function");
                 let mut builder = self.stream.launch_builder(function);
-                for a in &l.args {
-                    builder.arg(a);
+                for (a, map) in l.args.iter().zip(&l.tensor_maps) {
+                    match map {
+                        Some(map) => builder.arg(&map.opaque),
+                        None => builder.arg(a),
+                    };
                 }
-                // SAFETY: the artifact's kernels take one pointer parameter per
-                // launch argument, in order (dcir-cuda's contract, checked when the
-                // artifact was built); each pointer is the start of a live buffer of
+                // SAFETY: the artifact's kernels take one parameter per launch
+                // argument, in order (dcir-cuda's contract, checked when the
+                // artifact was built): a pointer, or a `CUtensorMap` by value
+                // where the parameter has a tensor map (encoded over the same
+                // buffer, its extent checked by `Artifact::validate`); each pointer is the start of a live buffer of
                 // this executor of the size the artifact gives that value (own
                 // allocations, or arena offsets the memory plan keeps disjoint from
                 // every buffer live at the same launch), and the kernels stay inside
@@ -795,6 +838,59 @@ fn driver_version_code() -> Result<i32> {
         .result()
         .map_err(driver("reading the driver version"))?;
     Ok(version)
+}
+
+/// Encodes `map` over the buffer of `dtype` elements at device address
+/// `base` (`cuTensorMapEncodeTiled`; every element stride 1, L2 promotion of
+/// 256 bytes, zeros outside the tensor).
+fn encode_tensor_map(
+    map: &dcir_artifact::TensorMap,
+    dtype: &str,
+    base: u64,
+) -> std::result::Result<CUtensorMap, String> {
+    use CUtensorMapDataType as T;
+    let data_type = match dtype {
+        "f16" => T::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        "bf16" => T::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        "f32" => T::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+        "i32" => T::CU_TENSOR_MAP_DATA_TYPE_INT32,
+        other => return Err(format!("no tensor map of {other} elements")),
+    };
+    let swizzle = match map.swizzle {
+        0 => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+        32 => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_32B,
+        64 => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B,
+        128 => CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+        other => return Err(format!("a swizzle of {other} bytes")),
+    };
+    let rank = map.dims.len();
+    if map.strides.len() + 1 != rank || map.box_dims.len() != rank {
+        return Err("dims, strides and box extents disagree".into());
+    }
+    let element_strides = vec![1u32; rank];
+    let mut out = CUtensorMap { opaque: [0; 16] };
+    // SAFETY: every array holds `rank` entries (`strides` `rank - 1`), as the
+    // driver reads them; `out` is a writable descriptor; the address is a
+    // live buffer of this executor that the descriptor's extent stays inside
+    // (`Artifact::validate` checked it against the buffer's size).
+    #[allow(unsafe_code)]
+    let status = unsafe {
+        cudarc::driver::sys::cuTensorMapEncodeTiled(
+            &mut out,
+            data_type,
+            rank as u32,
+            (base + map.offset) as *mut std::ffi::c_void,
+            map.dims.as_ptr(),
+            map.strides.as_ptr(),
+            map.box_dims.as_ptr(),
+            element_strides.as_ptr(),
+            CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            swizzle,
+            CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    status.result().map(|()| out).map_err(|e| format!("{e:?}"))
 }
 
 /// Checks a loaded kernel's shared memory and block size against the device,

@@ -1,0 +1,592 @@
+//! The Hopper mainloop of the tensor-core contraction family (`mainloop =
+//! "wgmma"`, sm_90a): the same [`Problem`] and epilogue as [`super::gemm_tc`],
+//! with operand tiles brought in by the tensor memory accelerator (TMA) and
+//! multiplied by `wgmma.mma_async`.
+//!
+//! Shape of the kernel:
+//!
+//! - **Warpgroups**: one producer and `tm / 64` consumers (128 threads
+//!   each). The producer gives its registers up (`setmaxnreg.dec` to 40) and
+//!   one of its threads issues every copy; each consumer takes 232 registers
+//!   (`setmaxnreg.inc`) and owns 64 rows of the block tile, its `tn / 2` f32
+//!   accumulators per thread in registers.
+//! - **Persistent grid**: [`PERSISTENT_BLOCKS`] blocks (or fewer tiles) walk
+//!   the `batch × ⌈M/tm⌉ × ⌈N/tn⌉` output tiles in the order of
+//!   [`super::gemm_tc`]'s block order; the producer runs ahead across tile
+//!   boundaries, so the next tile's loads overlap a tile's epilogue.
+//! - **Shared memory**: a ring of `stages` buffers, each an A tile (`tm × 64`)
+//!   and a B tile (`tn × 64`) in 128-byte swizzled rows: a K-major operand
+//!   (k contiguous in memory) as `rows × 64` (one TMA box), an M- or N-major
+//!   one as `rows / 64` boxes of `64 (k) × 64 (rows)`. Two `mbarrier`s per
+//!   stage: *full* (the producer's expected bytes, completed by the copies)
+//!   and *empty* (one arrival per consumer once its `wgmma`s have read it).
+//!   The base is aligned to 1024 bytes (the swizzle's repeat).
+//! - **K loop**: step `it` (counted across tiles) uses stage `it % stages`
+//!   at parity `(it / stages) % 2`; a consumer waits on *full*, issues four
+//!   `m64nTNk16` (one per 16-wide k slice, descriptors advanced inside the
+//!   swizzle row or by 16 k rows), commits, waits for them and arrives on
+//!   *empty*; the producer waits on *empty* (parity flipped: a fresh
+//!   barrier counts as released) before refilling a stage.
+//! - **Edges**: TMA fills zeros outside the tensor, so M, N and K need not be
+//!   multiples of the tile; the epilogue checks rows and columns.
+//! - **Epilogue**: accumulator `4j + 2h + e` of thread `(warp, lane)` of a
+//!   consumer is row `16·warp + lane/4 + 8h`, column `8j + 2(lane%4) + e` of
+//!   its 64 rows (the `mma.sync` fragment layout), through the group's
+//!   elementwise tail as in [`super::gemm_tc`].
+//!
+//! The operands' tensor maps are kernel parameters (`__grid_constant__`),
+//! described in the artifact and encoded by the runtime over the bound
+//! buffers; the kernel needs sm_90a and says so (`Kernel::requires_arch`).
+
+use dcir_artifact::TensorMap;
+use dcir_fusion::Reason;
+use dcir_ir::{DType, Graph, OpId};
+
+use super::gemm_tc::{EpilogueFn, Problem, Strided, block_order};
+use super::{EmitError, Lower, attr_int};
+use crate::kir::{
+    BinOp, Builtin, Expr, Helper, Kernel, Param, Stmt, Ty, WgmmaShape, add, array, bin, call, div,
+    int, let_int, lt, mul, rem, sub, unrolled, var,
+};
+
+type Result<T> = std::result::Result<T, EmitError>;
+
+/// Blocks of the persistent grid: the SMs of an H100 SXM and an H200.
+pub(super) const PERSISTENT_BLOCKS: usize = 132;
+/// The k extent of a stage: one 128-byte swizzle row of 16-bit elements.
+const TK: usize = 64;
+/// Bytes of one 16-bit element.
+const ELEM: usize = 2;
+/// Shared memory a block may use on sm_90.
+const MAX_SHARED: usize = 227 * 1024;
+/// Slack for aligning the ring to the swizzle's 1024-byte repeat.
+const ALIGN: usize = 1024;
+/// Bytes of one 64-row, 64-wide box (an M- or N-major operand's unit).
+const BOX_BYTES: usize = 64 * TK * ELEM;
+
+/// Names the kernel body declares besides [`super::gemm_tc`]'s.
+pub(super) const LOCALS: &[&str] = &["bars", "role", "wt", "work", "it", "phase"];
+
+/// Whether group `op` asks for the Hopper mainloop.
+pub(super) fn asked(g: &Graph, op: OpId) -> bool {
+    g.op(op)
+        .attrs
+        .get("mainloop")
+        .and_then(dcir_ir::Attr::as_str)
+        == Some("wgmma")
+}
+
+/// The blocking: `tm` (64 or 128: one or two consumers) × `tn` (64 to 256, a
+/// multiple of 64) output tiles, `stages` buffers of 64-wide k.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Config {
+    tm: usize,
+    tn: usize,
+    stages: usize,
+}
+
+impl Config {
+    /// The blocking for attributes `tile` (`[tm, tn, _]`) and `stages`: `tm`
+    /// 128 unless it asks for 64 or less, `tn` rounded up to a multiple of 64
+    /// in 64..=256, `stages` clamped to 2..=6 and lowered while the ring
+    /// exceeds 227 KiB.
+    pub(super) fn new(tile: [i64; 3], stages: i64) -> Config {
+        let tm = if tile[0] <= 64 { 64 } else { 128 };
+        let tn = (tile[1].clamp(64, 256) as usize).div_ceil(64) * 64;
+        let mut stages = stages.clamp(2, 6) as usize;
+        let cfg = |stages| Config { tm, tn, stages };
+        while stages > 2 && cfg(stages).shared_bytes() > MAX_SHARED {
+            stages -= 1;
+        }
+        cfg(stages)
+    }
+
+    fn consumers(&self) -> usize {
+        self.tm / 64
+    }
+
+    fn threads(&self) -> usize {
+        128 * (1 + self.consumers())
+    }
+
+    fn stage_bytes(&self) -> usize {
+        (self.tm + self.tn) * TK * ELEM
+    }
+
+    /// The ring, its barriers and the alignment slack.
+    fn shared_bytes(&self) -> usize {
+        ALIGN + self.stages * self.stage_bytes() + 16 * self.stages
+    }
+}
+
+/// How one operand reaches shared memory: its tensor map and its layout there.
+struct TmaOperand {
+    /// The kernel parameter.
+    param: String,
+    /// k contiguous in memory (else the rows: M- or N-major).
+    k_major: bool,
+    /// The map has a batch dimension (its third coordinate is `bz`).
+    batched: bool,
+    map: TensorMap,
+}
+
+impl TmaOperand {
+    /// The operand's tensor map for tiles of `rows` rows, when its view is one
+    /// a TMA box can read: one mode per dim, k or the rows contiguous, a
+    /// linear batch, 16-byte aligned.
+    fn new(s: &Strided, rows: usize, extent: usize, k: usize, batch: usize) -> Option<TmaOperand> {
+        let (r_stride, k_stride) = (s.r.stride()?, s.k.stride()?);
+        let batch_stride = if batch > 1 { s.batch_stride? } else { 0 };
+        let k_major = k_stride == 1;
+        let (inner, outer, outer_stride) = if k_major {
+            (k, extent, r_stride)
+        } else if r_stride == 1 {
+            (extent, k, k_stride)
+        } else {
+            return None;
+        };
+        let aligned = |x: i64| x > 0 && x % 8 == 0;
+        if !aligned(outer_stride) || s.base % 8 != 0 || s.base < 0 {
+            return None;
+        }
+        let mut dims = vec![inner as u64, outer as u64];
+        let mut strides = vec![(outer_stride as usize * ELEM) as u64];
+        let mut box_dims = if k_major {
+            vec![TK as u32, rows as u32]
+        } else {
+            vec![64, TK as u32]
+        };
+        let batched = batch_stride != 0;
+        if batched {
+            if !aligned(batch_stride) {
+                return None;
+            }
+            dims.push(batch as u64);
+            strides.push((batch_stride as usize * ELEM) as u64);
+            box_dims.push(1);
+        }
+        Some(TmaOperand {
+            param: s.param.clone(),
+            k_major,
+            batched,
+            map: TensorMap {
+                offset: (s.base as usize * ELEM) as u64,
+                dims,
+                strides,
+                box_dims,
+                swizzle: 128,
+            },
+        })
+    }
+
+    /// The copies of k-tile `k0` of the tile at row `r0` into shared address
+    /// `dst`, counted on barrier `bar`.
+    fn loads(&self, rows: usize, r0: Expr, k0: Expr, dst: Expr, bar: Expr) -> Vec<Stmt> {
+        let boxes: Vec<(Expr, Expr, Expr)> = if self.k_major {
+            vec![(dst, k0, r0)]
+        } else {
+            (0..rows / 64)
+                .map(|c| {
+                    (
+                        add(dst.clone(), int((c * BOX_BYTES) as i64)),
+                        add(r0.clone(), int(64 * c as i64)),
+                        k0.clone(),
+                    )
+                })
+                .collect()
+        };
+        boxes
+            .into_iter()
+            .map(|(dst, c0, c1)| {
+                let mut args = vec![dst, var(&self.param), bar.clone(), c0, c1];
+                let f = if self.batched {
+                    args.push(var("bz"));
+                    "dcir_tma_load3"
+                } else {
+                    "dcir_tma_load2"
+                };
+                Stmt::Call(f.into(), args)
+            })
+            .collect()
+    }
+
+    /// The `wgmma` descriptor of 16-wide k slice `kk` of the tile at shared
+    /// address `base`: a K-major slice is 32 bytes into each swizzled row
+    /// (rows 1024 bytes per 8), an M/N-major one 16 k rows further (boxes
+    /// [`BOX_BYTES`] apart).
+    fn descriptor(&self, base: Expr, kk: usize) -> Expr {
+        let (step, lbo) = if self.k_major {
+            (32, 16)
+        } else {
+            (16 * TK * ELEM, BOX_BYTES)
+        };
+        call(
+            "dcir_wgmma_desc",
+            vec![
+                add(base, int((kk * step) as i64)),
+                int(lbo as i64),
+                int(1024),
+            ],
+        )
+    }
+}
+
+/// Why problem `p` cannot take the Hopper mainloop, if it cannot.
+fn operands(p: &Problem) -> std::result::Result<[TmaOperand; 2], String> {
+    if !matches!(p.dtype, DType::F16 | DType::BF16) {
+        return Err(format!(
+            "{} operands (wgmma takes f16 or bf16)",
+            p.dtype.name()
+        ));
+    }
+    let side = |o: &super::gemm_tc::Operand, rows: usize, which: &str| {
+        o.strided
+            .as_ref()
+            .and_then(|s| TmaOperand::new(s, rows, o.rows, p.k, p.batch))
+            .ok_or_else(|| {
+                format!(
+                    "operand {which} is not a view a TMA box reads (one stride per dim, k or its rows contiguous, 16-byte aligned, a linear batch)"
+                )
+            })
+    };
+    Ok([side(&p.a, 128, "A")?, side(&p.b, 256, "B")?])
+}
+
+/// Lowers `problem` on the Hopper mainloop (module doc): blocking from the
+/// group's `tile` and `stages` ([`Config::new`]; `split_k` is not honoured),
+/// the epilogue as in [`super::gemm_tc`].
+pub(super) fn lower(
+    l: &mut Lower,
+    op: OpId,
+    mut params: Vec<Param>,
+    p: &Problem,
+    tile: [i64; 3],
+    epilogue: &EpilogueFn,
+    what: String,
+) -> Result<Kernel> {
+    let g = l.g;
+    let [mut a, mut b] = operands(p).map_err(|why| l.unsupported(Reason::Parameters(why)))?;
+    let c = Config::new(tile, attr_int(g, op, "stages", 4));
+    // Boxes of a K-major operand are one tile tall.
+    if a.k_major {
+        a.map.box_dims[1] = c.tm as u32;
+    }
+    if b.k_major {
+        b.map.box_dims[1] = c.tn as u32;
+    }
+    let shape = WgmmaShape {
+        n: c.tn as u16,
+        bf16: p.dtype == DType::BF16,
+        a_m_major: !a.k_major,
+        b_n_major: !b.k_major,
+    };
+    l.helpers.extend([Helper::Hopper, Helper::Wgmma(shape)]);
+    let grid_m = p.m.div_ceil(c.tm);
+    let grid_n = p.n.div_ceil(c.tn);
+    let tiles = p.batch * grid_m * grid_n;
+    let stage = c.stage_bytes() as i64;
+    let stages = c.stages as i64;
+    let full = |s: Expr| add(var("bars"), mul(s, int(8)));
+    let empty = |s: Expr| add(var("bars"), mul(add(s, int(stages)), int(8)));
+    let stage_base = add(var("smem"), mul(var("s"), int(stage)));
+    let b_base = add(stage_base.clone(), int((c.tm * TK * ELEM) as i64));
+
+    // The tile of work item `work`: batch entry, tile row and column, origin.
+    let per_batch = (grid_m * grid_n) as i64;
+    let mut locate = Vec::new();
+    if p.batch > 1 {
+        locate.push(let_int("bz", div(var("work"), per_batch)));
+        locate.push(let_int("tile", rem(var("work"), per_batch)));
+    } else {
+        locate.push(let_int("tile", var("work")));
+    }
+    locate.extend(block_order(grid_m, grid_n));
+    locate.push(let_int("m0", mul(var("tile_m"), int(c.tm as i64))));
+    locate.push(let_int("n0", mul(var("tile_n"), int(c.tn as i64))));
+    let step_of_ring = vec![
+        let_int("s", rem(var("it"), stages)),
+        let_int("phase", bin(BinOp::BitAnd, div(var("it"), stages), int(1))),
+    ];
+    let work_loop = |body: Vec<Stmt>| Stmt::For {
+        var: "work".into(),
+        start: Expr::Builtin(Builtin::BlockX),
+        end: int(tiles as i64),
+        step: Expr::Builtin(Builtin::GridDimX),
+        unroll: false,
+        body,
+    };
+    let k_loop = |body: Vec<Stmt>| {
+        let mut inner = step_of_ring.clone();
+        inner.extend(body);
+        inner.push(Stmt::Assign("it".into(), add(var("it"), int(1))));
+        Stmt::For {
+            var: "kt".into(),
+            start: int(0),
+            end: int(p.k.div_ceil(TK) as i64),
+            step: int(1),
+            unroll: false,
+            body: inner,
+        }
+    };
+
+    // Producer: one thread fills the ring.
+    let k0 = mul(var("kt"), int(TK as i64));
+    let mut fill = vec![
+        Stmt::Call(
+            "dcir_mbar_wait".into(),
+            vec![empty(var("s")), bin(BinOp::BitXor, var("phase"), int(1))],
+        ),
+        Stmt::Call(
+            "dcir_mbar_expect_tx".into(),
+            vec![full(var("s")), int(stage)],
+        ),
+    ];
+    fill.extend(a.loads(
+        c.tm,
+        var("m0"),
+        k0.clone(),
+        stage_base.clone(),
+        full(var("s")),
+    ));
+    fill.extend(b.loads(c.tn, var("n0"), k0, b_base.clone(), full(var("s"))));
+    let mut producer_tile = locate.clone();
+    producer_tile.push(k_loop(fill));
+    let producer = vec![
+        Stmt::Call("dcir_producer_registers".into(), vec![]),
+        Stmt::If(
+            bin(BinOp::Eq, var("wt"), int(0)),
+            vec![
+                Stmt::Let {
+                    name: "it".into(),
+                    ty: Ty::I32,
+                    value: int(0),
+                    constant: false,
+                },
+                work_loop(producer_tile),
+            ],
+        ),
+    ];
+
+    // Consumers: 64 rows each.
+    let a_rows = add(
+        stage_base,
+        mul(sub(var("role"), int(1)), int(BOX_BYTES as i64)),
+    );
+    let mut mma = vec![
+        Stmt::Call("dcir_mbar_wait".into(), vec![full(var("s")), var("phase")]),
+        Stmt::Call("dcir_wgmma_fence".into(), vec![]),
+    ];
+    for kk in 0..TK / 16 {
+        mma.push(Stmt::Call(
+            shape.helper_name(),
+            vec![
+                var("acc"),
+                a.descriptor(a_rows.clone(), kk),
+                b.descriptor(b_base.clone(), kk),
+            ],
+        ));
+    }
+    mma.extend([
+        Stmt::Call("dcir_wgmma_commit".into(), vec![]),
+        Stmt::Call("dcir_wgmma_wait0".into(), vec![]),
+        Stmt::If(
+            bin(BinOp::Eq, var("wt"), int(0)),
+            vec![Stmt::Call("dcir_mbar_arrive".into(), vec![empty(var("s"))])],
+        ),
+    ]);
+    let acc = Expr::Load(
+        array("acc", Ty::F32),
+        Box::new(add(
+            add(mul(var("j"), int(4)), mul(var("h"), int(2))),
+            var("e"),
+        )),
+    );
+    let stores = l.scoped(|l| epilogue(l, var("row"), var("col"), acc))?;
+    let element = vec![
+        let_int(
+            "row",
+            add(
+                add(var("m0"), mul(sub(var("role"), int(1)), int(64))),
+                add(
+                    add(mul(var("warp"), int(16)), div(var("lane"), 4)),
+                    mul(var("h"), int(8)),
+                ),
+            ),
+        ),
+        let_int(
+            "col",
+            add(
+                add(var("n0"), mul(var("j"), int(8))),
+                add(mul(rem(var("lane"), 4), int(2)), var("e")),
+            ),
+        ),
+        Stmt::If(
+            bin(
+                BinOp::And,
+                lt(var("row"), int(p.m as i64)),
+                lt(var("col"), int(p.n as i64)),
+            ),
+            stores,
+        ),
+    ];
+    let mut consumer_tile = locate;
+    consumer_tile.push(unrolled(
+        "i",
+        c.tn / 2,
+        vec![Stmt::Store(array("acc", Ty::F32), var("i"), Expr::F32(0.0))],
+    ));
+    consumer_tile.push(k_loop(mma));
+    consumer_tile.push(Stmt::Comment(
+        "epilogue: accumulator 4j + 2h + e is row 16·warp + lane/4 + 8h, column 8j + 2(lane%4) + e of the consumer's rows".into(),
+    ));
+    consumer_tile.push(unrolled(
+        "j",
+        c.tn / 8,
+        vec![unrolled("h", 2, vec![unrolled("e", 2, element)])],
+    ));
+    let consumer = vec![
+        Stmt::Call("dcir_consumer_registers".into(), vec![]),
+        let_int("warp", div(var("wt"), 32)),
+        let_int("lane", rem(var("wt"), 32)),
+        Stmt::LocalArray {
+            name: "acc".into(),
+            ty: Ty::F32,
+            len: c.tn / 2,
+        },
+        Stmt::Let {
+            name: "it".into(),
+            ty: Ty::I32,
+            value: int(0),
+            constant: false,
+        },
+        work_loop(consumer_tile),
+    ];
+
+    let mut body = vec![
+        Stmt::Comment(format!(
+            "ring: {} stages of A ({} x {TK}) and B ({} x {TK}), 128-byte swizzled, from a 1024-byte aligned base; full and empty barriers after it",
+            c.stages, c.tm, c.tn
+        )),
+        Stmt::Let {
+            name: "smem".into(),
+            ty: Ty::U32,
+            value: bin(
+                BinOp::Shl,
+                bin(
+                    BinOp::Shr,
+                    add(
+                        call("dcir_smem_base", vec![var("dcir_smem")]),
+                        int(ALIGN as i64 - 1),
+                    ),
+                    int(ALIGN.trailing_zeros() as i64),
+                ),
+                int(ALIGN.trailing_zeros() as i64),
+            ),
+            constant: true,
+        },
+        Stmt::Let {
+            name: "bars".into(),
+            ty: Ty::U32,
+            value: add(var("smem"), int(stages * stage)),
+            constant: true,
+        },
+        let_int("role", div(Expr::Builtin(Builtin::ThreadX), 128)),
+        let_int("wt", rem(Expr::Builtin(Builtin::ThreadX), 128)),
+        Stmt::If(
+            bin(BinOp::Eq, Expr::Builtin(Builtin::ThreadX), int(0)),
+            vec![
+                unrolled(
+                    "s",
+                    c.stages,
+                    vec![
+                        Stmt::Call("dcir_mbar_init".into(), vec![full(var("s")), int(1)]),
+                        Stmt::Call(
+                            "dcir_mbar_init".into(),
+                            vec![empty(var("s")), int(c.consumers() as i64)],
+                        ),
+                    ],
+                ),
+                Stmt::Call("dcir_mbar_init_fence".into(), vec![]),
+            ],
+        ),
+        Stmt::Barrier,
+    ];
+    body.push(Stmt::Comment(
+        "warpgroup 0 produces (one thread issues the copies), the others consume".into(),
+    ));
+    body.push(Stmt::IfElse(
+        bin(BinOp::Eq, var("role"), int(0)),
+        producer,
+        consumer,
+    ));
+
+    // The operands' parameters become tensor maps; nothing else may read them.
+    if a.param == b.param || body_reads_param(&body, &a.param, &b.param) {
+        return Err(l.unsupported(Reason::Parameters(
+            "an operand's buffer is also read by the epilogue or is both operands (its parameter becomes a tensor map)".into(),
+        )));
+    }
+    for o in [&a, &b] {
+        let param = params
+            .iter_mut()
+            .find(|q| q.name == o.param)
+            .expect("a strided operand reads a kernel parameter");
+        param.tensor_map = Some(o.map.clone());
+    }
+    let summary = format!(
+        "{what}, wgmma + TMA (sm_90a), tile [{}, {}, {TK}], {} consumer warpgroup{} of {}x{}, {} stages, persistent over {} tiles; A {}, B {}",
+        c.tm,
+        c.tn,
+        c.consumers(),
+        if c.consumers() == 1 { "" } else { "s" },
+        64,
+        c.tn,
+        c.stages,
+        tiles,
+        if a.k_major { "K-major" } else { "M-major" },
+        if b.k_major { "K-major" } else { "N-major" },
+    );
+    Ok(Kernel {
+        name: super::kernel_name(g, op),
+        summary,
+        params,
+        shared: Vec::new(),
+        body,
+        helpers: std::mem::take(&mut l.helpers),
+        block: c.threads() as u32,
+        grid: tiles.min(PERSISTENT_BLOCKS) as u32,
+        dynamic_shared: c.shared_bytes(),
+        min_blocks_per_sm: 1,
+        scratch: Vec::new(),
+        requires_arch: Some("sm_90a"),
+    })
+}
+
+/// Whether a statement other than a TMA load reads parameter `a` or `b`.
+fn body_reads_param(body: &[Stmt], a: &str, b: &str) -> bool {
+    fn reads(s: &Stmt, name: &str) -> bool {
+        match s {
+            Stmt::Call(f, args) if f.starts_with("dcir_tma_load") => {
+                args.iter().skip(2).any(|e| e.reads(name))
+            }
+            Stmt::For {
+                body,
+                start,
+                end,
+                step,
+                ..
+            } => {
+                start.reads(name)
+                    || end.reads(name)
+                    || step.reads(name)
+                    || body.iter().any(|s| reads(s, name))
+            }
+            Stmt::If(cond, body) => cond.reads(name) || body.iter().any(|s| reads(s, name)),
+            Stmt::IfElse(cond, x, y) => {
+                cond.reads(name) || x.iter().chain(y).any(|s| reads(s, name))
+            }
+            other => other.reads(name),
+        }
+    }
+    body.iter().any(|s| reads(s, a) || reads(s, b))
+}
