@@ -1959,8 +1959,24 @@ fn lower_problem(
         let coords = out_at(row, col);
         store_results(l, derived, result, &coords, &outputs, &ys, &results)
     };
+    // The Hopper mainloop where asked and the problem allows, else this one,
+    // saying why.
+    let mut not_honoured = String::new();
     if super::gemm_wgmma::asked(g, op) {
-        return super::gemm_wgmma::lower(l, op, params, problem, tile, &epilogue, what);
+        match super::gemm_wgmma::lower(
+            l,
+            op,
+            params.clone(),
+            problem,
+            tile,
+            &epilogue,
+            what.clone(),
+        ) {
+            Ok(kernel) => return Ok(kernel),
+            Err(EmitError::Unsupported { reason, .. }) => {
+                not_honoured = format!("; mainloop = \"wgmma\" not honoured: {reason}");
+            }
+        }
     }
     let body = emit(l, problem, &cfg, &epilogue)?;
     let split = cfg.split_k(problem);
@@ -1996,7 +2012,7 @@ fn lower_problem(
         String::new()
     };
     let summary = format!(
-        "{what}, tile [{}, {}, {}]{adapted}, {}x{} warps of {}x{}, {} stages{}; A by {}, B by {}",
+        "{what}, tile [{}, {}, {}]{adapted}, {}x{} warps of {}x{}, {} stages{}; A by {}, B by {}{not_honoured}",
         cfg.tm,
         cfg.tn,
         cfg.tk,

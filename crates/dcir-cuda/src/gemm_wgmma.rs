@@ -20,7 +20,8 @@
 //!   one as `rows / 64` boxes of `64 (k) × 64 (rows)`. Two `mbarrier`s per
 //!   stage: *full* (the producer's expected bytes, completed by the copies)
 //!   and *empty* (one arrival per consumer once its `wgmma`s have read it).
-//!   The base is aligned to 1024 bytes (the swizzle's repeat).
+//!   The base is aligned to 1024 bytes (the swizzle's repeat); the
+//!   epilogue's staging tile (`tm × (tn + 8)` 16-bit elements) follows.
 //! - **K loop**: step `it` (counted across tiles) uses stage `it % stages`
 //!   at parity `(it / stages) % 2`; a consumer waits on *full*, issues four
 //!   `m64nTNk16` (one per 16-wide k slice, descriptors advanced inside the
@@ -31,8 +32,14 @@
 //!   multiples of the tile; the epilogue checks rows and columns.
 //! - **Epilogue**: accumulator `4j + 2h + e` of thread `(warp, lane)` of a
 //!   consumer is row `16·warp + lane/4 + 8h`, column `8j + 2(lane%4) + e` of
-//!   its 64 rows (the `mma.sync` fragment layout), through the group's
-//!   elementwise tail as in [`super::gemm_tc`].
+//!   its 64 rows (the `mma.sync` fragment layout). Stored from there, a warp
+//!   would write 8 rows × 16 bytes per instruction; instead each consumer
+//!   rounds its accumulators to the product's dtype into its rows of a
+//!   staging tile in shared memory (padded rows, two columns a word; a named
+//!   barrier per warpgroup before and after), then walks the tile with
+//!   consecutive threads on consecutive columns, each element through the
+//!   group's elementwise tail as in [`super::gemm_tc`] and stored: a warp
+//!   writes 64 contiguous bytes of one row.
 //!
 //! The operands' tensor maps are kernel parameters (`__grid_constant__`),
 //! described in the artifact and encoded by the runtime over the bound
@@ -43,7 +50,7 @@ use dcir_fusion::Reason;
 use dcir_ir::{DType, Graph, OpId};
 
 use super::gemm_tc::{EpilogueFn, Problem, Strided, block_order};
-use super::{EmitError, Lower, attr_int};
+use super::{EmitError, Lower, attr_int, storage_ty};
 use crate::kir::{
     BinOp, Builtin, Expr, Helper, Kernel, Param, Stmt, Ty, WgmmaShape, add, array, bin, call, div,
     int, let_int, lt, mul, rem, sub, unrolled, var,
@@ -65,7 +72,19 @@ const ALIGN: usize = 1024;
 const BOX_BYTES: usize = 64 * TK * ELEM;
 
 /// Names the kernel body declares besides [`super::gemm_tc`]'s.
-pub(super) const LOCALS: &[&str] = &["bars", "role", "wt", "work", "it", "phase"];
+pub(super) const LOCALS: &[&str] = &[
+    "bars",
+    "role",
+    "wt",
+    "work",
+    "it",
+    "phase",
+    "lr",
+    "lc",
+    "staged",
+    "out_tile",
+    "out_pairs",
+];
 
 /// Whether group `op` asks for the Hopper mainloop.
 pub(super) fn asked(g: &Graph, op: OpId) -> bool {
@@ -113,9 +132,22 @@ impl Config {
         (self.tm + self.tn) * TK * ELEM
     }
 
-    /// The ring, its barriers and the alignment slack.
-    fn shared_bytes(&self) -> usize {
+    /// Elements of a row of the epilogue's staging tile: `tn` and 8 of
+    /// padding, so the 8 rows a warp's fragment stores touch differ in bank.
+    fn staged_row_elems(&self) -> usize {
+        self.tn + 8
+    }
+
+    /// Where the staging tile starts in dynamic shared memory: past the ring
+    /// and its barriers wherever the alignment puts them.
+    fn staging_offset(&self) -> usize {
         ALIGN + self.stages * self.stage_bytes() + 16 * self.stages
+    }
+
+    /// The ring, its barriers, the alignment slack and the staging tile
+    /// (`tm` rows of the product's 16-bit elements).
+    fn shared_bytes(&self) -> usize {
+        self.staging_offset() + self.tm * self.staged_row_elems() * ELEM
     }
 }
 
@@ -266,6 +298,17 @@ pub(super) fn lower(
 ) -> Result<Kernel> {
     let g = l.g;
     let [mut a, mut b] = operands(p).map_err(|why| l.unsupported(Reason::Parameters(why)))?;
+    let stores = l.scoped(|l| epilogue(l, var("row"), var("col"), var("staged")))?;
+    // The operands' parameters become tensor maps: nothing else may read them.
+    if a.param == b.param
+        || stores
+            .iter()
+            .any(|s| s.reads(&a.param) || s.reads(&b.param))
+    {
+        return Err(l.unsupported(Reason::Parameters(
+            "an operand that is also read by the epilogue or is both operands (its parameter becomes a tensor map)".into(),
+        )));
+    }
     let c = Config::new(tile, attr_int(g, op, "stages", 4));
     // Boxes of a K-major operand are one tile tall.
     if a.k_major {
@@ -394,41 +437,77 @@ pub(super) fn lower(
             vec![Stmt::Call("dcir_mbar_arrive".into(), vec![empty(var("s"))])],
         ),
     ]);
-    let acc = Expr::Load(
-        array("acc", Ty::F32),
-        Box::new(add(
-            add(mul(var("j"), int(4)), mul(var("h"), int(2))),
-            var("e"),
-        )),
+    // Epilogue, first half: the accumulators rounded to the product's dtype
+    // into the consumer's rows of the staging tile, two columns a word.
+    let row_elems = c.staged_row_elems() as i64;
+    let consumer_row0 = mul(sub(var("role"), int(1)), int(64));
+    let acc = |i: Expr| Expr::Load(array("acc", Ty::F32), Box::new(i));
+    let pair = add(mul(var("j"), int(4)), mul(var("h"), int(2)));
+    let (lo, hi) = (
+        l.narrow(p.dtype, acc(pair.clone())),
+        l.narrow(p.dtype, acc(add(pair, int(1)))),
     );
-    let stores = l.scoped(|l| epilogue(l, var("row"), var("col"), acc))?;
+    let word = bin(
+        BinOp::BitOr,
+        Expr::Cast(Ty::U32, Box::new(lo)),
+        bin(BinOp::Shl, Expr::Cast(Ty::U32, Box::new(hi)), int(16)),
+    );
+    let staged_row = add(
+        consumer_row0.clone(),
+        add(
+            add(mul(var("warp"), int(16)), div(var("lane"), 4)),
+            mul(var("h"), int(8)),
+        ),
+    );
+    let stage_out = Stmt::Store(
+        array("out_pairs", Ty::U32),
+        add(
+            mul(staged_row, int(row_elems / 2)),
+            add(mul(var("j"), int(4)), rem(var("lane"), 4)),
+        ),
+        word,
+    );
+    // Second half: consecutive threads on consecutive columns of a row, each
+    // element through the group's tail and stored (coalesced).
+    let per_thread = 64 * c.tn / 128;
+    let staged = l.widen(
+        p.dtype,
+        Expr::Load(
+            array("out_tile", storage_ty(p.dtype)),
+            Box::new(add(
+                mul(add(consumer_row0.clone(), var("lr")), int(row_elems)),
+                var("lc"),
+            )),
+        ),
+    );
     let element = vec![
         let_int(
-            "row",
-            add(
-                add(var("m0"), mul(sub(var("role"), int(1)), int(64))),
-                add(
-                    add(mul(var("warp"), int(16)), div(var("lane"), 4)),
-                    mul(var("h"), int(8)),
-                ),
-            ),
+            "lr",
+            div(add(mul(var("i"), int(128)), var("wt")), c.tn as i64),
         ),
         let_int(
-            "col",
-            add(
-                add(var("n0"), mul(var("j"), int(8))),
-                add(mul(rem(var("lane"), 4), int(2)), var("e")),
-            ),
+            "lc",
+            rem(add(mul(var("i"), int(128)), var("wt")), c.tn as i64),
         ),
+        let_int("row", add(add(var("m0"), consumer_row0), var("lr"))),
+        let_int("col", add(var("n0"), var("lc"))),
         Stmt::If(
             bin(
                 BinOp::And,
                 lt(var("row"), int(p.m as i64)),
                 lt(var("col"), int(p.n as i64)),
             ),
-            stores,
+            std::iter::once(Stmt::Let {
+                name: "staged".into(),
+                ty: Ty::F32,
+                value: staged,
+                constant: true,
+            })
+            .chain(stores)
+            .collect(),
         ),
     ];
+    let warpgroup_barrier = Stmt::Call("dcir_warpgroup_barrier".into(), vec![var("role")]);
     let mut consumer_tile = locate;
     consumer_tile.push(unrolled(
         "i",
@@ -436,16 +515,35 @@ pub(super) fn lower(
         vec![Stmt::Store(array("acc", Ty::F32), var("i"), Expr::F32(0.0))],
     ));
     consumer_tile.push(k_loop(mma));
-    consumer_tile.push(Stmt::Comment(
-        "epilogue: accumulator 4j + 2h + e is row 16·warp + lane/4 + 8h, column 8j + 2(lane%4) + e of the consumer's rows".into(),
-    ));
-    consumer_tile.push(unrolled(
-        "j",
-        c.tn / 8,
-        vec![unrolled("h", 2, vec![unrolled("e", 2, element)])],
-    ));
+    consumer_tile.extend([
+        Stmt::Comment(
+            "epilogue: accumulator 4j + 2h + e is row 16·warp + lane/4 + 8h, column 8j + 2(lane%4) + e of the consumer's rows; staged, then stored a row at a time".into(),
+        ),
+        warpgroup_barrier.clone(),
+        unrolled("j", c.tn / 8, vec![unrolled("h", 2, vec![stage_out])]),
+        warpgroup_barrier,
+        Stmt::Pragma("unroll 4".into()),
+        Stmt::For {
+            var: "i".into(),
+            start: int(0),
+            end: int(per_thread as i64),
+            step: int(1),
+            unroll: false,
+            body: element,
+        },
+    ]);
     let consumer = vec![
         Stmt::Call("dcir_consumer_registers".into(), vec![]),
+        Stmt::SharedView {
+            name: "out_tile".into(),
+            ty: storage_ty(p.dtype),
+            offset: c.staging_offset(),
+        },
+        Stmt::SharedView {
+            name: "out_pairs".into(),
+            ty: Ty::U32,
+            offset: c.staging_offset(),
+        },
         let_int("warp", div(var("wt"), 32)),
         let_int("lane", rem(var("wt"), 32)),
         Stmt::LocalArray {
@@ -520,12 +618,6 @@ pub(super) fn lower(
         consumer,
     ));
 
-    // The operands' parameters become tensor maps; nothing else may read them.
-    if a.param == b.param || body_reads_param(&body, &a.param, &b.param) {
-        return Err(l.unsupported(Reason::Parameters(
-            "an operand's buffer is also read by the epilogue or is both operands (its parameter becomes a tensor map)".into(),
-        )));
-    }
     for o in [&a, &b] {
         let param = params
             .iter_mut()
@@ -560,33 +652,4 @@ pub(super) fn lower(
         scratch: Vec::new(),
         requires_arch: Some("sm_90a"),
     })
-}
-
-/// Whether a statement other than a TMA load reads parameter `a` or `b`.
-fn body_reads_param(body: &[Stmt], a: &str, b: &str) -> bool {
-    fn reads(s: &Stmt, name: &str) -> bool {
-        match s {
-            Stmt::Call(f, args) if f.starts_with("dcir_tma_load") => {
-                args.iter().skip(2).any(|e| e.reads(name))
-            }
-            Stmt::For {
-                body,
-                start,
-                end,
-                step,
-                ..
-            } => {
-                start.reads(name)
-                    || end.reads(name)
-                    || step.reads(name)
-                    || body.iter().any(|s| reads(s, name))
-            }
-            Stmt::If(cond, body) => cond.reads(name) || body.iter().any(|s| reads(s, name)),
-            Stmt::IfElse(cond, x, y) => {
-                cond.reads(name) || x.iter().chain(y).any(|s| reads(s, name))
-            }
-            other => other.reads(name),
-        }
-    }
-    body.iter().any(|s| reads(s, a) || reads(s, b))
 }

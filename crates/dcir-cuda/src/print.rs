@@ -71,6 +71,8 @@ __device__ __forceinline__ void dcir_tma_load3(unsigned dst, const dcir_tensor_m
 // Registers move from the producer warpgroup (40 each) to the consumers (232 each).
 __device__ __forceinline__ void dcir_producer_registers() { asm volatile("setmaxnreg.dec.sync.aligned.u32 40;"); }
 __device__ __forceinline__ void dcir_consumer_registers() { asm volatile("setmaxnreg.inc.sync.aligned.u32 232;"); }
+// Waits for the 128 threads of warpgroup `id` (named barrier `id`; 0 is __syncthreads').
+__device__ __forceinline__ void dcir_warpgroup_barrier(int id) { asm volatile("bar.sync %0, 128;" :: "r"(id) : "memory"); }
 __device__ __forceinline__ void dcir_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void dcir_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void dcir_wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
