@@ -487,7 +487,9 @@ fn compile_all(kernels: &[&Kernel]) -> Result<BTreeMap<String, String>, String> 
             .iter()
             .map(|k| (k.kernel.name.as_str(), k.source.as_str()))
             .collect();
-        let reports = nvrtc::compile_batch(&named, nvrtc::DEFAULT_ARCH).unwrap_or_default();
+        let reports = dcir_cuda::batch_arch(batch.iter().map(|k| &k.kernel), nvrtc::DEFAULT_ARCH)
+            .and_then(|arch| nvrtc::compile_batch(&named, arch))
+            .unwrap_or_default();
         let batch_failed = reports.len() != batch.len();
         batch
             .iter()

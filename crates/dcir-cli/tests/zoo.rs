@@ -106,13 +106,17 @@ fn compile_with_nvrtc(kernels: &[&Pending]) -> Vec<String> {
         .iter()
         .map(|(kernel, source, _)| (kernel.name.as_str(), source.as_str()))
         .collect();
-    let reports = match nvrtc::compile_batch(&named, nvrtc::DEFAULT_ARCH) {
+    let arch = match dcir_cuda::batch_arch(kernels.iter().map(|(k, ..)| k), nvrtc::DEFAULT_ARCH) {
+        Ok(arch) => arch,
+        Err(e) => return vec![e],
+    };
+    let reports = match nvrtc::compile_batch(&named, arch) {
         Ok(reports) => reports,
         Err(_) => {
             return kernels
                 .iter()
                 .filter_map(|(kernel, source, summary)| {
-                    nvrtc::compile(source, &kernel.name, nvrtc::DEFAULT_ARCH)
+                    nvrtc::compile(source, &kernel.name, arch)
                         .err()
                         .map(|e| format!("{e}\n  {summary}"))
                 })

@@ -40,7 +40,8 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::{CUevent_flags, CUfunction_attribute};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError, LaunchConfig,
+    PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 use dcir_cuda::kir::Kernel;
@@ -432,7 +433,8 @@ fn check_graph(
 /// stack frame is an error.
 fn compile(kernel: &Kernel) -> Result<dcir_cuda::nvrtc::Compiled, String> {
     let source = dcir_cuda::print_kernel(kernel);
-    let c = dcir_cuda::nvrtc::compile(&source, &kernel.name, dcir_cuda::nvrtc::DEFAULT_ARCH)?;
+    let arch = dcir_cuda::kernel_arch(kernel, dcir_cuda::nvrtc::DEFAULT_ARCH)?;
+    let c = dcir_cuda::nvrtc::compile(&source, &kernel.name, arch)?;
     if let Some(why) = c.resources.and_then(|r| r.violation(kernel.block)) {
         return Err(format!("ptxas: {why}"));
     }
@@ -550,7 +552,7 @@ fn run_kernel(
 
     // Correctness: the inputs, poisoned outputs, one launch, compare.
     let bufs = upload_set(stream, inputs, expected.tensors, kernel)?;
-    launch(stream, &function, cfg, &bufs)?;
+    launch(stream, &function, cfg, kernel, &bufs)?;
     stream.synchronize().map_err(driver)?;
     if options.no_check {
         row.check = "timed";
@@ -558,7 +560,7 @@ fn run_kernel(
         check_outputs(stream, kernel, inputs.len(), expected, &bufs, row)?;
         check_scratch_zeroed(stream, kernel, &bufs, row)?;
     }
-    time_kernel(ctx, spec, options, &function, cfg, bufs, row)
+    time_kernel(ctx, spec, options, (&function, kernel), cfg, bufs, row)
 }
 
 /// Copies the kernel's outputs back and compares them with the interpreter's.
@@ -604,7 +606,7 @@ fn time_kernel(
     ctx: &Arc<CudaContext>,
     spec: &DeviceSpec,
     options: &Options,
-    function: &CudaFunction,
+    (function, kernel): (&CudaFunction, &Kernel),
     cfg: LaunchConfig,
     bufs: Vec<CudaSlice<u8>>,
     row: &mut Row,
@@ -625,7 +627,7 @@ fn time_kernel(
         sets.push(copy.map_err(driver)?);
     }
     for i in 0..WARMUP {
-        launch(stream, function, cfg, &sets[i % copies])?;
+        launch(stream, function, cfg, kernel, &sets[i % copies])?;
     }
     let event = || ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
     let starts = (0..options.reps)
@@ -637,7 +639,7 @@ fn time_kernel(
     let (starts, ends) = (starts.map_err(driver)?, ends.map_err(driver)?);
     for i in 0..options.reps {
         starts[i].record(stream).map_err(driver)?;
-        launch(stream, function, cfg, &sets[(WARMUP + i) % copies])?;
+        launch(stream, function, cfg, kernel, &sets[(WARMUP + i) % copies])?;
         ends[i].record(stream).map_err(driver)?;
     }
     stream.synchronize().map_err(driver)?;
@@ -706,17 +708,34 @@ fn check_scratch_zeroed(
     Ok(())
 }
 
-/// Launches `function` with one device pointer per buffer.
+/// Launches `function` with one device pointer per buffer, or a TMA
+/// descriptor of it where `kernel`'s parameter has a tensor map.
 #[allow(unsafe_code)]
 fn launch(
     stream: &Arc<CudaStream>,
     function: &CudaFunction,
     cfg: LaunchConfig,
+    kernel: &Kernel,
     bufs: &[CudaSlice<u8>],
 ) -> Result<(), String> {
+    let maps = kernel
+        .params
+        .iter()
+        .zip(bufs)
+        .map(|(p, b)| {
+            p.tensor_map.as_ref().map(|map| {
+                let (ptr, _sync) = b.device_ptr(stream);
+                dcir_runtime::encode_tensor_map(map, p.dtype, ptr)
+            })
+        })
+        .map(Option::transpose)
+        .collect::<Result<Vec<_>, String>>()?;
     let mut builder = stream.launch_builder(function);
-    for b in bufs {
-        builder.arg(b);
+    for (b, map) in bufs.iter().zip(maps.iter().chain(std::iter::repeat(&None))) {
+        match map {
+            Some(map) => builder.arg(&map.opaque),
+            None => builder.arg(b),
+        };
     }
     // SAFETY: every emitted kernel takes exactly one pointer parameter per
     // region argument, in region-argument order, then one per result, then

@@ -426,6 +426,23 @@ pub fn kernel_arch<'a>(kernel: &'a Kernel, arch: &'a str) -> Result<&'a str, Str
     }
 }
 
+/// The architecture to compile `kernels` for as one program in an artifact
+/// for `arch` (`nvrtc::compile_batch`): the architecture-specific target one
+/// of them needs (a superset of `arch`), else `arch`.
+pub fn batch_arch<'a>(
+    kernels: impl IntoIterator<Item = &'a Kernel>,
+    arch: &'a str,
+) -> Result<&'a str, String> {
+    let mut chosen = arch;
+    for k in kernels {
+        let needs = kernel_arch(k, arch)?;
+        if needs != arch {
+            chosen = needs;
+        }
+    }
+    Ok(chosen)
+}
+
 /// The occupancy promise to try after `promise` spilled: none → one block
 /// (ptxas may then take every register a block allows), `n` → `n / 2`;
 /// `None` at one block, where no promise caps registers any more.

@@ -25,9 +25,12 @@
 //! - **K loop**: step `it` (counted across tiles) uses stage `it % stages`
 //!   at parity `(it / stages) % 2`; a consumer waits on *full*, issues four
 //!   `m64nTNk16` (one per 16-wide k slice, descriptors advanced inside the
-//!   swizzle row or by 16 k rows), commits, waits for them and arrives on
-//!   *empty*; the producer waits on *empty* (parity flipped: a fresh
-//!   barrier counts as released) before refilling a stage.
+//!   swizzle row or by 16 k rows) and commits them as a group, then waits
+//!   until one group is left in flight and arrives on the previous step's
+//!   *empty* (the tensor cores never wait for the issue of the next step;
+//!   after the loop, the last group and its stage); the producer waits on
+//!   *empty* (parity flipped: a fresh barrier counts as released) before
+//!   refilling a stage.
 //! - **Edges**: TMA fills zeros outside the tensor, so M, N and K need not be
 //!   multiples of the tile; the epilogue checks rows and columns.
 //! - **Epilogue**: accumulator `4j + 2h + e` of thread `(warp, lane)` of a
@@ -36,10 +39,11 @@
 //!   would write 8 rows × 16 bytes per instruction; instead each consumer
 //!   rounds its accumulators to the product's dtype into its rows of a
 //!   staging tile in shared memory (padded rows, two columns a word; a named
-//!   barrier per warpgroup before and after), then walks the tile with
-//!   consecutive threads on consecutive columns, each element through the
-//!   group's elementwise tail as in [`super::gemm_tc`] and stored: a warp
-//!   writes 64 contiguous bytes of one row.
+//!   barrier per warpgroup before and after), then each warp walks every
+//!   fourth row of them with its lanes on consecutive columns, each element
+//!   through the group's elementwise tail as in [`super::gemm_tc`] and
+//!   stored: a warp writes 64 contiguous bytes of one row, with no division
+//!   in its indexing.
 //!
 //! The operands' tensor maps are kernel parameters (`__grid_constant__`),
 //! described in the artifact and encoded by the runtime over the bound
@@ -431,12 +435,31 @@ pub(super) fn lower(
     }
     mma.extend([
         Stmt::Call("dcir_wgmma_commit".into(), vec![]),
+        // One group stays in flight: the previous step's is done, its stage free.
+        Stmt::Call("dcir_wgmma_wait1".into(), vec![]),
+        Stmt::If(
+            bin(
+                BinOp::And,
+                bin(BinOp::Eq, var("wt"), int(0)),
+                bin(BinOp::Ne, var("kt"), int(0)),
+            ),
+            vec![Stmt::Call(
+                "dcir_mbar_arrive".into(),
+                vec![empty(rem(add(var("it"), int(stages - 1)), stages))],
+            )],
+        ),
+    ]);
+    // After the k loop: the last step's group, and its stage.
+    let drain = vec![
         Stmt::Call("dcir_wgmma_wait0".into(), vec![]),
         Stmt::If(
             bin(BinOp::Eq, var("wt"), int(0)),
-            vec![Stmt::Call("dcir_mbar_arrive".into(), vec![empty(var("s"))])],
+            vec![Stmt::Call(
+                "dcir_mbar_arrive".into(),
+                vec![empty(rem(add(var("it"), int(stages - 1)), stages))],
+            )],
         ),
-    ]);
+    ];
     // Epilogue, first half: the accumulators rounded to the product's dtype
     // into the consumer's rows of the staging tile, two columns a word.
     let row_elems = c.staged_row_elems() as i64;
@@ -467,9 +490,9 @@ pub(super) fn lower(
         ),
         word,
     );
-    // Second half: consecutive threads on consecutive columns of a row, each
-    // element through the group's tail and stored (coalesced).
-    let per_thread = 64 * c.tn / 128;
+    // Second half: each warp walks every fourth row, its lanes on 32
+    // consecutive columns at a time, each element through the group's tail
+    // and stored (coalesced: 64 bytes of one row per store).
     let staged = l.widen(
         p.dtype,
         Expr::Load(
@@ -481,22 +504,10 @@ pub(super) fn lower(
         ),
     );
     let element = vec![
-        let_int(
-            "lr",
-            div(add(mul(var("i"), int(128)), var("wt")), c.tn as i64),
-        ),
-        let_int(
-            "lc",
-            rem(add(mul(var("i"), int(128)), var("wt")), c.tn as i64),
-        ),
-        let_int("row", add(add(var("m0"), consumer_row0), var("lr"))),
+        let_int("lc", add(mul(var("j"), int(32)), var("lane"))),
         let_int("col", add(var("n0"), var("lc"))),
         Stmt::If(
-            bin(
-                BinOp::And,
-                lt(var("row"), int(p.m as i64)),
-                lt(var("col"), int(p.n as i64)),
-            ),
+            lt(var("col"), int(p.n as i64)),
             std::iter::once(Stmt::Let {
                 name: "staged".into(),
                 ty: Ty::F32,
@@ -507,6 +518,14 @@ pub(super) fn lower(
             .collect(),
         ),
     ];
+    let staged_row_loop = vec![
+        let_int("lr", add(mul(var("i"), int(4)), var("warp"))),
+        let_int("row", add(add(var("m0"), consumer_row0), var("lr"))),
+        Stmt::If(
+            lt(var("row"), int(p.m as i64)),
+            vec![unrolled("j", c.tn / 32, element)],
+        ),
+    ];
     let warpgroup_barrier = Stmt::Call("dcir_warpgroup_barrier".into(), vec![var("role")]);
     let mut consumer_tile = locate;
     consumer_tile.push(unrolled(
@@ -515,6 +534,7 @@ pub(super) fn lower(
         vec![Stmt::Store(array("acc", Ty::F32), var("i"), Expr::F32(0.0))],
     ));
     consumer_tile.push(k_loop(mma));
+    consumer_tile.extend(drain);
     consumer_tile.extend([
         Stmt::Comment(
             "epilogue: accumulator 4j + 2h + e is row 16·warp + lane/4 + 8h, column 8j + 2(lane%4) + e of the consumer's rows; staged, then stored a row at a time".into(),
@@ -522,14 +542,13 @@ pub(super) fn lower(
         warpgroup_barrier.clone(),
         unrolled("j", c.tn / 8, vec![unrolled("h", 2, vec![stage_out])]),
         warpgroup_barrier,
-        Stmt::Pragma("unroll 4".into()),
         Stmt::For {
             var: "i".into(),
             start: int(0),
-            end: int(per_thread as i64),
+            end: int(16),
             step: int(1),
             unroll: false,
-            body: element,
+            body: staged_row_loop,
         },
     ]);
     let consumer = vec![

@@ -26,7 +26,9 @@ pub mod target;
 
 use dcir_ir::Module;
 
-pub use artifact::{BuildOptions, build_artifact, compile_kernel, kernel_arch, relaxed_promise};
+pub use artifact::{
+    BuildOptions, batch_arch, build_artifact, compile_kernel, kernel_arch, relaxed_promise,
+};
 pub use lower::{EmitError, kernel_name, lower_fused, lower_graph};
 pub use print::print_kernel;
 pub use target::{CudaTarget, FUSE};

@@ -76,6 +76,7 @@ __device__ __forceinline__ void dcir_warpgroup_barrier(int id) { asm volatile("b
 __device__ __forceinline__ void dcir_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void dcir_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void dcir_wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+__device__ __forceinline__ void dcir_wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
 // The descriptor of a 128-byte-swizzled operand tile at shared address `addr`,
 // `lbo` and `sbo` its leading- and stride-dimension byte offsets.
 __device__ __forceinline__ unsigned long long dcir_wgmma_desc(unsigned addr, unsigned lbo, unsigned sbo) {

@@ -75,6 +75,8 @@ fn the_kernels_of_random_plans_compile() {
     proptest!(config, |(specs in arb_module_spec())| {
         let module = build_module(&specs).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let mut kernels = Vec::new();
+        // One program for all: the architecture-specific target where a kernel needs it.
+        let mut arch = nvrtc::DEFAULT_ARCH;
         for graph in &module.graphs {
             if graph.block(graph.body()).ops.iter().any(|&o| graph.op(o).kind == OpKind::Fused) {
                 continue;
@@ -83,6 +85,9 @@ fn the_kernels_of_random_plans_compile() {
             let fused = apply_plan(graph, &plan).map_err(TestCaseError::fail)?;
             for kernel in lower_graph(&fused).map_err(|e| TestCaseError::fail(e.to_string()))? {
                 let source = dcir_cuda::print_kernel(&kernel);
+                if let Some(needs) = kernel.requires_arch {
+                    arch = needs;
+                }
                 kernels.push((kernel.name, source, kernel.block));
             }
         }
@@ -91,7 +96,7 @@ fn the_kernels_of_random_plans_compile() {
         }
         let named: Vec<(&str, &str)> =
             kernels.iter().map(|(n, s, _)| (n.as_str(), s.as_str())).collect();
-        let reports = nvrtc::compile_batch(&named, nvrtc::DEFAULT_ARCH).map_err(|e| {
+        let reports = nvrtc::compile_batch(&named, arch).map_err(|e| {
             TestCaseError::fail(format!("{e}\n{}", dcir_ir::print_module(&module)))
         })?;
         for ((name, _, threads), report) in kernels.iter().zip(reports) {
@@ -132,7 +137,9 @@ fn workload_plans_lower_and_keep_their_values() {
                 .collect();
             let named: Vec<(&str, &str)> =
                 sources.iter().map(|(n, s)| (n.as_str(), s.as_str())).collect();
-            let reports = dcir_cuda::nvrtc::compile_batch(&named, dcir_cuda::nvrtc::DEFAULT_ARCH)
+            let arch = dcir_cuda::batch_arch(&kernels, dcir_cuda::nvrtc::DEFAULT_ARCH)
+                .map_err(|e| TestCaseError::fail(format!("{w:?}: {e}")))?;
+            let reports = dcir_cuda::nvrtc::compile_batch(&named, arch)
                 .map_err(|e| TestCaseError::fail(format!("{w:?}: {e}")))?;
             for (k, report) in kernels.iter().zip(reports) {
                 if let Some(why) = report.violation(k.block) {

@@ -89,6 +89,9 @@ pub struct DeviceSpec {
     /// The same for those GEMM kernels where the matrix rate binds: large
     /// products reach less of it than small ones reach of the bandwidth.
     pub mma_sync_compute_fraction: f64,
+    /// The same for dcir's GEMM kernels on Hopper's mainloop (`mainloop =
+    /// "wgmma"`; candidates only where `compute_capability` is 90).
+    pub wgmma_fraction: f64,
     /// The same for dcir's implicit-GEMM convolutions on tensor cores.
     pub mma_sync_conv_fraction: f64,
     /// The same for dcir's attention kernels on FMA (online softmax).
@@ -117,6 +120,14 @@ pub const MMA_SYNC_FRACTION_SM90: f64 = 0.28;
 /// projections, 6304 rows; an H100, 2026-12-06), 0.17 (0.13–0.22), where
 /// they ran 89–137 TFLOP/s and cuBLASLt's 576–619 on the same card.
 pub const MMA_SYNC_COMPUTE_FRACTION_SM90: f64 = 0.17;
+
+/// [`DeviceSpec::wgmma_fraction`] on Hopper: cuBLASLt's fitted efficiency
+/// (0.49, `library.rs`) times the speed of dcir's wgmma GEMM relative to
+/// cuBLASLt's on the f16 GEMMs 4096×3072×768, 4096×768×3072 and 4096×768×768
+/// on their fastest tiles, 0.88 (0.83–0.92; an H100, 2026-12-06, dcir-run
+/// --bench): the two are priced on the same footing, so the planner keeps
+/// the library where it is faster and the tuner decides by measurement.
+pub const WGMMA_FRACTION_SM90: f64 = 0.43;
 
 /// [`DeviceSpec::mma_sync_conv_fraction`] on Hopper: the geomean over 89
 /// implicit-GEMM convolution groups of the same runs, 0.20 (0.07–0.49).
@@ -195,6 +206,7 @@ impl DeviceSpec {
             launch_overhead: 2.0e-6,
             mma_sync_fraction: MMA_SYNC_FRACTION_SM90,
             mma_sync_compute_fraction: MMA_SYNC_COMPUTE_FRACTION_SM90,
+            wgmma_fraction: WGMMA_FRACTION_SM90,
             mma_sync_conv_fraction: MMA_SYNC_CONV_FRACTION_SM90,
             fma_attention_fraction: FMA_ATTENTION_FRACTION_SM90,
             mma_sync_attention_fraction: MMA_SYNC_ATTENTION_FRACTION_SM90,
@@ -234,6 +246,7 @@ impl DeviceSpec {
             shared_latency_cycles: 30.0,
             mma_sync_fraction: 1.0,
             mma_sync_compute_fraction: 1.0,
+            wgmma_fraction: 1.0,
             mma_sync_conv_fraction: 1.0,
             fma_attention_fraction: 1.0,
             mma_sync_attention_fraction: 1.0,
@@ -262,6 +275,7 @@ impl DeviceSpec {
             launch_overhead: 3.0e-6,
             mma_sync_fraction: 1.0,
             mma_sync_compute_fraction: 1.0,
+            wgmma_fraction: 1.0,
             mma_sync_conv_fraction: 1.0,
             fma_attention_fraction: 1.0,
             mma_sync_attention_fraction: 1.0,
@@ -292,6 +306,7 @@ impl DeviceSpec {
             launch_overhead: 3.0e-6,
             mma_sync_fraction: 1.0,
             mma_sync_compute_fraction: 1.0,
+            wgmma_fraction: 1.0,
             mma_sync_conv_fraction: 1.0,
             fma_attention_fraction: 1.0,
             mma_sync_attention_fraction: 1.0,

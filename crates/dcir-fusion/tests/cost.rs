@@ -711,10 +711,11 @@ fn exporter_attention_with_projection(dtype: &str) -> Graph {
 }
 
 #[test]
-fn the_projection_takes_its_bias_and_attention_reads_it_through_the_views() {
+fn the_projection_takes_its_bias_and_the_head_split_needs_no_copy_kernel() {
     // Two kernels: the projection with its bias (an epilogue), and the
-    // attention reading Q, K and V out of its result through the head
-    // split's views; no copy kernel between them.
+    // attention; the head split's views live in one of them (the attention
+    // reading Q, K and V through them, or, on the Hopper mainloop, the
+    // projection writing them head-major), never in a copy kernel between.
     let g = exporter_attention_with_projection("f16");
     let model = CostModel::new(DeviceSpec::h100());
     let plan = dcir_fusion::plan_graph(&g, &model, &dcir_fusion::AnyGroup).expect("plans");
@@ -725,9 +726,8 @@ fn the_projection_takes_its_bias_and_attention_reads_it_through_the_views() {
         .collect();
     assert_eq!(kinds.len(), 2, "{kinds:?}");
     assert_eq!(plan.groups[0].group.kind, GroupKind::Gemm, "{kinds:?}");
-    assert_eq!(kinds[0], ["matmul", "broadcast", "add"], "{kinds:?}");
+    assert_eq!(kinds[0][..3], ["matmul", "broadcast", "add"], "{kinds:?}");
     assert_eq!(plan.groups[1].group.kind, GroupKind::Attention, "{kinds:?}");
-    assert_eq!(kinds[1][..2], ["reshape", "transpose"], "{kinds:?}");
 }
 
 #[test]

@@ -842,8 +842,9 @@ fn driver_version_code() -> Result<i32> {
 
 /// Encodes `map` over the buffer of `dtype` elements at device address
 /// `base` (`cuTensorMapEncodeTiled`; every element stride 1, L2 promotion of
-/// 256 bytes, zeros outside the tensor).
-fn encode_tensor_map(
+/// 256 bytes, zeros outside the tensor): the descriptor a kernel parameter
+/// with a tensor map is passed.
+pub fn encode_tensor_map(
     map: &dcir_artifact::TensorMap,
     dtype: &str,
     base: u64,

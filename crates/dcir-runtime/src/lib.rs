@@ -17,7 +17,9 @@ mod probe;
 
 pub use cudnn::{cudnn_present, cudnn_version};
 pub use error::RuntimeError;
-pub use executor::{DeviceInfo, Executor, Timing, driver_present, driver_version, query_device};
+pub use executor::{
+    DeviceInfo, Executor, Timing, driver_present, driver_version, encode_tensor_map, query_device,
+};
 pub use library::{cublaslt_present, cublaslt_version};
 pub use plan::{ALIGN, MemoryPlan, plan_memory};
 pub use probe::LibraryProbe;

@@ -205,7 +205,9 @@ impl CostModel {
     /// docs/cost-model.md, "Fitted efficiencies").
     fn as_run(&self, kind: GroupKind, params: &KernelParams, bound: Bound, time: f64) -> f64 {
         let tensor_core = params.get("math").and_then(Attr::as_str) == Some("tensor_core");
+        let wgmma = params.get("mainloop").and_then(Attr::as_str) == Some("wgmma");
         let fraction = match (kind, tensor_core) {
+            (_, true) if wgmma => self.device.wgmma_fraction,
             (GroupKind::Conv, true) => self.device.mma_sync_conv_fraction,
             (GroupKind::Attention, true) => self.device.mma_sync_attention_fraction,
             (_, true) if bound == Bound::Compute => self.device.mma_sync_compute_fraction,

@@ -72,7 +72,8 @@ pub(crate) enum P {
         items: u32,
     },
     /// Matmul, or a conv as implicit GEMM; `split` blocks share each output
-    /// tile's k loop (split-K).
+    /// tile's k loop (split-K); `wgmma`: Hopper's mainloop (TMA, `wgmma`,
+    /// warp-specialized, persistent).
     Gemm {
         conv: bool,
         tile: [u32; 3],
@@ -80,6 +81,7 @@ pub(crate) enum P {
         stages: u32,
         split: u32,
         tensor_core: bool,
+        wgmma: bool,
     },
     /// Depthwise conv, direct: `tile` = output rows × columns per thread.
     Direct {
@@ -159,6 +161,7 @@ impl P {
                 stages,
                 split,
                 tensor_core,
+                wgmma,
             } => {
                 let mut v = Vec::new();
                 if conv {
@@ -170,6 +173,9 @@ impl P {
                     ("stages", int(stages)),
                     ("math", math(tensor_core)),
                 ]);
+                if wgmma {
+                    v.push(("mainloop", Attr::Str("wgmma".into())));
+                }
                 if split > 1 {
                     v.push(("split_k", int(split)));
                 }
@@ -511,7 +517,12 @@ pub(crate) fn for_each(dev: &DeviceSpec, info: &GroupInfo, out: &mut dyn FnMut(C
                 }
             }
         }
-        Body::Gemm { g, conv } => gemm(dev, info, &g, conv, out),
+        Body::Gemm { g, conv } => {
+            gemm(dev, info, &g, conv, out);
+            if !conv && tensor_core(info.dtype) && dev.compute_capability == 90 {
+                wgmma_gemm(dev, info, &g, out);
+            }
+        }
         Body::Depthwise(dw) => direct(dev, info, &dw, out),
         Body::DwPw { dw, out: o } => dwpw(dev, info, &dw, o, out),
         Body::Chain {
@@ -764,6 +775,7 @@ fn gemm(dev: &DeviceSpec, info: &GroupInfo, g: &GemmShape, conv: bool, out: &mut
                                     stages,
                                     split,
                                     tensor_core: tc,
+                                    wgmma: false,
                                 },
                                 blocks,
                                 threads,
@@ -795,6 +807,79 @@ fn gemm(dev: &DeviceSpec, info: &GroupInfo, g: &GemmShape, conv: bool, out: &mut
         }
     }
 }
+
+/// The Hopper mainloop's candidates for a matmul of f16 or bf16 on a device
+/// with `wgmma` (compute capability 9.0): `tm` rows (64 per consumer
+/// warpgroup) × `tn` columns, k in 64-wide stages, as many stages as fit
+/// beside the epilogue's staging tile (the emitter's blocking rule,
+/// `gemm_wgmma::Config`), a persistent grid that walks the tiles in waves.
+/// Its operands come from shared memory by descriptor (no per-thread loads:
+/// no shared-latency factor), its k-steps carry no fragment-pipeline
+/// overhead, and its registers are the producer's and consumers' split.
+fn wgmma_gemm(dev: &DeviceSpec, info: &GroupInfo, g: &GemmShape, out: &mut dyn FnMut(Cand)) {
+    let rate = dev.matrix_rate(info.dtype);
+    let e = info.elem;
+    for tm in [64u32, 128] {
+        for tn in [128u32, 192] {
+            let (tmf, tnf, tkf) = (tm as f64, tn as f64, WGMMA_TK as f64);
+            let stage = (tmf + tnf) * tkf * 2.0;
+            let staging = tmf * (tnf + 8.0) * 2.0;
+            let fixed = 1024.0 + staging;
+            let shared = |stages: u32| fixed + stages as f64 * (stage + 16.0);
+            let Some(stages) = (2..=6u32)
+                .rev()
+                .find(|&s| shared(s) <= dev.shared_per_block as f64)
+            else {
+                continue;
+            };
+            let threads = 128 * (1 + tm / 64);
+            let (gm, gn, gk) = (ceil_div(g.m, tmf), ceil_div(g.n, tnf), ceil_div(g.k, tkf));
+            let tiles = g.batch * gm * gn;
+            let kstep = 2.0 * tmf * tnf * tkf / (rate / dev.sm_count.max(1) as f64);
+            let block_flops = 2.0 * tmf * tnf * g.k;
+            let block_bytes = (tmf * g.a_row_elems + tnf * g.k) * e;
+            out(Cand {
+                params: P::Gemm {
+                    conv: false,
+                    tile: [tm, tn, WGMMA_TK],
+                    threads,
+                    stages,
+                    split: 1,
+                    tensor_core: true,
+                    wgmma: true,
+                },
+                blocks: tiles,
+                threads,
+                smem: shared(stages),
+                regs: if tm == 64 { 232.0 } else { 168.0 },
+                oi: block_flops / block_bytes,
+                rate,
+                comp_per_load: None,
+                lane_util: (g.m / (gm * tmf)) * (g.n / (gn * tnf)),
+                matrix_flops: 2.0 * tiles * tmf * tnf * gk * tkf,
+                scalar_flops: info.scalar_flops
+                    + g.prologue[0] * (gn - 1.0).max(0.0)
+                    + g.prologue[1] * (gm - 1.0),
+                extra_dram: 0.0,
+                panels: Some(Panels {
+                    grid_m: gm,
+                    grid_n: gn * g.batch,
+                    a_tile: tmf * g.a_row_elems * e,
+                    b_tile: tnf * g.k * e,
+                    operands: g.a_bytes + g.b_bytes,
+                }),
+                serialize: false,
+                in_flight: None,
+                feed: 1.0,
+                chain: latency_chain(gk, stages, kstep, 1),
+            });
+        }
+    }
+}
+
+/// The k extent of a stage of the Hopper mainloop (one 128-byte swizzled row
+/// of 16-bit elements).
+const WGMMA_TK: u32 = 64;
 
 /// Split-K splits a contraction may take.
 const SPLITS: [u32; 5] = [1, 2, 4, 8, 16];
