@@ -809,18 +809,25 @@ fn gemm(dev: &DeviceSpec, info: &GroupInfo, g: &GemmShape, conv: bool, out: &mut
 }
 
 /// The Hopper mainloop's candidates for a matmul of f16 or bf16 on a device
-/// with `wgmma` (compute capability 9.0): `tm` rows (64 per consumer
-/// warpgroup) × `tn` columns, k in 64-wide stages, as many stages as fit
+/// with `wgmma` (compute capability 9.0): 128 rows (two consumer
+/// warpgroups; 64 and one where M is at most 64) × 128 columns, k in 64-wide stages, as many stages as fit
 /// beside the epilogue's staging tile (the emitter's blocking rule,
 /// `gemm_wgmma::Config`), a persistent grid that walks the tiles in waves.
+/// Wider tiles are not offered: 192 and 256 columns ran slower than 128 on
+/// the f16 GEMMs 4096×3072×768 (51.1 and 49.4 µs against 36.5) and
+/// 4096×768×768 (15.9, 18.8 against 14.5), faster only on 4096×768×3072
+/// (33.7 against 42.6, where 128 leaves the last wave half empty; an H100,
+/// 2026-12-06), for reasons not yet measured.
 /// Its operands come from shared memory by descriptor (no per-thread loads:
 /// no shared-latency factor), its k-steps carry no fragment-pipeline
 /// overhead, and its registers are the producer's and consumers' split.
 fn wgmma_gemm(dev: &DeviceSpec, info: &GroupInfo, g: &GemmShape, out: &mut dyn FnMut(Cand)) {
     let rate = dev.matrix_rate(info.dtype);
     let e = info.elem;
-    for tm in [64u32, 128] {
-        for tn in [128u32, 192] {
+    // One consumer warpgroup (64 rows) only where a second would have no rows.
+    let tms: &[u32] = if g.m <= 64.0 { &[64] } else { &[128] };
+    for &tm in tms {
+        for tn in [128u32] {
             let (tmf, tnf, tkf) = (tm as f64, tn as f64, WGMMA_TK as f64);
             let stage = (tmf + tnf) * tkf * 2.0;
             let staging = tmf * (tnf + 8.0) * 2.0;
