@@ -33,6 +33,9 @@
 #             onnx_node.log, every run's output in onnx_node_full.log
 #   variants  hand-set kernel variants (examples/data/variants_*.dcir) checked
 #             and timed, to fit the cost model
+#   hopper    the wgmma mainloop: gemm_wgmma.dcir's graphs through --check
+#             (memcheck and racecheck on one), then perf_gemm_wgmma.dcir's
+#             graphs (cuBLASLt, wgmma tile widths, mma.sync) timed; hopper.log
 #   profile   per-kernel times of ResNet-50 f16, MobileNetV2 f16, the BERT
 #             layer f32 and f16 at batch 1 and convblock f16 at batch 32
 #             (dcir-run --bench --per-kernel)
@@ -219,6 +222,32 @@ variants() {
     "$B/kernel_check" --reps 100 crates/dcir-cuda/examples/data/variants_*.dcir >"$OUT/variants.log" 2>&1 || status=1
     cp "$OUT/kernel_check.md" "$OUT/variants.md" 2>/dev/null
     summary+=("variants: $(grep -c '| PASS |' "$OUT/variants.md") PASS, $(grep -cE '\| (FAIL|ERROR) \|' "$OUT/variants.md") FAIL/ERROR")
+}
+
+hopper() {
+    # The Hopper mainloop: every graph of tests/filetests/cuda/gemm_wgmma.dcir
+    # through --check (and memcheck, racecheck on the bf16 one), then each
+    # graph of examples/data/perf_gemm_wgmma.dcir timed; hopper.log.
+    local f=tests/filetests/cuda/gemm_wgmma.dcir perf=crates/dcir-cuda/examples/data/perf_gemm_wgmma.dcir g
+    : >"$OUT/hopper.log"
+    for g in $(grep -o '^graph @[a-z0-9_]*' "$f" | cut -c8-); do
+        if timeout 120 "$B/dcir-run" "$f" --graph "$g" --backend cuda --check >"$OUT/hopper_$g.log" 2>&1; then
+            echo "$g check PASS" >>"$OUT/hopper.log"
+        else
+            echo "$g check FAIL" >>"$OUT/hopper.log"
+            status=1
+        fi
+    done
+    for tool in memcheck racecheck; do
+        timeout 180 /usr/local/cuda/bin/compute-sanitizer --tool "$tool" --error-exitcode 3 \
+            "$B/dcir-run" "$f" --graph odd_bf16_nt --backend cuda --check >"$OUT/hopper_$tool.log" 2>&1
+        echo "odd_bf16_nt $tool rc=$? $(tail -1 "$OUT/hopper_$tool.log")" >>"$OUT/hopper.log"
+    done
+    for g in $(grep -o '^graph @[a-z0-9_]*' "$perf" | cut -c8-); do
+        echo "$g $(timeout 60 "$B/dcir-run" "$perf" --graph "$g" --backend cuda --bench 100 2>&1 | grep -o 'median [0-9.]* ms')" >>"$OUT/hopper.log"
+    done
+    cat "$OUT/hopper.log"
+    summary+=("hopper: $(grep -c PASS "$OUT/hopper.log") checks PASS, $(grep -c FAIL "$OUT/hopper.log") FAIL (hopper.log)")
 }
 
 profile() {
@@ -439,7 +468,7 @@ PY
 
 for step in "$@"; do
     case $step in
-        kernels|examples|export|models|zoo|variants|profile|ncu|perf|peers|gemm|suite|sanitize|test|random|ab|library) $step ;;
+        kernels|examples|export|models|zoo|variants|hopper|profile|ncu|perf|peers|gemm|suite|sanitize|test|random|ab|library) $step ;;
         zoo-peers) zoo_peers ;;
         zoo-export) zoo_export ;;
         zoo-timed) zoo_timed ;;
