@@ -48,7 +48,13 @@ fn main() -> ExitCode {
     for k in &kernels {
         let threads = launch_bound(&k.source);
         let file = k.file.rsplit('/').next().unwrap_or(&k.file);
-        let verdict = match nvrtc::compile(&k.source, &k.name, nvrtc::DEFAULT_ARCH) {
+        // A Hopper-mainloop kernel says in its summary line that it needs sm_90a.
+        let arch = if k.source.contains("(sm_90a)") {
+            "sm_90a"
+        } else {
+            nvrtc::DEFAULT_ARCH
+        };
+        let verdict = match nvrtc::compile(&k.source, &k.name, arch) {
             Err(e) => Err(e),
             Ok(c) => match c.resources {
                 None => Err("no ptxas report".to_string()),
