@@ -41,10 +41,12 @@ use dcir_fusion::Reason;
 use dcir_ir::{OpId, OpKind, ValueId};
 
 use super::chain::{
-    Contraction, Output, SharedLayout, Tile, at, batch_coords, check_elementwise_path,
-    check_epilogue, classify_outputs, counted, crossing, derived, f32_array, filled, fma_tile,
-    guarded, is_anchor, let_float, stage, store_derived, store_independent, thread_coords,
-    with_lets,
+    Contraction, SharedLayout, Tile, at, batch_coords, counted, crossing, f32_array, filled,
+    fma_tile, guarded, is_anchor, let_float, stage, thread_coords, with_lets,
+};
+use super::epilogue::{
+    self, Output, check_elementwise_path, classify_outputs, derived, store_derived,
+    store_independent,
 };
 use super::{EmitError, Index, Lower, Reduced, attr_int, kernel_name, params};
 use crate::kir::{
@@ -137,11 +139,11 @@ impl Parts {
                     return Err(l.unsupported("V computed from the scores"));
                 }
                 let set = derived(g, op, pv.result, &[]);
-                check_epilogue(l, op, &set, &[], "the second matmul")?;
+                epilogue::check(l, op, &set, &[], "the second matmul", false)?;
                 set
             }
             None => {
-                check_epilogue(l, op, &probs, &[], "the softmax")?;
+                epilogue::check(l, op, &probs, &[], "the softmax", false)?;
                 probs.clone()
             }
         };

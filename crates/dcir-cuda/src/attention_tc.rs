@@ -38,8 +38,9 @@ use dcir_ir::{DType, OpId};
 use super::attention::{Parts, shuffle_reduce};
 use super::chain::{
     Contraction, Tile, at, batch_coords, counted, crossing, f32_array, filled, guarded, let_float,
-    stage_as, store_derived, store_independent, with_lets,
+    stage_as, with_lets,
 };
+use super::epilogue::{store_derived, store_independent};
 use super::gemm_tc::{Strided, matmul_operand};
 use super::{EmitError, Index, Lower, Reduced, attr_int, kernel_name, params};
 use crate::kir::{

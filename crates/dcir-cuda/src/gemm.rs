@@ -522,7 +522,9 @@ impl Contraction {
         if self.batch * self.m * self.n * self.k == 0 {
             return Err(l.unsupported(Reason::Empty));
         }
-        check_epilogue(l, group, self.result)
+        let derived = super::epilogue::derived(l.g, group, self.result, &[]);
+        super::epilogue::check(l, group, &derived, &[], "the contraction", true)?;
+        Ok(derived)
     }
 }
 
@@ -582,36 +584,6 @@ pub(super) fn check_prologue(l: &Lower, v: ValueId, which: &str) -> Result<()> {
         v = data.operands[0];
     }
     Ok(())
-}
-
-/// The epilogue: everything computed from the contraction's result must be
-/// elementwise math, batchnorm, casts, reshapes or transposes of it (one
-/// output element per accumulator). Returns the values derived from the result.
-pub(super) fn check_epilogue(l: &Lower, op: OpId, result: ValueId) -> Result<BTreeSet<ValueId>> {
-    let g = l.g;
-    let region = g.op(op).region.expect("a fused op has a region");
-    let mut tainted = BTreeSet::from([result]);
-    for &o in &g.block(region).ops {
-        let data = g.op(o);
-        if data.kind == OpKind::Yield || !data.operands.iter().any(|v| tainted.contains(v)) {
-            continue;
-        }
-        let ok = data.kind.is_elementwise()
-            || matches!(
-                data.kind,
-                OpKind::Cast | OpKind::Reshape | OpKind::Transpose
-            )
-            || (data.kind == OpKind::Batchnorm
-                && !data.operands[1..].iter().any(|v| tainted.contains(v)));
-        if !ok {
-            return Err(l.unsupported(Reason::Op {
-                op: data.kind,
-                place: "after the contraction (only elementwise, batchnorm, reshape and transpose epilogues)".into(),
-            }));
-        }
-        tainted.extend(data.results.iter().copied());
-    }
-    Ok(tainted)
 }
 
 /// Stores every result of the group at the element derived from the

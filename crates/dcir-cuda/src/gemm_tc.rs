@@ -49,9 +49,7 @@ use std::collections::BTreeSet;
 use dcir_fusion::Reason;
 use dcir_ir::{Attr, DType, Graph, OpId, OpKind, ValueDef, ValueId};
 
-use super::gemm::{
-    Contraction, ConvGeometry, Geometry, check_epilogue, check_prologue, store_results,
-};
+use super::gemm::{Contraction, ConvGeometry, Geometry, check_prologue, store_results};
 use super::pool::in_range;
 use super::split_k::{self, SplitK};
 use super::{EmitError, Index, Lower, Reduced, attr_int, pack, params, storage_ty, yields};
@@ -1743,7 +1741,8 @@ pub(super) fn gemm(l: &mut Lower, op: OpId) -> Result<Kernel> {
     let (ta, tb) = (flag("transpose_a"), flag("transpose_b"));
     check_prologue(l, a, "A")?;
     check_prologue(l, b, "B")?;
-    let tainted = check_epilogue(l, op, mm)?;
+    let tainted = super::epilogue::derived(g, op, mm, &[]);
+    super::epilogue::check(l, op, &tainted, &[], "the contraction", true)?;
 
     let out_dims = g.ty(mm).dims().to_vec();
     let rank = out_dims.len();

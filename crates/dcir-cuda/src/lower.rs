@@ -39,6 +39,8 @@ mod attention_tc;
 mod chain;
 #[path = "depthwise.rs"]
 mod depthwise;
+#[path = "epilogue.rs"]
+mod epilogue;
 #[path = "gemm.rs"]
 mod gemm;
 #[path = "gemm_tc.rs"]
