@@ -719,6 +719,46 @@ mod tests {
         assert_eq!(&data[..8], &9_007_199_254_740_993i64.to_le_bytes());
     }
 
+    /// A Hopper-mainloop group: its operands become tensor maps over their
+    /// buffers, the kernel records `sm_90a`, and an artifact for another
+    /// architecture is refused naming the kernel.
+    #[test]
+    fn a_wgmma_kernel_records_its_tensor_maps_and_architecture() {
+        let src = "graph @mm(%x: f16[256,128], %w: f16[128,192]) -> (f16[256,192]) {
+  %y = fused @g0(%x.in = %x, %w.in = %w) {kind = \"gemm\", level = \"register\", mainloop = \"wgmma\", math = \"tensor_core\", stages = 4, threads = 384, tile = [128, 128, 64]} : f16[256,192] {
+    %y.r = matmul %x.in, %w.in : f16[256,192]
+    yield %y.r
+  }
+  return %y
+}";
+        let a = artifact(src);
+        let k = &a.kernels[0];
+        assert_eq!(k.requires_arch.as_deref(), Some("sm_90a"));
+        let maps: Vec<_> = k.params.iter().map(|p| p.tensor_map.clone()).collect();
+        // x: K-major, one 64 × 128 box; w: N-major, 64 × 64 boxes; y a pointer.
+        assert_eq!(
+            maps[0]
+                .as_ref()
+                .map(|m| (m.dims.clone(), m.strides.clone(), m.box_dims.clone())),
+            Some((vec![128, 256], vec![256], vec![64, 128]))
+        );
+        assert_eq!(
+            maps[1]
+                .as_ref()
+                .map(|m| (m.dims.clone(), m.strides.clone(), m.box_dims.clone())),
+            Some((vec![192, 128], vec![384], vec![64, 64]))
+        );
+        assert!(maps[2].is_none());
+        assert!(a.validate().is_ok());
+        let module = dcir_reader::parse_module(src).expect("parses");
+        let for_ampere = BuildOptions {
+            arch: "sm_80".into(),
+            compile: true,
+        };
+        let err = build_artifact(&module.graphs[0], &for_ampere).unwrap_err();
+        assert!(err.contains("mm_g0 uses sm_90a instructions"), "{err}");
+    }
+
     #[test]
     fn unfused_work_is_an_error() {
         let module = dcir_reader::parse_module(

@@ -281,7 +281,7 @@ fn operands(p: &Problem) -> std::result::Result<[TmaOperand; 2], String> {
             .and_then(|s| TmaOperand::new(s, rows, o.rows, p.k, p.batch))
             .ok_or_else(|| {
                 format!(
-                    "operand {which} is not a view a TMA box reads (one stride per dim, k or its rows contiguous, 16-byte aligned, a linear batch)"
+                    "operand {which}, which is no view a TMA box reads (one stride per dim, k or its rows contiguous, 16-byte aligned, a linear batch)"
                 )
             })
     };
@@ -301,7 +301,7 @@ pub(super) fn lower(
     what: String,
 ) -> Result<Kernel> {
     let g = l.g;
-    let [mut a, mut b] = operands(p).map_err(|why| l.unsupported(Reason::Parameters(why)))?;
+    let [mut a, mut b] = operands(p).map_err(|why| l.unsupported(Reason::Form(why)))?;
     let stores = l.scoped(|l| epilogue(l, var("row"), var("col"), var("staged")))?;
     // The operands' parameters become tensor maps: nothing else may read them.
     if a.param == b.param
@@ -309,8 +309,8 @@ pub(super) fn lower(
             .iter()
             .any(|s| s.reads(&a.param) || s.reads(&b.param))
     {
-        return Err(l.unsupported(Reason::Parameters(
-            "an operand that is also read by the epilogue or is both operands (its parameter becomes a tensor map)".into(),
+        return Err(l.unsupported(Reason::Form(
+            "an operand the epilogue also reads, or one tensor as both operands (an operand's parameter becomes a tensor map)".into(),
         )));
     }
     let c = Config::new(tile, attr_int(g, op, "stages", 4));
