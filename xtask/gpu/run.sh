@@ -33,9 +33,11 @@
 #             onnx_node.log, every run's output in onnx_node_full.log
 #   variants  hand-set kernel variants (examples/data/variants_*.dcir) checked
 #             and timed, to fit the cost model
-#   hopper    the wgmma mainloop: gemm_wgmma.dcir's graphs through --check
-#             (memcheck and racecheck on one), then perf_gemm_wgmma.dcir's
-#             graphs (cuBLASLt, wgmma tile widths, mma.sync) timed; hopper.log
+#   hopper    the wgmma mainloop: gemm_wgmma.dcir's and conv_wgmma.dcir's
+#             graphs through --check (memcheck and racecheck on one of each),
+#             then perf_gemm_wgmma.dcir's graphs (cuBLASLt, wgmma tile widths,
+#             mma.sync) and perf_conv_wgmma.dcir's (ResNet-50's 3x3 convs at
+#             batch 32) timed, and cuDNN at those (conv_peers.py); hopper.log
 #   profile   per-kernel times of ResNet-50 f16, MobileNetV2 f16, the BERT
 #             layer f32 and f16 at batch 1 and convblock f16 at batch 32
 #             (dcir-run --bench --per-kernel)
@@ -226,26 +228,35 @@ variants() {
 
 hopper() {
     # The Hopper mainloop: every graph of tests/filetests/cuda/gemm_wgmma.dcir
-    # through --check (and memcheck, racecheck on the bf16 one), then each
-    # graph of examples/data/perf_gemm_wgmma.dcir timed; hopper.log.
-    local f=tests/filetests/cuda/gemm_wgmma.dcir perf=crates/dcir-cuda/examples/data/perf_gemm_wgmma.dcir g
+    # and conv_wgmma.dcir through --check (and memcheck, racecheck on a GEMM
+    # and a conv), then each graph of examples/data/perf_gemm_wgmma.dcir and
+    # perf_conv_wgmma.dcir timed, and cuDNN at the conv shapes; hopper.log.
+    local data=crates/dcir-cuda/examples/data f g tool
     : >"$OUT/hopper.log"
-    for g in $(grep -o '^graph @[a-z0-9_]*' "$f" | cut -c8-); do
-        if timeout 120 "$B/dcir-run" "$f" --graph "$g" --backend cuda --check >"$OUT/hopper_$g.log" 2>&1; then
-            echo "$g check PASS" >>"$OUT/hopper.log"
-        else
-            echo "$g check FAIL" >>"$OUT/hopper.log"
-            status=1
-        fi
+    for f in tests/filetests/cuda/gemm_wgmma.dcir tests/filetests/cuda/conv_wgmma.dcir; do
+        for g in $(grep -o '^graph @[a-z0-9_]*' "$f" | cut -c8-); do
+            if timeout 120 "$B/dcir-run" "$f" --graph "$g" --backend cuda --check >"$OUT/hopper_$g.log" 2>&1; then
+                echo "$g check PASS" >>"$OUT/hopper.log"
+            else
+                echo "$g check FAIL $(grep -m1 -iE 'error|mismatch|differ' "$OUT/hopper_$g.log" | head -c 300)" >>"$OUT/hopper.log"
+                status=1
+            fi
+        done
     done
-    for tool in memcheck racecheck; do
-        timeout 180 /usr/local/cuda/bin/compute-sanitizer --tool "$tool" --error-exitcode 3 \
-            "$B/dcir-run" "$f" --graph odd_bf16_nt --backend cuda --check >"$OUT/hopper_$tool.log" 2>&1
-        echo "odd_bf16_nt $tool rc=$? $(tail -1 "$OUT/hopper_$tool.log")" >>"$OUT/hopper.log"
+    for g in gemm_wgmma:odd_bf16_nt conv_wgmma:strided_bf16; do
+        f=tests/filetests/cuda/${g%%:*}.dcir
+        for tool in memcheck racecheck; do
+            timeout 180 /usr/local/cuda/bin/compute-sanitizer --tool "$tool" --error-exitcode 3 \
+                "$B/dcir-run" "$f" --graph "${g#*:}" --backend cuda --check >"$OUT/hopper_${g#*:}_$tool.log" 2>&1
+            echo "${g#*:} $tool rc=$? $(tail -1 "$OUT/hopper_${g#*:}_$tool.log")" >>"$OUT/hopper.log"
+        done
     done
-    for g in $(grep -o '^graph @[a-z0-9_]*' "$perf" | cut -c8-); do
-        echo "$g $(timeout 60 "$B/dcir-run" "$perf" --graph "$g" --backend cuda --bench 100 2>&1 | grep -o 'median [0-9.]* ms')" >>"$OUT/hopper.log"
+    for f in "$data/perf_gemm_wgmma.dcir" "$data/perf_conv_wgmma.dcir"; do
+        for g in $(grep -o '^graph @[a-z0-9_]*' "$f" | cut -c8-); do
+            echo "$g $(timeout 60 "$B/dcir-run" "$f" --graph "$g" --backend cuda --bench 100 2>&1 | grep -o 'median [0-9.]* ms')" >>"$OUT/hopper.log"
+        done
     done
+    timeout 300 python3 "$B/conv_peers.py" >>"$OUT/hopper.log" 2>&1
     cat "$OUT/hopper.log"
     summary+=("hopper: $(grep -c PASS "$OUT/hopper.log") checks PASS, $(grep -c FAIL "$OUT/hopper.log") FAIL (hopper.log)")
 }

@@ -31,6 +31,7 @@ const SCRIPTS: &[&str] = &[
     "zoo_peers.py",
     "fit.py",
     "gemm_probe.py",
+    "conv_peers.py",
 ];
 
 /// The GPU test targets of dcir-cli carried as binaries.

@@ -348,12 +348,15 @@ pub struct KernelParam {
     pub tensor_map: Option<TensorMap>,
 }
 
-/// A tiled TMA descriptor over a buffer (`cuTensorMapEncodeTiled`): the
-/// tensor at `offset` bytes into the buffer, `dims` elements per dimension
-/// (innermost first) with `strides` bytes between consecutive indices of
-/// every dimension but the innermost (which is contiguous), copied in boxes
-/// of `box_dims` elements into shared memory swizzled in `swizzle`-byte rows.
-/// Reads outside `dims` fill zeros.
+/// A TMA descriptor over a buffer: the tensor at `offset` bytes into the
+/// buffer, `dims` elements per dimension (innermost first) with `strides`
+/// bytes between consecutive indices of every dimension but the innermost
+/// (which is contiguous), copied into shared memory swizzled in
+/// `swizzle`-byte rows. Tiled (`cuTensorMapEncodeTiled`): boxes of
+/// `box_dims` elements. With [`Im2col`] (`cuTensorMapEncodeIm2col`): a
+/// column of pixels of an `[N, (D,) H, W, C]` tensor, `box_dims` then being
+/// `[channels per pixel, pixels per column]`. Reads outside `dims` fill
+/// zeros.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TensorMap {
     /// Byte offset of element 0 in the buffer (a multiple of 16).
@@ -367,17 +370,43 @@ pub struct TensorMap {
     /// Shared-memory swizzle in bytes: 0 (none), 32, 64 or 128; the box's
     /// innermost extent spans at most that many bytes.
     pub swizzle: u32,
+    /// Im2col mode: the window the pixel column walks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub im2col: Option<Im2col>,
+}
+
+/// The walk of an im2col tensor map (a convolution's input, NHWC): a copy
+/// at coordinates `(c, w, h, n)` with offsets `(ow, oh)` reads `box_dims[1]`
+/// pixels, `box_dims[0]` channels each, the first at `(w + ow, h + oh)` of
+/// image `n`; each next pixel's window origin steps `element_strides` along
+/// W, wrapping to the next row past `upper`, to the next image past the last
+/// row, and starting rows and images at `lower`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Im2col {
+    /// Per spatial dimension (innermost first: W, H), the first window
+    /// origin relative to index 0 (minus the padding).
+    pub lower: Vec<i32>,
+    /// Per spatial dimension, the last window origin relative to the last
+    /// index (`(out - 1) · stride - pad - (in - 1)`).
+    pub upper: Vec<i32>,
+    /// The traversal stride of every dimension, innermost first (the
+    /// convolution's strides on the spatial ones, 1 on C and N; 1 to 8).
+    pub element_strides: Vec<u32>,
 }
 
 impl TensorMap {
     /// Checks the descriptor against the rules of `cuTensorMapEncodeTiled`
-    /// for elements of `elem` bytes over a buffer of `bytes` bytes.
+    /// (or `cuTensorMapEncodeIm2col`) for elements of `elem` bytes over a
+    /// buffer of `bytes` bytes.
     pub fn check(&self, elem: u64, bytes: u64) -> Result<(), String> {
         let rank = self.dims.len();
-        if !(1..=5).contains(&rank) || self.strides.len() != rank - 1 || self.box_dims.len() != rank
+        let boxes = if self.im2col.is_some() { 2 } else { rank };
+        if !(1..=5).contains(&rank)
+            || self.strides.len() != rank - 1
+            || self.box_dims.len() != boxes
         {
             return Err(format!(
-                "{rank} dims, {} strides and {} box extents (1 to 5 dims, one stride fewer)",
+                "{rank} dims, {} strides and {} box extents (1 to 5 dims, one stride fewer, a box extent per dim; an im2col map's box is its channels and pixels)",
                 self.strides.len(),
                 self.box_dims.len()
             ));
@@ -385,8 +414,51 @@ impl TensorMap {
         if !self.offset.is_multiple_of(16) || self.strides.iter().any(|s| !s.is_multiple_of(16)) {
             return Err("an offset or stride that is not a multiple of 16 bytes".into());
         }
-        if self.box_dims.iter().any(|&b| !(1..=256).contains(&b)) || self.dims.contains(&0) {
-            return Err("a box extent outside 1..=256 or an empty dimension".into());
+        if self.dims.contains(&0) {
+            return Err("an empty dimension".into());
+        }
+        match &self.im2col {
+            None => {
+                if self.box_dims.iter().any(|&b| !(1..=256).contains(&b)) {
+                    return Err("a box extent outside 1..=256".into());
+                }
+            }
+            Some(im) => {
+                let spatial = rank.saturating_sub(2);
+                if !(3..=5).contains(&rank)
+                    || im.lower.len() != spatial
+                    || im.upper.len() != spatial
+                    || im.element_strides.len() != rank
+                {
+                    return Err(format!(
+                        "an im2col map of {rank} dims with {} lower and {} upper corners and {} element strides (3 to 5 dims, a corner per spatial dim, a stride per dim)",
+                        im.lower.len(),
+                        im.upper.len(),
+                        im.element_strides.len(),
+                    ));
+                }
+                // The corners' range narrows as spatial dims are added.
+                let bound: i32 = match spatial {
+                    1 => 1 << 15,
+                    2 => 1 << 7,
+                    _ => 1 << 4,
+                };
+                if im
+                    .lower
+                    .iter()
+                    .chain(&im.upper)
+                    .any(|&c| !(-bound..bound).contains(&c))
+                {
+                    return Err(format!("an im2col corner outside {}..{bound}", -bound));
+                }
+                if im.element_strides.iter().any(|&s| !(1..=8).contains(&s)) {
+                    return Err("an element stride outside 1..=8".into());
+                }
+                if !(1..=256).contains(&self.box_dims[0]) || !(1..=1024).contains(&self.box_dims[1])
+                {
+                    return Err("im2col channels outside 1..=256 or pixels outside 1..=1024".into());
+                }
+            }
         }
         if !matches!(self.swizzle, 0 | 32 | 64 | 128)
             || (self.swizzle > 0 && u64::from(self.box_dims[0]) * elem > u64::from(self.swizzle))
@@ -866,17 +938,51 @@ mod tests {
             strides: vec![16],
             box_dims: vec![4, 2],
             swizzle: 0,
+            im2col: None,
+        };
+        // As an im2col map: 4 channels × 2 pixels × 2 rows, a pixel a copy.
+        let im2col = TensorMap {
+            dims: vec![4, 2, 2],
+            strides: vec![16, 32],
+            box_dims: vec![4, 1],
+            im2col: Some(Im2col {
+                lower: vec![-1],
+                upper: vec![0],
+                element_strides: vec![1, 2, 1],
+            }),
+            ..good.clone()
         };
         type Edit = fn(&mut TensorMap);
-        let cases: [(Edit, &str); 6] = [
-            (|_| {}, ""),
-            (|m| m.offset = 8, "multiple of 16 bytes"),
-            (|m| m.strides = vec![20], "multiple of 16 bytes"),
-            (|m| m.box_dims = vec![4, 300], "outside 1..=256"),
-            (|m| m.swizzle = 16, "swizzle 16"),
-            (|m| m.dims = vec![4, 5], "past the buffer's 64 bytes"),
+        let cases: [(&TensorMap, Edit, &str); 11] = [
+            (&good, |_| {}, ""),
+            (&good, |m| m.offset = 8, "multiple of 16 bytes"),
+            (&good, |m| m.strides = vec![20], "multiple of 16 bytes"),
+            (&good, |m| m.box_dims = vec![4, 300], "outside 1..=256"),
+            (&good, |m| m.swizzle = 16, "swizzle 16"),
+            (&good, |m| m.dims = vec![4, 5], "past the buffer's 64 bytes"),
+            (&im2col, |_| {}, ""),
+            (
+                &im2col,
+                |m| m.box_dims = vec![4, 1, 1],
+                "channels and pixels",
+            ),
+            (
+                &im2col,
+                |m| m.im2col.as_mut().unwrap().upper = vec![0, 0],
+                "a corner per spatial dim",
+            ),
+            (
+                &im2col,
+                |m| m.im2col.as_mut().unwrap().lower = vec![-40000],
+                "corner outside",
+            ),
+            (
+                &im2col,
+                |m| m.im2col.as_mut().unwrap().element_strides[1] = 9,
+                "element stride outside",
+            ),
         ];
-        for (edit, says) in cases {
+        for (good, edit, says) in cases {
             let mut a = sample();
             let mut map = good.clone();
             edit(&mut map);

@@ -460,6 +460,44 @@ pub(super) struct Problem<'a> {
     pub a: Operand<'a>,
     /// B: `rows` = N.
     pub b: Operand<'a>,
+    /// A convolution's views of its input and filter (the Hopper
+    /// mainloop's im2col copies read them); `None` for a matmul.
+    pub conv: Option<ConvViews>,
+}
+
+/// A 2-D convolution's input and filter as strided views, where they keep
+/// one stride per dim and the channels contiguous (NHWC input, KRSC
+/// filter), as [`super::gemm_wgmma`]'s im2col and filter copies read them:
+/// problem row `m` is output pixel `m` (images, rows, columns), column `n`
+/// output channel `n`, and the k steps run over the window's taps and
+/// 64-channel slices.
+pub(super) struct ConvViews {
+    pub geo: ConvGeometry,
+    /// The input as `[N, C, H, W]` (C's stride 1).
+    pub input: Option<StridedTensor>,
+    /// The filter as `[O, C, KH, KW]` (C's stride 1).
+    pub filter: Option<StridedTensor>,
+}
+
+/// A 4-D tensor read from a kernel parameter: its name, element offset and
+/// per-dim element strides.
+pub(super) type StridedTensor = (String, i64, [i64; 4]);
+
+impl ConvViews {
+    /// The views of `geo`'s conv reading input `x` and filter `w`.
+    fn of(l: &Lower, geo: &ConvGeometry, x: ValueId, w: ValueId) -> ConvViews {
+        let view = |v: ValueId| {
+            let (param, modes, offset) = strided_view(l, v)?;
+            let strides: Vec<i64> = modes.iter().map(Modes::stride).collect::<Option<_>>()?;
+            let strides: [i64; 4] = strides.try_into().ok()?;
+            (strides[1] == 1).then_some((param, offset, strides))
+        };
+        ConvViews {
+            geo: geo.clone(),
+            input: view(x),
+            filter: view(w),
+        }
+    }
 }
 
 impl Problem<'_> {
@@ -1770,6 +1808,7 @@ pub(super) fn gemm(l: &mut Lower, op: OpId) -> Result<Kernel> {
         dtype: g.ty(a).dtype,
         a: matmul_operand(l, a, !ta, m, &batch_coords),
         b: matmul_operand(l, b, tb, n, &batch_coords),
+        conv: None,
     };
     let what = format!(
         "gemm ({}, tensor cores): {batch} x [{m} x {k}]{} @ [{k} x {n}]{}",
@@ -1849,7 +1888,9 @@ pub(super) fn conv(l: &mut Lower, op: OpId) -> Result<Kernel> {
         });
     let (a_bz, b_bz, a_geo, w_dims) =
         (bz.clone(), bz.clone(), geo.clone(), g.ty(w).dims().to_vec());
+    let views = ConvViews::of(l, geo, x, w);
     let problem = Problem {
+        conv: Some(views),
         batch: c.batch,
         m: c.m,
         n: c.n,

@@ -49,11 +49,12 @@
 //! described in the artifact and encoded by the runtime over the bound
 //! buffers; the kernel needs sm_90a and says so (`Kernel::requires_arch`).
 
-use dcir_artifact::TensorMap;
+use dcir_artifact::{Im2col, TensorMap};
 use dcir_fusion::Reason;
 use dcir_ir::{DType, Graph, OpId};
 
-use super::gemm_tc::{EpilogueFn, Problem, Strided, block_order};
+use super::gemm::ConvGeometry;
+use super::gemm_tc::{EpilogueFn, Problem, Strided, StridedTensor, block_order};
 use super::{EmitError, Lower, attr_int, storage_ty};
 use crate::kir::{
     BinOp, Builtin, Expr, Helper, Kernel, Param, Stmt, Ty, WgmmaShape, add, array, bin, call, div,
@@ -88,6 +89,14 @@ pub(super) const LOCALS: &[&str] = &[
     "staged",
     "out_tile",
     "out_pairs",
+    "k0",
+    "k_tap",
+    "k_c0",
+    "k_r",
+    "k_s",
+    "px_img",
+    "px_h",
+    "px_w",
 ];
 
 /// Whether group `op` asks for the Hopper mainloop.
@@ -155,14 +164,29 @@ impl Config {
     }
 }
 
+/// How an operand's tiles are copied.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Copy {
+    /// Boxes of a 2-D view (3-D with a batch, its third coordinate `bz`):
+    /// k contiguous in memory (K-major) one `rows × 64` box, else (M- or
+    /// N-major) `rows / 64` boxes of `64 (k) × 64 (rows)`. The k step's
+    /// origin is local `k0`.
+    Box { k_major: bool, batched: bool },
+    /// A convolution's NHWC input in im2col mode: a column of `rows` output
+    /// pixels' window elements at one tap, 64 channels each, from the
+    /// tile's first pixel's window origin (locals `px_w`, `px_h`, `px_img`)
+    /// offset by the tap (`k_s`, `k_r`) from channel `k_c0`.
+    Im2col { dilation: [usize; 2] },
+    /// A convolution's KRSC filter: a `64 (channels) × 1 × 1 × rows` box at
+    /// tap `(k_r, k_s)` from channel `k_c0`.
+    Filter,
+}
+
 /// How one operand reaches shared memory: its tensor map and its layout there.
 struct TmaOperand {
     /// The kernel parameter.
     param: String,
-    /// k contiguous in memory (else the rows: M- or N-major).
-    k_major: bool,
-    /// The map has a batch dimension (its third coordinate is `bz`).
-    batched: bool,
+    copy: Copy,
     map: TensorMap,
 }
 
@@ -181,8 +205,7 @@ impl TmaOperand {
         } else {
             return None;
         };
-        let aligned = |x: i64| x > 0 && x % 8 == 0;
-        if !aligned(outer_stride) || s.base % 8 != 0 || s.base < 0 {
+        if !aligned(outer_stride) || !aligned(s.base) {
             return None;
         }
         let mut dims = vec![inner as u64, outer as u64];
@@ -203,47 +226,146 @@ impl TmaOperand {
         }
         Some(TmaOperand {
             param: s.param.clone(),
-            k_major,
-            batched,
+            copy: Copy::Box { k_major, batched },
             map: TensorMap {
                 offset: (s.base as usize * ELEM) as u64,
                 dims,
                 strides,
                 box_dims,
                 swizzle: 128,
+                im2col: None,
             },
         })
     }
 
-    /// The copies of k-tile `k0` of the tile at row `r0` into shared address
-    /// `dst`, counted on barrier `bar`.
-    fn loads(&self, rows: usize, r0: Expr, k0: Expr, dst: Expr, bar: Expr) -> Vec<Stmt> {
-        let boxes: Vec<(Expr, Expr, Expr)> = if self.k_major {
-            vec![(dst, k0, r0)]
-        } else {
-            (0..rows / 64)
-                .map(|c| {
-                    (
-                        add(dst.clone(), int((c * BOX_BYTES) as i64)),
-                        add(r0.clone(), int(64 * c as i64)),
-                        k0.clone(),
-                    )
-                })
-                .collect()
+    /// The im2col map of the conv's NHWC `input` (rows: output pixels), when
+    /// its strides are 16-byte aligned and its window fits the map's ranges.
+    fn im2col(geo: &ConvGeometry, input: &StridedTensor) -> Option<TmaOperand> {
+        let (param, offset, [sn, _, sh, sw]) = input.clone();
+        let [n, c, h, w] = geo.input;
+        let [_, _, oh, ow] = geo.output;
+        if ![offset, sn, sh, sw].into_iter().all(aligned) || geo.stride.iter().any(|&s| s > 8) {
+            return None;
+        }
+        // The window origins run from minus the padding, a stride apart.
+        let (top, left) = (geo.pad[0] as i64, geo.pad[1] as i64);
+        let upper = |out: usize, stride: usize, pad: i64, extent: usize| {
+            ((out as i64 - 1) * stride as i64 - pad - (extent as i64 - 1)) as i32
         };
-        boxes
-            .into_iter()
-            .map(|(dst, c0, c1)| {
-                let mut args = vec![dst, var(&self.param), bar.clone(), c0, c1];
-                let f = if self.batched {
-                    args.push(var("bz"));
-                    "dcir_tma_load3"
+        Some(TmaOperand {
+            param,
+            copy: Copy::Im2col {
+                dilation: geo.dilation,
+            },
+            map: TensorMap {
+                offset: (offset as usize * ELEM) as u64,
+                dims: vec![c as u64, w as u64, h as u64, n as u64],
+                strides: [sw, sh, sn].map(|s| (s as usize * ELEM) as u64).to_vec(),
+                box_dims: vec![TK as u32, 128],
+                swizzle: 128,
+                im2col: Some(Im2col {
+                    lower: vec![-left as i32, -top as i32],
+                    upper: vec![
+                        upper(ow, geo.stride[1], left, w),
+                        upper(oh, geo.stride[0], top, h),
+                    ],
+                    element_strides: vec![1, geo.stride[1] as u32, geo.stride[0] as u32, 1],
+                }),
+            },
+        })
+        .filter(|o| o.map.check(ELEM as u64, u64::MAX).is_ok())
+    }
+
+    /// The 4-D map of the conv's KRSC `filter` (rows: output channels), when
+    /// its strides are 16-byte aligned.
+    fn filter(geo: &ConvGeometry, filter: &StridedTensor) -> Option<TmaOperand> {
+        let (param, offset, [so, _, sr, ss]) = filter.clone();
+        let [o, c, r, s] = geo.weight;
+        if ![offset, so, sr, ss].into_iter().all(aligned) {
+            return None;
+        }
+        Some(TmaOperand {
+            param,
+            copy: Copy::Filter,
+            map: TensorMap {
+                offset: (offset as usize * ELEM) as u64,
+                dims: vec![c as u64, s as u64, r as u64, o as u64],
+                strides: [ss, sr, so].map(|s| (s as usize * ELEM) as u64).to_vec(),
+                box_dims: vec![TK as u32, 1, 1, 256],
+                swizzle: 128,
+                im2col: None,
+            },
+        })
+    }
+
+    /// Whether k is contiguous in the shared tile.
+    fn k_major(&self) -> bool {
+        !matches!(self.copy, Copy::Box { k_major: false, .. })
+    }
+
+    /// Sets the rows of a tile (the box extent along them, for copies that
+    /// bring a whole tile at once).
+    fn set_rows(&mut self, rows: usize) {
+        match self.copy {
+            Copy::Box { k_major: true, .. } => self.map.box_dims[1] = rows as u32,
+            Copy::Box { k_major: false, .. } => {}
+            Copy::Im2col { .. } => self.map.box_dims[1] = rows as u32,
+            Copy::Filter => self.map.box_dims[3] = rows as u32,
+        }
+    }
+
+    /// The copies of the current k step of the tile at row `r0` into shared
+    /// address `dst`, counted on barrier `bar` (the step's locals: [`Copy`]).
+    fn loads(&self, rows: usize, r0: Expr, dst: Expr, bar: Expr) -> Vec<Stmt> {
+        let head = |dst: Expr| vec![dst, var(&self.param), bar.clone()];
+        match self.copy {
+            Copy::Box { k_major, batched } => {
+                let boxes: Vec<(Expr, Expr, Expr)> = if k_major {
+                    vec![(dst, var("k0"), r0)]
                 } else {
-                    "dcir_tma_load2"
+                    (0..rows / 64)
+                        .map(|c| {
+                            (
+                                add(dst.clone(), int((c * BOX_BYTES) as i64)),
+                                add(r0.clone(), int(64 * c as i64)),
+                                var("k0"),
+                            )
+                        })
+                        .collect()
                 };
-                Stmt::Call(f.into(), args)
-            })
-            .collect()
+                boxes
+                    .into_iter()
+                    .map(|(dst, c0, c1)| {
+                        let mut args = head(dst);
+                        args.extend([c0, c1]);
+                        let f = if batched {
+                            args.push(var("bz"));
+                            "dcir_tma_load3"
+                        } else {
+                            "dcir_tma_load2"
+                        };
+                        Stmt::Call(f.into(), args)
+                    })
+                    .collect()
+            }
+            Copy::Im2col { dilation: [dh, dw] } => {
+                let mut args = head(dst);
+                args.extend([
+                    var("k_c0"),
+                    var("px_w"),
+                    var("px_h"),
+                    var("px_img"),
+                    mul(var("k_s"), int(dw as i64)),
+                    mul(var("k_r"), int(dh as i64)),
+                ]);
+                vec![Stmt::Call("dcir_tma_load_im2col4".into(), args)]
+            }
+            Copy::Filter => {
+                let mut args = head(dst);
+                args.extend([var("k_c0"), var("k_s"), var("k_r"), r0]);
+                vec![Stmt::Call("dcir_tma_load4".into(), args)]
+            }
+        }
     }
 
     /// The `wgmma` descriptor of 16-wide k slice `kk` of the tile at shared
@@ -251,7 +373,7 @@ impl TmaOperand {
     /// (rows 1024 bytes per 8), an M/N-major one 16 k rows further (boxes
     /// [`BOX_BYTES`] apart).
     fn descriptor(&self, base: Expr, kk: usize) -> Expr {
-        let (step, lbo) = if self.k_major {
+        let (step, lbo) = if self.k_major() {
             (32, 16)
         } else {
             (16 * TK * ELEM, BOX_BYTES)
@@ -267,13 +389,74 @@ impl TmaOperand {
     }
 }
 
-/// Why problem `p` cannot take the Hopper mainloop, if it cannot.
-fn operands(p: &Problem) -> std::result::Result<[TmaOperand; 2], String> {
+/// Whether an element offset or stride is a positive multiple of 16 bytes
+/// (offsets may be 0).
+fn aligned(x: i64) -> bool {
+    x >= 0 && x % 8 == 0
+}
+
+/// How the k loop steps: over 64-wide slices of K, or over a convolution's
+/// taps and 64-channel slices.
+enum KSteps {
+    Gemm { k: usize },
+    Conv { taps: [usize; 2], channels: usize },
+}
+
+impl KSteps {
+    fn count(&self) -> usize {
+        match *self {
+            KSteps::Gemm { k } => k.div_ceil(TK),
+            KSteps::Conv { taps, channels } => taps[0] * taps[1] * channels.div_ceil(TK),
+        }
+    }
+
+    /// The locals of step `kt` its copies read ([`Copy`]).
+    fn locals(&self) -> Vec<Stmt> {
+        match *self {
+            KSteps::Gemm { .. } => vec![let_int("k0", mul(var("kt"), int(TK as i64)))],
+            KSteps::Conv { taps, channels } => {
+                let slices = channels.div_ceil(TK) as i64;
+                vec![
+                    let_int("k_tap", div(var("kt"), slices)),
+                    let_int("k_c0", mul(rem(var("kt"), slices), int(TK as i64))),
+                    let_int("k_r", div(var("k_tap"), taps[1] as i64)),
+                    let_int("k_s", rem(var("k_tap"), taps[1] as i64)),
+                ]
+            }
+        }
+    }
+}
+
+/// The operands' copies for problem `p` and its k steps, or why it cannot
+/// take the Hopper mainloop.
+fn operands(p: &Problem) -> std::result::Result<([TmaOperand; 2], KSteps), String> {
     if !matches!(p.dtype, DType::F16 | DType::BF16) {
         return Err(format!(
             "{} operands (wgmma takes f16 or bf16)",
             p.dtype.name()
         ));
+    }
+    if let Some(conv) = &p.conv {
+        let refused = "a convolution of channel groups, or whose input is not NHWC or filter not KRSC in memory (channels contiguous, 16-byte aligned), or whose window an im2col map cannot walk";
+        let (Some(input), Some(filter)) = (&conv.input, &conv.filter) else {
+            return Err(refused.into());
+        };
+        let [_, c, _, _] = conv.geo.input;
+        let [_, _, kh, kw] = conv.geo.weight;
+        return match (
+            conv.geo.groups == 1,
+            TmaOperand::im2col(&conv.geo, input),
+            TmaOperand::filter(&conv.geo, filter),
+        ) {
+            (true, Some(a), Some(b)) => Ok((
+                [a, b],
+                KSteps::Conv {
+                    taps: [kh, kw],
+                    channels: c,
+                },
+            )),
+            _ => Err(refused.into()),
+        };
     }
     let side = |o: &super::gemm_tc::Operand, rows: usize, which: &str| {
         o.strided
@@ -285,7 +468,10 @@ fn operands(p: &Problem) -> std::result::Result<[TmaOperand; 2], String> {
                 )
             })
     };
-    Ok([side(&p.a, 128, "A")?, side(&p.b, 256, "B")?])
+    Ok((
+        [side(&p.a, 128, "A")?, side(&p.b, 256, "B")?],
+        KSteps::Gemm { k: p.k },
+    ))
 }
 
 /// Lowers `problem` on the Hopper mainloop (module doc): blocking from the
@@ -301,7 +487,7 @@ pub(super) fn lower(
     what: String,
 ) -> Result<Kernel> {
     let g = l.g;
-    let [mut a, mut b] = operands(p).map_err(|why| l.unsupported(Reason::Form(why)))?;
+    let ([mut a, mut b], steps) = operands(p).map_err(|why| l.unsupported(Reason::Form(why)))?;
     let stores = l.scoped(|l| epilogue(l, var("row"), var("col"), var("staged")))?;
     // The operands' parameters become tensor maps: nothing else may read them.
     if a.param == b.param
@@ -314,18 +500,13 @@ pub(super) fn lower(
         )));
     }
     let c = Config::new(tile, attr_int(g, op, "stages", 4));
-    // Boxes of a K-major operand are one tile tall.
-    if a.k_major {
-        a.map.box_dims[1] = c.tm as u32;
-    }
-    if b.k_major {
-        b.map.box_dims[1] = c.tn as u32;
-    }
+    a.set_rows(c.tm);
+    b.set_rows(c.tn);
     let shape = WgmmaShape {
         n: c.tn as u16,
         bf16: p.dtype == DType::BF16,
-        a_m_major: !a.k_major,
-        b_n_major: !b.k_major,
+        a_m_major: !a.k_major(),
+        b_n_major: !b.k_major(),
     };
     l.helpers.extend([Helper::Hopper, Helper::Wgmma(shape)]);
     let grid_m = p.m.div_ceil(c.tm);
@@ -369,7 +550,7 @@ pub(super) fn lower(
         Stmt::For {
             var: "kt".into(),
             start: int(0),
-            end: int(p.k.div_ceil(TK) as i64),
+            end: int(steps.count() as i64),
             step: int(1),
             unroll: false,
             body: inner,
@@ -377,8 +558,8 @@ pub(super) fn lower(
     };
 
     // Producer: one thread fills the ring.
-    let k0 = mul(var("kt"), int(TK as i64));
-    let mut fill = vec![
+    let mut fill = steps.locals();
+    fill.extend([
         Stmt::Call(
             "dcir_mbar_wait".into(),
             vec![empty(var("s")), bin(BinOp::BitXor, var("phase"), int(1))],
@@ -387,16 +568,26 @@ pub(super) fn lower(
             "dcir_mbar_expect_tx".into(),
             vec![full(var("s")), int(stage)],
         ),
-    ];
-    fill.extend(a.loads(
-        c.tm,
-        var("m0"),
-        k0.clone(),
-        stage_base.clone(),
-        full(var("s")),
-    ));
-    fill.extend(b.loads(c.tn, var("n0"), k0, b_base.clone(), full(var("s"))));
+    ]);
+    fill.extend(a.loads(c.tm, var("m0"), stage_base.clone(), full(var("s"))));
+    fill.extend(b.loads(c.tn, var("n0"), b_base.clone(), full(var("s"))));
     let mut producer_tile = locate.clone();
+    if let Some(conv) = &p.conv {
+        // The window origin of the tile's first output pixel.
+        let geo = &conv.geo;
+        let [img, oh, ow] = geo.pixel(var("m0"));
+        producer_tile.extend([
+            let_int("px_img", img),
+            let_int(
+                "px_h",
+                sub(mul(oh, int(geo.stride[0] as i64)), int(geo.pad[0] as i64)),
+            ),
+            let_int(
+                "px_w",
+                sub(mul(ow, int(geo.stride[1] as i64)), int(geo.pad[1] as i64)),
+            ),
+        ]);
+    }
     producer_tile.push(k_loop(fill));
     let producer = vec![
         Stmt::Call("dcir_producer_registers".into(), vec![]),
@@ -654,8 +845,16 @@ pub(super) fn lower(
         c.tn,
         c.stages,
         tiles,
-        if a.k_major { "K-major" } else { "M-major" },
-        if b.k_major { "K-major" } else { "N-major" },
+        match a.copy {
+            Copy::Im2col { .. } => "im2col of the NHWC input",
+            _ if a.k_major() => "K-major",
+            _ => "M-major",
+        },
+        match b.copy {
+            Copy::Filter => "the KRSC filter",
+            _ if b.k_major() => "K-major",
+            _ => "N-major",
+        },
     );
     Ok(Kernel {
         name: super::kernel_name(g, op),

@@ -407,8 +407,8 @@ pub enum Helper {
     SplitSum,
     /// Hopper's asynchronous machinery (sm_90; `setmaxnreg` sm_90a): the
     /// `dcir_tensor_map` parameter type, `mbarrier` init, arrive, expected
-    /// transaction bytes and parity wait, TMA tile loads (`dcir_tma_load2`,
-    /// `dcir_tma_load3`), register reallocation between warpgroup roles and
+    /// transaction bytes and parity wait, TMA tile loads (`dcir_tma_load2` to
+    /// `4`, `dcir_tma_load_im2col4`), register reallocation between warpgroup roles and
     /// `wgmma`'s fence, commit, wait and shared-memory descriptor.
     Hopper,
     /// `dcir_wgmma_<shape>`: one `wgmma.mma_async` of this shape.

@@ -68,6 +68,17 @@ __device__ __forceinline__ void dcir_tma_load3(unsigned dst, const dcir_tensor_m
   asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];"
                :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(&map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2) : "memory");
 }
+__device__ __forceinline__ void dcir_tma_load4(unsigned dst, const dcir_tensor_map& map, unsigned bar, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];"
+               :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(&map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+}
+// A column of pixels of an NHWC im2col map: channels from `c` of the pixels
+// whose window origins walk from (`w`, `h`) of image `n`, at tap (`ow`, `oh`).
+__device__ __forceinline__ void dcir_tma_load_im2col4(unsigned dst, const dcir_tensor_map& map, unsigned bar, int c, int w, int h, int n, int ow, int oh) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2], {%7, %8};"
+               :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(&map)), "r"(bar), "r"(c), "r"(w), "r"(h), "r"(n),
+                  "h"((unsigned short)ow), "h"((unsigned short)oh) : "memory");
+}
 // Registers move from the producer warpgroup (40 each) to the consumers (232 each).
 __device__ __forceinline__ void dcir_producer_registers() { asm volatile("setmaxnreg.dec.sync.aligned.u32 40;"); }
 __device__ __forceinline__ void dcir_consumer_registers() { asm volatile("setmaxnreg.inc.sync.aligned.u32 232;"); }

@@ -841,9 +841,10 @@ fn driver_version_code() -> Result<i32> {
 }
 
 /// Encodes `map` over the buffer of `dtype` elements at device address
-/// `base` (`cuTensorMapEncodeTiled`; every element stride 1, L2 promotion of
-/// 256 bytes, zeros outside the tensor): the descriptor a kernel parameter
-/// with a tensor map is passed.
+/// `base` (`cuTensorMapEncodeTiled`, every element stride 1; or
+/// `cuTensorMapEncodeIm2col` for an im2col map; L2 promotion of 256 bytes,
+/// zeros outside the tensor): the descriptor a kernel parameter with a
+/// tensor map is passed.
 pub fn encode_tensor_map(
     map: &dcir_artifact::TensorMap,
     dtype: &str,
@@ -865,31 +866,73 @@ pub fn encode_tensor_map(
         other => return Err(format!("a swizzle of {other} bytes")),
     };
     let rank = map.dims.len();
-    if map.strides.len() + 1 != rank || map.box_dims.len() != rank {
+    let boxes = if map.im2col.is_some() { 2 } else { rank };
+    if map.strides.len() + 1 != rank || map.box_dims.len() != boxes {
         return Err("dims, strides and box extents disagree".into());
     }
-    let element_strides = vec![1u32; rank];
+    let address = (base + map.offset) as *mut std::ffi::c_void;
+    let (interleave, promotion, fill) = (
+        CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+        CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+    );
     let mut out = CUtensorMap { opaque: [0; 16] };
-    // SAFETY: every array holds `rank` entries (`strides` `rank - 1`), as the
-    // driver reads them; `out` is a writable descriptor; the address is a
-    // live buffer of this executor that the descriptor's extent stays inside
-    // (`Artifact::validate` checked it against the buffer's size).
-    #[allow(unsafe_code)]
-    let status = unsafe {
-        cudarc::driver::sys::cuTensorMapEncodeTiled(
-            &mut out,
-            data_type,
-            rank as u32,
-            (base + map.offset) as *mut std::ffi::c_void,
-            map.dims.as_ptr(),
-            map.strides.as_ptr(),
-            map.box_dims.as_ptr(),
-            element_strides.as_ptr(),
-            CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            swizzle,
-            CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-        )
+    let status = match &map.im2col {
+        None => {
+            let element_strides = vec![1u32; rank];
+            // SAFETY: every array holds `rank` entries (`strides` `rank - 1`),
+            // as the driver reads them; `out` is a writable descriptor; the
+            // address is a live buffer of this executor that the descriptor's
+            // extent stays inside (`Artifact::validate` checked it against the
+            // buffer's size).
+            #[allow(unsafe_code)]
+            unsafe {
+                cudarc::driver::sys::cuTensorMapEncodeTiled(
+                    &mut out,
+                    data_type,
+                    rank as u32,
+                    address,
+                    map.dims.as_ptr(),
+                    map.strides.as_ptr(),
+                    map.box_dims.as_ptr(),
+                    element_strides.as_ptr(),
+                    interleave,
+                    swizzle,
+                    promotion,
+                    fill,
+                )
+            }
+        }
+        Some(im) => {
+            if im.lower.len() + 2 != rank
+                || im.upper.len() + 2 != rank
+                || im.element_strides.len() != rank
+            {
+                return Err("dims, im2col corners and element strides disagree".into());
+            }
+            // SAFETY: as above; the corners hold `rank - 2` entries and the
+            // element strides `rank`, as the driver reads them.
+            #[allow(unsafe_code)]
+            unsafe {
+                cudarc::driver::sys::cuTensorMapEncodeIm2col(
+                    &mut out,
+                    data_type,
+                    rank as u32,
+                    address,
+                    map.dims.as_ptr(),
+                    map.strides.as_ptr(),
+                    im.lower.as_ptr(),
+                    im.upper.as_ptr(),
+                    map.box_dims[0],
+                    map.box_dims[1],
+                    im.element_strides.as_ptr(),
+                    interleave,
+                    swizzle,
+                    promotion,
+                    fill,
+                )
+            }
+        }
     };
     status.result().map(|()| out).map_err(|e| format!("{e:?}"))
 }
