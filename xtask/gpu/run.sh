@@ -34,7 +34,7 @@
 #   variants  hand-set kernel variants (examples/data/variants_*.dcir) checked
 #             and timed, to fit the cost model
 #   hopper    the wgmma mainloop: gemm_wgmma.dcir's and conv_wgmma.dcir's
-#             graphs through --check (memcheck and racecheck on one of each),
+#             graphs through --check (memcheck and racecheck on two of each),
 #             then perf_gemm_wgmma.dcir's graphs (cuBLASLt, wgmma tile widths,
 #             mma.sync) and perf_conv_wgmma.dcir's (ResNet-50's 3x3 convs at
 #             batch 32) timed, and cuDNN at those (conv_peers.py); hopper.log
@@ -228,8 +228,8 @@ variants() {
 
 hopper() {
     # The Hopper mainloop: every graph of tests/filetests/cuda/gemm_wgmma.dcir
-    # and conv_wgmma.dcir through --check (and memcheck, racecheck on a GEMM
-    # and a conv), then each graph of examples/data/perf_gemm_wgmma.dcir and
+    # and conv_wgmma.dcir through --check (and memcheck, racecheck on two
+    # GEMMs and two convs), then each graph of examples/data/perf_gemm_wgmma.dcir and
     # perf_conv_wgmma.dcir timed, and cuDNN at the conv shapes; hopper.log.
     local data=crates/dcir-cuda/examples/data f g tool
     : >"$OUT/hopper.log"
@@ -243,7 +243,7 @@ hopper() {
             fi
         done
     done
-    for g in gemm_wgmma:odd_bf16_nt conv_wgmma:strided_bf16; do
+    for g in gemm_wgmma:odd_bf16_nt gemm_wgmma:split_bf16 conv_wgmma:strided_bf16 conv_wgmma:split_c3x3_f16; do
         f=tests/filetests/cuda/${g%%:*}.dcir
         for tool in memcheck racecheck; do
             timeout 180 /usr/local/cuda/bin/compute-sanitizer --tool "$tool" --error-exitcode 3 \

@@ -55,9 +55,10 @@ use dcir_ir::{DType, Graph, OpId};
 
 use super::gemm::ConvGeometry;
 use super::gemm_tc::{EpilogueFn, Problem, Strided, StridedTensor, block_order};
+use super::split_k;
 use super::{EmitError, Lower, attr_int, storage_ty};
 use crate::kir::{
-    BinOp, Builtin, Expr, Helper, Kernel, Param, Stmt, Ty, WgmmaShape, add, array, bin, call, div,
+    BinOp, Builtin, Expr, Helper, Kernel, Param, Scratch, Stmt, Ty, WgmmaShape, add, array, bin, call, div,
     int, let_int, lt, mul, rem, sub, unrolled, var,
 };
 
@@ -97,6 +98,10 @@ pub(super) const LOCALS: &[&str] = &[
     "px_img",
     "px_h",
     "px_w",
+    "tw",
+    "kt0",
+    "kt1",
+    "split_flags",
 ];
 
 /// Whether group `op` asks for the Hopper mainloop.
@@ -115,18 +120,25 @@ pub(super) struct Config {
     tm: usize,
     tn: usize,
     stages: usize,
+    /// Split-K: a word of shared memory per consumer for its arrival.
+    split: bool,
 }
 
 impl Config {
     /// The blocking for attributes `tile` (`[tm, tn, _]`) and `stages`: `tm`
     /// 128 unless it asks for 64 or less, `tn` rounded up to a multiple of 64
     /// in 64..=256, `stages` clamped to 2..=6 and lowered while the ring
-    /// exceeds 227 KiB.
-    pub(super) fn new(tile: [i64; 3], stages: i64) -> Config {
+    /// exceeds 227 KiB (with `split`, a word per consumer more).
+    pub(super) fn new(tile: [i64; 3], stages: i64, split: bool) -> Config {
         let tm = if tile[0] <= 64 { 64 } else { 128 };
         let tn = (tile[1].clamp(64, 256) as usize).div_ceil(64) * 64;
         let mut stages = stages.clamp(2, 6) as usize;
-        let cfg = |stages| Config { tm, tn, stages };
+        let cfg = |stages| Config {
+            tm,
+            tn,
+            stages,
+            split,
+        };
         while stages > 2 && cfg(stages).shared_bytes() > MAX_SHARED {
             stages -= 1;
         }
@@ -157,10 +169,16 @@ impl Config {
         ALIGN + self.stages * self.stage_bytes() + 16 * self.stages
     }
 
-    /// The ring, its barriers, the alignment slack and the staging tile
-    /// (`tm` rows of the product's 16-bit elements).
-    fn shared_bytes(&self) -> usize {
+    /// Where the consumers' split-K arrival words start: past the staging
+    /// tile (`tm` rows of the product's 16-bit elements).
+    fn flags_offset(&self) -> usize {
         self.staging_offset() + self.tm * self.staged_row_elems() * ELEM
+    }
+
+    /// The ring, its barriers, the alignment slack, the staging tile and
+    /// with split-K the arrival words.
+    fn shared_bytes(&self) -> usize {
+        self.flags_offset() + if self.split { 4 * self.consumers() } else { 0 }
     }
 }
 
@@ -427,6 +445,179 @@ impl KSteps {
     }
 }
 
+/// Split-K on the persistent grid (`split_k = S`): work item `work` is
+/// split `ks = work / T` of tile `tw = work % T` (`T` the output tiles), and
+/// runs k steps `kt0 .. kt1` (`ks·K / S` to `(ks+1)·K / S` of the `K`
+/// steps: the splits' sizes differ by at most one). Each consumer
+/// warpgroup stores its split's f32 accumulators to the `dcir_partials`
+/// scratch (one slot per tile, split, consumer, accumulator and thread,
+/// consecutive threads adjacent), then counts itself in at its tile's and
+/// consumer's entry of `dcir_arrivals` (`dcir_split_arrive_wg`, after a
+/// fence); the last of the `S` to arrive resets the entry to zero (so
+/// CUDA-graph replays need no reset), adds every split's partial sums in
+/// split order (read past L1, its own too: the sum does not depend on the
+/// order of arrival, so results are deterministic) and runs the epilogue.
+struct Split {
+    splits: usize,
+    steps: usize,
+    tiles: usize,
+}
+
+impl Split {
+    /// Splits of `steps` k steps for attribute value `asked`: at most
+    /// [`split_k::MAX_SPLITS`] and `steps`.
+    fn count(asked: i64, steps: usize) -> usize {
+        (asked.max(1) as usize)
+            .min(split_k::MAX_SPLITS)
+            .min(steps.max(1))
+    }
+
+    /// Work items of the grid.
+    fn units(&self) -> usize {
+        self.tiles * self.splits
+    }
+
+    /// The statements defining a work item's split, tile and k steps.
+    fn locate(&self) -> Vec<Stmt> {
+        if self.splits == 1 {
+            return Vec::new();
+        }
+        let (t, k, s) = (self.tiles as i64, self.steps as i64, self.splits as i64);
+        vec![
+            let_int("ks", div(var("work"), t)),
+            let_int("tw", rem(var("work"), t)),
+            let_int("kt0", div(mul(var("ks"), int(k)), s)),
+            // At least one step (true of every split, as S ≤ K); said so, ptxas
+            // knows the k loop runs and keeps the `wgmma`s pipelined.
+            let_int(
+                "kt1",
+                call(
+                    "max",
+                    vec![
+                        div(mul(add(var("ks"), int(1)), int(k)), s),
+                        add(var("kt0"), int(1)),
+                    ],
+                ),
+            ),
+        ]
+    }
+
+    /// The work item's output tile.
+    fn tile_index(&self) -> Expr {
+        var(if self.splits == 1 { "work" } else { "tw" })
+    }
+
+    /// The work item's first and end k step.
+    fn k_range(&self) -> (Expr, Expr) {
+        if self.splits == 1 {
+            (int(0), int(self.steps as i64))
+        } else {
+            (var("kt0"), var("kt1"))
+        }
+    }
+
+    /// The `dcir_partials` slot of accumulator `i` of this thread in split
+    /// `split` of the work item's tile.
+    fn slot(&self, c: &Config, split: Expr, i: Expr) -> Expr {
+        let unit = add(mul(var("tw"), int(self.splits as i64)), split);
+        let row = add(
+            mul(unit, int(c.consumers() as i64)),
+            sub(var("role"), int(1)),
+        );
+        add(mul(add(mul(row, int((c.tn / 2) as i64)), i), int(128)), var("wt"))
+    }
+
+    /// Accumulator `i` as the epilogue reads it: the register, or with a
+    /// split the sum of the splits' partial sums in split order (read
+    /// there, not added into the registers first: an instruction other than
+    /// `wgmma` defining them would make ptxas serialize the `wgmma`s).
+    fn accumulator(&self, c: &Config, i: Expr) -> Expr {
+        if self.splits == 1 {
+            return Expr::Load(array("acc", Ty::F32), Box::new(i));
+        }
+        let stride = c.consumers() * (c.tn / 2) * 128;
+        call(
+            "dcir_split_sum",
+            vec![
+                var(split_k::PARTIALS),
+                self.slot(c, int(0), i),
+                int(stride as i64),
+                int(self.splits as i64),
+            ],
+        )
+    }
+
+    /// A consumer's statements after its k loop: with a split, its partial
+    /// sums out and, in the last split to arrive, `epilogue` (reading the
+    /// sums: [`Split::accumulator`]); the scratch parameters are appended to
+    /// `params`, their sizes returned.
+    fn finish(
+        &self,
+        c: &Config,
+        params: &mut Vec<Param>,
+        helpers: &mut std::collections::BTreeSet<Helper>,
+        epilogue: Vec<Stmt>,
+    ) -> (Vec<Stmt>, Vec<Scratch>) {
+        if self.splits == 1 {
+            return (epilogue, Vec::new());
+        }
+        helpers.extend([Helper::SplitK, Helper::SplitSum]);
+        let (partials, arrivals) = (split_k::PARTIALS, split_k::ARRIVALS);
+        for (name, ty, dtype) in [(partials, Ty::F32, "f32"), (arrivals, Ty::U32, "u32")] {
+            params.push(Param {
+                name: name.into(),
+                ty,
+                dtype,
+                output: true,
+                tensor_map: None,
+            });
+        }
+        let acc_len = (c.tn / 2) as i64;
+        let consumer = sub(var("role"), int(1));
+        let slot = |split: Expr, i: Expr| self.slot(c, split, i);
+        let acc = |i: Expr| Expr::Load(array("acc", Ty::F32), Box::new(i));
+        let each = |store: Stmt| unrolled("i", acc_len as usize, vec![store]);
+        let last = epilogue;
+        let arrival = add(
+            mul(var("tw"), int(c.consumers() as i64)),
+            consumer.clone(),
+        );
+        let stmts = vec![
+            Stmt::Comment(format!(
+                "split-K: this split's partial sums out; the last of the {} splits to arrive runs the epilogue on their sums in split order",
+                self.splits
+            )),
+            each(Stmt::Store(array(partials, Ty::F32), slot(var("ks"), var("i")), acc(var("i")))),
+            Stmt::If(
+                call(
+                    "dcir_split_arrive_wg",
+                    vec![
+                        var(arrivals),
+                        arrival,
+                        int(self.splits as i64),
+                        var("role"),
+                        add(var("split_flags"), consumer),
+                    ],
+                ),
+                last,
+            ),
+        ];
+        let scratch = vec![
+            Scratch {
+                param: partials.into(),
+                bytes: self.units() * c.tm * c.tn * 4,
+                zeroed: false,
+            },
+            Scratch {
+                param: arrivals.into(),
+                bytes: self.tiles * c.consumers() * 4,
+                zeroed: true,
+            },
+        ];
+        (stmts, scratch)
+    }
+}
+
 /// The operands' copies for problem `p` and its k steps, or why it cannot
 /// take the Hopper mainloop.
 fn operands(p: &Problem) -> std::result::Result<([TmaOperand; 2], KSteps), String> {
@@ -475,8 +666,8 @@ fn operands(p: &Problem) -> std::result::Result<([TmaOperand; 2], KSteps), Strin
 }
 
 /// Lowers `problem` on the Hopper mainloop (module doc): blocking from the
-/// group's `tile` and `stages` ([`Config::new`]; `split_k` is not honoured),
-/// the epilogue as in [`super::gemm_tc`].
+/// group's `tile` and `stages` ([`Config::new`]), its k steps split
+/// `split_k` ways ([`Split`]), the epilogue as in [`super::gemm_tc`].
 pub(super) fn lower(
     l: &mut Lower,
     op: OpId,
@@ -499,7 +690,8 @@ pub(super) fn lower(
             "an operand the epilogue also reads, or one tensor as both operands (an operand's parameter becomes a tensor map)".into(),
         )));
     }
-    let c = Config::new(tile, attr_int(g, op, "stages", 4));
+    let splits = Split::count(attr_int(g, op, "split_k", 1), steps.count());
+    let c = Config::new(tile, attr_int(g, op, "stages", 4), splits > 1);
     a.set_rows(c.tm);
     b.set_rows(c.tn);
     let shape = WgmmaShape {
@@ -512,6 +704,11 @@ pub(super) fn lower(
     let grid_m = p.m.div_ceil(c.tm);
     let grid_n = p.n.div_ceil(c.tn);
     let tiles = p.batch * grid_m * grid_n;
+    let split = Split {
+        splits,
+        steps: steps.count(),
+        tiles,
+    };
     let stage = c.stage_bytes() as i64;
     let stages = c.stages as i64;
     let full = |s: Expr| add(var("bars"), mul(s, int(8)));
@@ -519,14 +716,16 @@ pub(super) fn lower(
     let stage_base = add(var("smem"), mul(var("s"), int(stage)));
     let b_base = add(stage_base.clone(), int((c.tm * TK * ELEM) as i64));
 
-    // The tile of work item `work`: batch entry, tile row and column, origin.
+    // The tile of work item `work` (its split, its k steps): batch entry,
+    // tile row and column, origin.
     let per_batch = (grid_m * grid_n) as i64;
-    let mut locate = Vec::new();
+    let mut locate = split.locate();
+    let tile_index = split.tile_index();
     if p.batch > 1 {
-        locate.push(let_int("bz", div(var("work"), per_batch)));
-        locate.push(let_int("tile", rem(var("work"), per_batch)));
+        locate.push(let_int("bz", div(tile_index.clone(), per_batch)));
+        locate.push(let_int("tile", rem(tile_index, per_batch)));
     } else {
-        locate.push(let_int("tile", var("work")));
+        locate.push(let_int("tile", tile_index));
     }
     locate.extend(block_order(grid_m, grid_n));
     locate.push(let_int("m0", mul(var("tile_m"), int(c.tm as i64))));
@@ -538,7 +737,7 @@ pub(super) fn lower(
     let work_loop = |body: Vec<Stmt>| Stmt::For {
         var: "work".into(),
         start: Expr::Builtin(Builtin::BlockX),
-        end: int(tiles as i64),
+        end: int(split.units() as i64),
         step: Expr::Builtin(Builtin::GridDimX),
         unroll: false,
         body,
@@ -547,10 +746,11 @@ pub(super) fn lower(
         let mut inner = step_of_ring.clone();
         inner.extend(body);
         inner.push(Stmt::Assign("it".into(), add(var("it"), int(1))));
+        let (start, end) = split.k_range();
         Stmt::For {
             var: "kt".into(),
-            start: int(0),
-            end: int(steps.count() as i64),
+            start,
+            end,
             step: int(1),
             unroll: false,
             body: inner,
@@ -632,7 +832,7 @@ pub(super) fn lower(
             bin(
                 BinOp::And,
                 bin(BinOp::Eq, var("wt"), int(0)),
-                bin(BinOp::Ne, var("kt"), int(0)),
+                bin(BinOp::Ne, var("kt"), split.k_range().0),
             ),
             vec![Stmt::Call(
                 "dcir_mbar_arrive".into(),
@@ -655,7 +855,7 @@ pub(super) fn lower(
     // into the consumer's rows of the staging tile, two columns a word.
     let row_elems = c.staged_row_elems() as i64;
     let consumer_row0 = mul(sub(var("role"), int(1)), int(64));
-    let acc = |i: Expr| Expr::Load(array("acc", Ty::F32), Box::new(i));
+    let acc = |i: Expr| split.accumulator(&c, i);
     let pair = add(mul(var("j"), int(4)), mul(var("h"), int(2)));
     let (lo, hi) = (
         l.narrow(p.dtype, acc(pair.clone())),
@@ -726,7 +926,7 @@ pub(super) fn lower(
     ));
     consumer_tile.push(k_loop(mma));
     consumer_tile.extend(drain);
-    consumer_tile.extend([
+    let tile_epilogue = vec![
         Stmt::Comment(
             "epilogue: accumulator 4j + 2h + e is row 16·warp + lane/4 + 8h, column 8j + 2(lane%4) + e of the consumer's rows; staged, then stored a row at a time".into(),
         ),
@@ -741,9 +941,18 @@ pub(super) fn lower(
             unroll: false,
             body: staged_row_loop,
         },
-    ]);
-    let consumer = vec![
-        Stmt::Call("dcir_consumer_registers".into(), vec![]),
+    ];
+    let (finish, scratch) = split.finish(&c, &mut params, &mut l.helpers, tile_epilogue);
+    consumer_tile.extend(finish);
+    let mut consumer = vec![Stmt::Call("dcir_consumer_registers".into(), vec![])];
+    if split.splits > 1 {
+        consumer.push(Stmt::SharedView {
+            name: "split_flags".into(),
+            ty: Ty::U32,
+            offset: c.flags_offset(),
+        });
+    }
+    consumer.extend(vec![
         Stmt::SharedView {
             name: "out_tile".into(),
             ty: storage_ty(p.dtype),
@@ -768,7 +977,7 @@ pub(super) fn lower(
             constant: false,
         },
         work_loop(consumer_tile),
-    ];
+    ]);
 
     let mut body = vec![
         Stmt::Comment(format!(
@@ -836,7 +1045,7 @@ pub(super) fn lower(
         param.tensor_map = Some(o.map.clone());
     }
     let summary = format!(
-        "{what}, wgmma + TMA (sm_90a), tile [{}, {}, {TK}], {} consumer warpgroup{} of {}x{}, {} stages, persistent over {} tiles; A {}, B {}",
+        "{what}, wgmma + TMA (sm_90a), tile [{}, {}, {TK}], {} consumer warpgroup{} of {}x{}, {} stages, persistent over {}; A {}, B {}",
         c.tm,
         c.tn,
         c.consumers(),
@@ -844,7 +1053,11 @@ pub(super) fn lower(
         64,
         c.tn,
         c.stages,
-        tiles,
+        if split.splits == 1 {
+            format!("{tiles} tiles")
+        } else {
+            format!("{tiles} tiles x {} k splits (split-K)", split.splits)
+        },
         match a.copy {
             Copy::Im2col { .. } => "im2col of the NHWC input",
             _ if a.k_major() => "K-major",
@@ -864,10 +1077,10 @@ pub(super) fn lower(
         body,
         helpers: std::mem::take(&mut l.helpers),
         block: c.threads() as u32,
-        grid: tiles.min(PERSISTENT_BLOCKS) as u32,
+        grid: split.units().min(PERSISTENT_BLOCKS) as u32,
         dynamic_shared: c.shared_bytes(),
         min_blocks_per_sm: 1,
-        scratch: Vec::new(),
+        scratch,
         requires_arch: Some("sm_90a"),
     })
 }

@@ -84,6 +84,22 @@ __device__ __forceinline__ void dcir_producer_registers() { asm volatile("setmax
 __device__ __forceinline__ void dcir_consumer_registers() { asm volatile("setmaxnreg.inc.sync.aligned.u32 232;"); }
 // Waits for the 128 threads of warpgroup `id` (named barrier `id`; 0 is __syncthreads').
 __device__ __forceinline__ void dcir_warpgroup_barrier(int id) { asm volatile("bar.sync %0, 128;" :: "r"(id) : "memory"); }
+// Split-K: counts warpgroup `role`'s split in at `arrivals[slot]`; true in the last
+// of `splits` to arrive (which resets the entry), once every split's partial sums are
+// visible. `flag`: the warpgroup's word of shared memory.
+__device__ __forceinline__ bool dcir_split_arrive_wg(unsigned* arrivals, int slot, int splits, int role, volatile unsigned* flag) {
+  __threadfence();
+  dcir_warpgroup_barrier(role);
+  if ((threadIdx.x & 127) == 0) {
+    const unsigned last = atomicAdd(arrivals + slot, 1u) == (unsigned)(splits - 1);
+    if (last) arrivals[slot] = 0u;
+    *flag = last;
+  }
+  dcir_warpgroup_barrier(role);
+  const bool last = *flag != 0u;
+  if (last) __threadfence();
+  return last;
+}
 __device__ __forceinline__ void dcir_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void dcir_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void dcir_wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }

@@ -124,10 +124,11 @@ pub const MMA_SYNC_COMPUTE_FRACTION_SM90: f64 = 0.17;
 /// [`DeviceSpec::wgmma_fraction`] on Hopper: cuBLASLt's fitted efficiency
 /// (0.49, `library.rs`) times the speed of dcir's wgmma GEMM relative to
 /// cuBLASLt's on the f16 GEMMs 4096×3072×768, 4096×768×3072 and 4096×768×768
-/// on their fastest tiles, 0.88 (0.83–0.92; an H100, 2026-12-06, dcir-run
-/// --bench): the two are priced on the same footing, so the planner keeps
-/// the library where it is faster and the tuner decides by measurement.
-pub const WGMMA_FRACTION_SM90: f64 = 0.43;
+/// on their fastest tiles (128 × 192 with the staged epilogue), 0.99 (0.96,
+/// 0.99 and 1.01; an H100, 2026-12-06, dcir-run --bench): the two are priced
+/// on the same footing, so the planner keeps the library where it is faster
+/// and the tuner decides by measurement.
+pub const WGMMA_FRACTION_SM90: f64 = 0.48;
 
 /// [`DeviceSpec::mma_sync_conv_fraction`] on Hopper: the geomean over 89
 /// implicit-GEMM convolution groups of the same runs, 0.20 (0.07–0.49).

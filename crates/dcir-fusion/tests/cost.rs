@@ -750,3 +750,41 @@ fn the_tensor_core_attention_contract() {
         assert!(e.contains(why), "{why}: {e}");
     }
 }
+
+/// A convolution whose input is a transpose of an NHWC value and filter of a
+/// KRSC one gets the Hopper mainloop's candidates, its k steps split where
+/// its tiles leave SMs idle (ResNet-50's last 3×3 conv at batch 32: 52
+/// tiles of 128 × 128 for 132 SMs); the same convolution reading NCHW gets
+/// none (no im2col map reads it).
+#[test]
+fn a_channels_last_convolution_gets_the_hopper_mainloop() {
+    let channels_last = graph(
+        "graph @c(%x: f16[32,7,7,512], %w: f16[512,3,3,512]) -> (f16[32,512,7,7]) {\n  \
+         %xt = transpose %x {perm = [0, 3, 1, 2]} : f16[32,512,7,7]\n  \
+         %wt = transpose %w {perm = [0, 3, 1, 2]} : f16[512,512,3,3]\n  \
+         %c = conv2d %xt, %wt {pad = [1, 1, 1, 1]} : f16[32,512,7,7]\n  return %c\n}",
+    );
+    let nchw = graph(
+        "graph @c(%x: f16[32,512,7,7], %w: f16[512,512,3,3]) -> (f16[32,512,7,7]) {\n  \
+         %c = conv2d %x, %w {pad = [1, 1, 1, 1]} : f16[32,512,7,7]\n  return %c\n}",
+    );
+    let model = CostModel::kernels_only(DeviceSpec::h200());
+    let wgmma = |g: &Graph, names: &[&str]| -> Vec<(Vec<i64>, i64)> {
+        model
+            .candidates(g, &group(g, names, GroupKind::Conv, Level::Register))
+            .unwrap()
+            .into_iter()
+            .filter(|c| attr_str(c.params.get("mainloop")) == Some("wgmma"))
+            .map(|c| {
+                let tile = c.params.get("tile").and_then(|a| a.as_ints()).unwrap();
+                let split = c.params.get("split_k").and_then(|a| a.as_int());
+                (tile.to_vec(), split.unwrap_or(1))
+            })
+            .collect()
+    };
+    let offered = wgmma(&channels_last, &["xt", "wt", "c"]);
+    assert!(offered.contains(&(vec![128, 128, 64], 1)), "{offered:?}");
+    assert!(offered.contains(&(vec![128, 192, 64], 2)), "{offered:?}");
+    assert!(offered.iter().any(|(_, split)| *split > 1), "{offered:?}");
+    assert!(wgmma(&nchw, &["c"]).is_empty());
+}

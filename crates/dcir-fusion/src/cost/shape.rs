@@ -38,6 +38,10 @@ pub(crate) struct GemmShape {
     /// other than a 1x1 stride-1 unpadded conv over a multiple of 4 pixels,
     /// as dcir-cuda's `gemm` decides).
     pub a_gathered: bool,
+    /// A convolution the Hopper mainloop's im2col copies read: one channel
+    /// group, its input a transpose of an NHWC value and its filter of a
+    /// KRSC one (channels contiguous, a multiple of 8), strides at most 8.
+    pub channels_last: bool,
 }
 
 /// Instructions to stage one im2col element on the tensor-core pixel path:
@@ -311,6 +315,7 @@ fn gemm_of_matmul(graph: &Graph, op: OpId, inside: &FxHashSet<OpId>) -> GemmShap
         ],
         gather: [0.0, 0.0],
         a_gathered: false,
+        channels_last: false,
     }
 }
 
@@ -347,7 +352,21 @@ fn gemm_of_conv(graph: &Graph, op: OpId, inside: &FxHashSet<OpId>) -> GemmShape 
         },
     ];
     let pointwise = taps == 1.0 && s.iter().all(|&x| x == 1.0) && unpadded;
+    // Read as NHWC / KRSC: a transpose [0, 3, 1, 2] of a value whose last
+    // dim is the channels.
+    let from_channels_last = |v: ValueId| match graph.value(v).def {
+        ValueDef::OpResult { op, .. } => {
+            let t = graph.op(op);
+            t.kind == OpKind::Transpose && t.attrs.ints("perm") == Some(&[0, 3, 1, 2][..])
+        }
+        ValueDef::BlockArg { .. } => false,
+    };
     GemmShape {
+        channels_last: g == 1.0
+            && cg % 8.0 == 0.0
+            && s.iter().all(|&x| x <= 8.0)
+            && from_channels_last(x)
+            && from_channels_last(w),
         a_gathered: !(pointwise && (rd[2] * rd[3]) % 4.0 == 0.0),
         batch: g,
         m: rd[0] * rd[2] * rd[3],

@@ -519,8 +519,9 @@ pub(crate) fn for_each(dev: &DeviceSpec, info: &GroupInfo, out: &mut dyn FnMut(C
         }
         Body::Gemm { g, conv } => {
             gemm(dev, info, &g, conv, out);
-            if !conv && tensor_core(info.dtype) && dev.compute_capability == 90 {
-                wgmma_gemm(dev, info, &g, out);
+            if (!conv || g.channels_last) && tensor_core(info.dtype) && dev.compute_capability == 90
+            {
+                wgmma_gemm(dev, info, &g, conv, out);
             }
         }
         Body::Depthwise(dw) => direct(dev, info, &dw, out),
@@ -808,54 +809,68 @@ fn gemm(dev: &DeviceSpec, info: &GroupInfo, g: &GemmShape, conv: bool, out: &mut
     }
 }
 
-/// The Hopper mainloop's candidates for a matmul of f16 or bf16 on a device
-/// with `wgmma` (compute capability 9.0): 128 rows (two consumer
-/// warpgroups; 64 and one where M is at most 64) × 128 columns, k in 64-wide stages, as many stages as fit
-/// beside the epilogue's staging tile (the emitter's blocking rule,
-/// `gemm_wgmma::Config`), a persistent grid that walks the tiles in waves.
-/// Wider tiles are not offered: 192 and 256 columns ran slower than 128 on
-/// the f16 GEMMs 4096×3072×768 (51.1 and 49.4 µs against 36.5) and
-/// 4096×768×768 (15.9, 18.8 against 14.5), faster only on 4096×768×3072
-/// (33.7 against 42.6, where 128 leaves the last wave half empty; an H100,
-/// 2026-12-06), for reasons not yet measured.
+/// The Hopper mainloop's candidates for a matmul, or a convolution whose
+/// operands its im2col copies read ([`GemmShape::channels_last`]), of f16
+/// or bf16 on a device with `wgmma` (compute capability 9.0): 128 rows (two
+/// consumer warpgroups; 64 and one where M is at most 64) × 64 (where N is
+/// at most 64), 128 or 192 columns, k in 64-wide stages, as many stages as
+/// fit beside the epilogue's staging tile (the emitter's blocking rule,
+/// `gemm_wgmma::Config`), a persistent grid that walks the work items in
+/// waves, the k steps split where the tiles alone leave SMs idle. 192
+/// columns ran fastest on the f16 GEMMs 4096×3072×768, 4096×768×3072 and
+/// 4096×768×768 (35.0, 30.2 and 11.6 µs against 38.5, 40.5 and 14.9 at 128;
+/// 256 slower still; an H100, 2026-12-06, with the staged epilogue).
 /// Its operands come from shared memory by descriptor (no per-thread loads:
 /// no shared-latency factor), its k-steps carry no fragment-pipeline
-/// overhead, and its registers are the producer's and consumers' split.
-fn wgmma_gemm(dev: &DeviceSpec, info: &GroupInfo, g: &GemmShape, out: &mut dyn FnMut(Cand)) {
+/// overhead, and its registers are the producer's and consumers' split. A
+/// split writes its f32 tile and the last split reads them all back.
+fn wgmma_gemm(
+    dev: &DeviceSpec,
+    info: &GroupInfo,
+    g: &GemmShape,
+    conv: bool,
+    out: &mut dyn FnMut(Cand),
+) {
     let rate = dev.matrix_rate(info.dtype);
     let e = info.elem;
     // One consumer warpgroup (64 rows) only where a second would have no rows.
-    let tms: &[u32] = if g.m <= 64.0 { &[64] } else { &[128] };
-    for &tm in tms {
-        for tn in [128u32] {
-            let (tmf, tnf, tkf) = (tm as f64, tn as f64, WGMMA_TK as f64);
-            let stage = (tmf + tnf) * tkf * 2.0;
-            let staging = tmf * (tnf + 8.0) * 2.0;
-            let fixed = 1024.0 + staging;
-            let shared = |stages: u32| fixed + stages as f64 * (stage + 16.0);
-            let Some(stages) = (2..=6u32)
-                .rev()
-                .find(|&s| shared(s) <= dev.shared_per_block as f64)
-            else {
+    let tm: u32 = if g.m <= 64.0 { 64 } else { 128 };
+    let tns: &[u32] = if g.n <= 64.0 { &[64] } else { &[128, 192] };
+    for &tn in tns {
+        let (tmf, tnf, tkf) = (tm as f64, tn as f64, WGMMA_TK as f64);
+        let stage = (tmf + tnf) * tkf * 2.0;
+        let staging = tmf * (tnf + 8.0) * 2.0;
+        let fixed = 1024.0 + staging + 16.0;
+        let shared = |stages: u32| fixed + stages as f64 * (stage + 16.0);
+        let Some(stages) = (2..=6u32)
+            .rev()
+            .find(|&s| shared(s) <= dev.shared_per_block as f64)
+        else {
+            continue;
+        };
+        let threads = 128 * (1 + tm / 64);
+        let (gm, gn, gk) = (ceil_div(g.m, tmf), ceil_div(g.n, tnf), ceil_div(g.k, tkf));
+        let tiles = g.batch * gm * gn;
+        let kstep = 2.0 * tmf * tnf * tkf / (rate / dev.sm_count.max(1) as f64);
+        let block_flops = 2.0 * tmf * tnf * g.k;
+        let block_bytes = (tmf * g.a_row_elems + tnf * g.k) * e;
+        for split in SPLITS {
+            let sf = split as f64;
+            if split > 1 && (sf > gk || tiles * sf > SPLIT_BLOCKS * dev.sm_count as f64) {
                 continue;
-            };
-            let threads = 128 * (1 + tm / 64);
-            let (gm, gn, gk) = (ceil_div(g.m, tmf), ceil_div(g.n, tnf), ceil_div(g.k, tkf));
-            let tiles = g.batch * gm * gn;
-            let kstep = 2.0 * tmf * tnf * tkf / (rate / dev.sm_count.max(1) as f64);
-            let block_flops = 2.0 * tmf * tnf * g.k;
-            let block_bytes = (tmf * g.a_row_elems + tnf * g.k) * e;
+            }
+            let units = tiles * sf;
             out(Cand {
                 params: P::Gemm {
-                    conv: false,
+                    conv,
                     tile: [tm, tn, WGMMA_TK],
                     threads,
                     stages,
-                    split: 1,
+                    split,
                     tensor_core: true,
                     wgmma: true,
                 },
-                blocks: tiles,
+                blocks: units,
                 threads,
                 smem: shared(stages),
                 regs: if tm == 64 { 232.0 } else { 168.0 },
@@ -867,18 +882,22 @@ fn wgmma_gemm(dev: &DeviceSpec, info: &GroupInfo, g: &GemmShape, out: &mut dyn F
                 scalar_flops: info.scalar_flops
                     + g.prologue[0] * (gn - 1.0).max(0.0)
                     + g.prologue[1] * (gm - 1.0),
-                extra_dram: 0.0,
+                extra_dram: if split > 1 {
+                    2.0 * units * tmf * tnf * 4.0
+                } else {
+                    0.0
+                },
                 panels: Some(Panels {
                     grid_m: gm,
-                    grid_n: gn * g.batch,
-                    a_tile: tmf * g.a_row_elems * e,
-                    b_tile: tnf * g.k * e,
+                    grid_n: gn * g.batch * sf,
+                    a_tile: tmf * g.a_row_elems * e / sf,
+                    b_tile: tnf * g.k * e / sf,
                     operands: g.a_bytes + g.b_bytes,
                 }),
                 serialize: false,
                 in_flight: None,
                 feed: 1.0,
-                chain: latency_chain(gk, stages, kstep, 1),
+                chain: latency_chain(gk / sf, stages, kstep, split),
             });
         }
     }
