@@ -58,8 +58,8 @@ use super::gemm_tc::{EpilogueFn, Problem, Strided, StridedTensor, block_order};
 use super::split_k;
 use super::{EmitError, Lower, attr_int, storage_ty};
 use crate::kir::{
-    BinOp, Builtin, Expr, Helper, Kernel, Param, Scratch, Stmt, Ty, WgmmaShape, add, array, bin, call, div,
-    int, let_int, lt, mul, rem, sub, unrolled, var,
+    BinOp, Builtin, Expr, Helper, Kernel, Param, Scratch, Stmt, Ty, WgmmaShape, add, array, bin,
+    call, div, int, let_int, lt, mul, rem, sub, unrolled, var,
 };
 
 type Result<T> = std::result::Result<T, EmitError>;
@@ -524,7 +524,10 @@ impl Split {
             mul(unit, int(c.consumers() as i64)),
             sub(var("role"), int(1)),
         );
-        add(mul(add(mul(row, int((c.tn / 2) as i64)), i), int(128)), var("wt"))
+        add(
+            mul(add(mul(row, int((c.tn / 2) as i64)), i), int(128)),
+            var("wt"),
+        )
     }
 
     /// Accumulator `i` as the epilogue reads it: the register, or with a
@@ -578,16 +581,17 @@ impl Split {
         let acc = |i: Expr| Expr::Load(array("acc", Ty::F32), Box::new(i));
         let each = |store: Stmt| unrolled("i", acc_len as usize, vec![store]);
         let last = epilogue;
-        let arrival = add(
-            mul(var("tw"), int(c.consumers() as i64)),
-            consumer.clone(),
-        );
+        let arrival = add(mul(var("tw"), int(c.consumers() as i64)), consumer.clone());
         let stmts = vec![
             Stmt::Comment(format!(
                 "split-K: this split's partial sums out; the last of the {} splits to arrive runs the epilogue on their sums in split order",
                 self.splits
             )),
-            each(Stmt::Store(array(partials, Ty::F32), slot(var("ks"), var("i")), acc(var("i")))),
+            each(Stmt::Store(
+                array(partials, Ty::F32),
+                slot(var("ks"), var("i")),
+                acc(var("i")),
+            )),
             Stmt::If(
                 call(
                     "dcir_split_arrive_wg",
