@@ -113,9 +113,13 @@ pub struct ConvCall {
     /// The activation applied last: `none` or `relu`.
     pub activation: String,
     /// `x`, `z` and the output lie NHWC in memory (their dims above stay in
-    /// NCHW order); the filter stays `[k, c / groups, r, s]`.
+    /// NCHW order); the filter stays `[k, c / groups, r, s]` unless `krsc`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub nhwc: bool,
+    /// The filter lies `[k, r, s, c / groups]` in memory (KRSC; its dims
+    /// above stay in KCRS order). Only with `nhwc`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub krsc: bool,
     /// cuDNN's forward algorithm (`cudnnConvolutionFwdAlgo_t`, 0 to 7)
     /// chosen on a GPU, replayed when cuDNN accepts it there; absent, the
     /// runtime asks cuDNN's heuristic.
@@ -199,6 +203,9 @@ impl ConvCall {
         }
         if !self.bias && (self.z || self.activation != "none") {
             return Err("a cuDNN call with an epilogue but no bias".into());
+        }
+        if self.krsc && !self.nhwc {
+            return Err("a cuDNN call with a KRSC filter and NCHW tensors".into());
         }
         Ok(())
     }
@@ -1144,6 +1151,7 @@ mod tests {
             algorithm: Some(1),
             heuristic_rank: 1,
             nhwc: false,
+            krsc: false,
         };
         let shapes: [Vec<u64>; 5] = [
             vec![2, 4, 8, 8],
@@ -1188,7 +1196,7 @@ mod tests {
         let a = conv_sample();
         assert_eq!(Artifact::from_json(&a.to_json()).unwrap(), a);
         type Edit = fn(&mut ConvCall);
-        let edits: [(Edit, &str); 8] = [
+        let edits: [(Edit, &str); 9] = [
             (|c| c.algorithm = Some(8), "algorithm 8"),
             (|c| c.heuristic_rank = 16, "heuristic rank 16"),
             (
@@ -1200,6 +1208,7 @@ mod tests {
             (|c| c.bias = false, "an epilogue but no bias"),
             (|c| c.input = [1 << 40, 4, 8, 8], "extents"),
             (|c| c.dtype = "i64".into(), "dtype `i64`"),
+            (|c| c.krsc = true, "a KRSC filter and NCHW tensors"),
         ];
         for (edit, says) in edits {
             let mut a = conv_sample();

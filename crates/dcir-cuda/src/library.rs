@@ -96,7 +96,11 @@ pub fn library_call(g: &Graph, op: OpId) -> Result<BoundCall, EmitError> {
         }
         let summary = format!(
             "cuDNN {dtype} conv{} {:?} * {:?} -> {:?}, pad {:?}, stride {:?}, dilation {:?}, groups {}, {}",
-            if conv.nhwc { " (NHWC)" } else { "" },
+            match (conv.nhwc, conv.krsc) {
+                (true, true) => " (NHWC, KRSC filter)",
+                (true, false) => " (NHWC)",
+                _ => "",
+            },
             conv.input,
             conv.filter,
             conv.output,
@@ -190,6 +194,7 @@ pub fn conv_description(call: &library::ConvCall, rank: u32) -> ConvCall {
         filter: call.filter,
         output: call.out,
         nhwc: call.nhwc,
+        krsc: call.krsc,
         pad: call.pad,
         stride: call.stride,
         dilation: call.dilation,

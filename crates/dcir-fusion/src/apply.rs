@@ -115,8 +115,10 @@ fn feeds_contraction(graph: &Graph, users: &FxHashMap<ValueId, Vec<OpId>>, v: Va
 /// values any group can read — graph parameters, splat constants, and
 /// values another group materializes — or `None` when `v` is not such a
 /// view. A portable view is never materialized, so the chain follows one
-/// into whichever group defines it. `group_of` maps each grouped op to its
-/// group.
+/// into whichever group defines it. A transpose into channels-last
+/// ([`is_channels_last_store`]) is no portable view: its group stores the
+/// bytes in the order its readers want. `group_of` maps each grouped op to
+/// its group.
 fn portable_view(
     graph: &Graph,
     users: &FxHashMap<ValueId, Vec<OpId>>,
@@ -127,7 +129,7 @@ fn portable_view(
         return None;
     };
     let d = graph.op(op);
-    if !crate::class::is_view(d.kind) {
+    if !crate::class::is_view(d.kind) || is_channels_last_store(graph, op) {
         return None;
     }
     let mut chain = Vec::new();
@@ -148,6 +150,14 @@ fn portable_view(
     }
     chain.push(op);
     Some(chain)
+}
+
+/// True for `transpose {perm = [0, 2, 3, 1]}`, which stores a 4-D tensor
+/// channels-last (NHWC, or a filter KRSC: the `channels-last` and
+/// `nhwc-inputs` passes' `T`).
+pub(crate) fn is_channels_last_store(graph: &Graph, op: OpId) -> bool {
+    let d = graph.op(op);
+    d.kind == OpKind::Transpose && d.attrs.ints("perm") == Some(&[0, 2, 3, 1][..])
 }
 
 /// True for a group that is a view, not a kernel, and stays a plain op: a

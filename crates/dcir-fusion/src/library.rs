@@ -241,6 +241,10 @@ pub struct ConvCall {
     /// `transpose {perm = [0, 3, 1, 2]}` and its result goes through a
     /// `transpose {perm = [0, 2, 3, 1]}` first.
     pub nhwc: bool,
+    /// The filter lies `[k, r, s, c / groups]` (KRSC, the `nhwc-inputs`
+    /// pass's layout; only with `nhwc`): the conv reads `w` through a
+    /// `transpose {perm = [0, 3, 1, 2]}`.
+    pub krsc: bool,
 }
 
 impl ConvCall {
@@ -270,6 +274,10 @@ pub fn conv_call(graph: &Graph, ops: &[OpId], outputs: &[ValueId]) -> Result<Con
         .iter()
         .find(|&&o| graph.op(o).kind == OpKind::Conv2d)
         .and_then(|&o| nhwc_source(graph, ops, graph.op(o).operands[0]));
+    // With it, a filter stored KRSC (`nhwc-inputs`), read the same way.
+    let krsc = |graph: &Graph, ops: &[OpId], w: ValueId| {
+        nhwc_source(graph, ops, w).or_else(|| stored(graph, ops, w))
+    };
     let (root, x, w, dtype) = match nhwc_input {
         Some(x) => {
             let (root, _, w, dtype) = contraction_with(
@@ -278,13 +286,14 @@ pub fn conv_call(graph: &Graph, ops: &[OpId], outputs: &[ValueId]) -> Result<Con
                 OpKind::Conv2d,
                 "convolutions",
                 "cuDNN",
-                nhwc_source,
+                [&nhwc_source, &krsc],
             )?;
             (root, x, w, dtype)
         }
         None => contraction(graph, ops, OpKind::Conv2d, "convolutions", "cuDNN")?,
     };
     let nhwc = nhwc_input.is_some();
+    let krsc = nhwc && nhwc_source(graph, ops, graph.op(root).operands[1]).is_some();
     let conv = graph.op(root);
     let ints = |name: &str, default: &[i64]| -> Vec<u64> {
         let v = match conv.attrs.get(name) {
@@ -357,6 +366,7 @@ pub fn conv_call(graph: &Graph, ops: &[OpId], outputs: &[ValueId]) -> Result<Con
         activation: e.activation,
         output: e.output,
         nhwc,
+        krsc,
     })
 }
 
@@ -449,18 +459,21 @@ fn contraction(
     what: &'static str,
     library: &str,
 ) -> Result<(OpId, ValueId, ValueId, DType), Reason> {
-    contraction_with(graph, ops, kind, what, library, stored)
+    contraction_with(graph, ops, kind, what, library, [&stored, &stored])
 }
 
-/// [`contraction`] with the first operand read by `first` (its stored
-/// tensor, if it is one).
+/// How a library call reads an operand: the stored tensor it is, if any.
+type StoredRead = dyn Fn(&Graph, &[OpId], ValueId) -> Option<ValueId>;
+
+/// [`contraction`] with each operand read by its `read` function (its
+/// stored tensor, if it is one).
 fn contraction_with(
     graph: &Graph,
     ops: &[OpId],
     kind: OpKind,
     what: &'static str,
     library: &str,
-    first: impl Fn(&Graph, &[OpId], ValueId) -> Option<ValueId>,
+    read: [&StoredRead; 2],
 ) -> Result<(OpId, ValueId, ValueId, DType), Reason> {
     let found: Vec<OpId> = ops
         .iter()
@@ -475,8 +488,8 @@ fn contraction_with(
     };
     let d = graph.op(root);
     let (Some(a), Some(b)) = (
-        first(graph, ops, d.operands[0]),
-        stored(graph, ops, d.operands[1]),
+        read[0](graph, ops, d.operands[0]),
+        read[1](graph, ops, d.operands[1]),
     ) else {
         return Err(Reason::Form(format!(
             "{library} reads the {}'s operands as stored (no prologue op but reshapes)",

@@ -362,15 +362,20 @@ fn reachable_through_other(consumers: &[Vec<usize>], from: usize, to: usize) -> 
     false
 }
 
-/// Starts each `broadcast` with one user, an op that maps elements one to
-/// one (a bias add), in its user's group: the broadcast is index
-/// arithmetic there, while alone it prices as a kernel writing the whole
-/// broadcast shape, which makes its user look costly to merge anywhere else
-/// (a projection's bias would go with the views after it, not into the
-/// projection's epilogue). Like any merge it must not be estimated slower
-/// than the two apart (a measuring estimator may say so) and the target
-/// must accept it.
-fn broadcasts_with_their_consumers(
+/// Starts two kinds of view in their one user's group, where they are
+/// index arithmetic, while alone each prices as a kernel writing the whole
+/// view, which makes its user look costly to merge anywhere else:
+/// - a `broadcast` whose user maps elements one to one (a bias add): a
+///   projection's bias would go with the views after it, not into the
+///   projection's epilogue;
+/// - a convolution's filter read through `transpose {perm = [0, 3, 1, 2]}`
+///   (a KRSC filter, `nhwc-inputs`): it would merge with the transpose that
+///   stores the filter KRSC, and the convolution would read the filter as
+///   it was (the Hopper mainloop reads a stored KRSC filter).
+///
+/// Like any merge it must not be estimated slower than the two apart (a
+/// measuring estimator may say so) and the target must accept it.
+fn views_with_their_consumers(
     state: &mut State<'_>,
     model: &dyn Estimator,
     target: &dyn Target,
@@ -379,13 +384,14 @@ fn broadcasts_with_their_consumers(
     let mut pairs = Vec::new();
     for &op in &graph.block(graph.body()).ops {
         let d = graph.op(op);
-        if d.kind != OpKind::Broadcast {
+        if !matches!(d.kind, OpKind::Broadcast | OpKind::Transpose) {
             continue;
         }
         let Some(&[user]) = state.users.get(&d.results[0]).map(Vec::as_slice) else {
             continue;
         };
-        if mapping(graph.op(user).kind) != Mapping::OneToOne {
+        let bias = d.kind == OpKind::Broadcast && mapping(graph.op(user).kind) == Mapping::OneToOne;
+        if !bias && !is_filter_view(graph, op, user) {
             continue;
         }
         if let (Some(&g), Some(&ug)) = (state.group_of.get(&op), state.group_of.get(&user)) {
@@ -425,8 +431,9 @@ fn broadcasts_with_their_consumers(
     Ok(())
 }
 
-/// Each lone `conv2d` group `c` between two lone `transpose` groups, `p`
-/// reading its input and `q` its result, as `(p, c, q)`: a convolution over
+/// Each `conv2d` group `c` (the convolution alone, or with its filter's
+/// view) between two lone `transpose` groups, `p` reading its input and `q`
+/// its result, as `(p, c, q)`: a convolution over
 /// a tensor stored in another layout (the `channels-last` pass's NHWC)
 /// runs as one kernel only with both views (a library call takes the
 /// layout whole), and no merge of two groups forms that set through a
@@ -441,8 +448,13 @@ fn layout_views_of_convs(
     let lone = |g: usize, kind: OpKind| matches!(state.members[g].as_slice(), [op] if graph.op(*op).kind == kind);
     let mut triples = Vec::new();
     for (c, members) in state.members.iter().enumerate() {
-        let [conv] = members.as_slice() else { continue };
-        let d = graph.op(*conv);
+        // The convolution, alone or with its filter's view.
+        let conv = match *members.as_slice() {
+            [conv] => conv,
+            [a, b] if is_filter_view(graph, a, b) => b,
+            _ => continue,
+        };
+        let d = graph.op(conv);
         if d.kind != OpKind::Conv2d {
             continue;
         }
@@ -462,6 +474,16 @@ fn layout_views_of_convs(
         }
     }
     triples
+}
+
+/// Whether `op` is `transpose {perm = [0, 3, 1, 2]}` whose result is
+/// convolution `user`'s filter (a KRSC filter read as KCRS).
+fn is_filter_view(graph: &Graph, op: OpId, user: OpId) -> bool {
+    let (d, u) = (graph.op(op), graph.op(user));
+    d.kind == OpKind::Transpose
+        && d.attrs.ints("perm") == Some(&[0, 3, 1, 2][..])
+        && u.kind == OpKind::Conv2d
+        && u.operands[1] == d.results[0]
 }
 
 /// Each group `c` holding one softmax and no contraction between a group
@@ -550,7 +572,7 @@ fn search(
     if !merge {
         return finish(state, model, Vec::new());
     }
-    broadcasts_with_their_consumers(state, model, target)?;
+    views_with_their_consumers(state, model, target)?;
     let mut rejections;
     loop {
         // The round's producer → consumer pairs, with the union of each that

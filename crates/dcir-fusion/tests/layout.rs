@@ -1,8 +1,9 @@
 //! The layout decision (`plan_layout`): a CNN is planned as written and
 //! channels-last and the faster plan kept; in the channels-last form each
-//! convolution forms one NHWC cuDNN call with its two layout transposes (the
-//! graph's input stored NHWC first); a shared broadcast fuses into each of
-//! its users.
+//! convolution forms one kernel with its layout transposes (the graph's
+//! input stored NHWC and its f16 filters KRSC first): an NHWC cuDNN call, or
+//! on Hopper the wgmma mainloop reading both stored operands; a shared
+//! broadcast fuses into each of its users.
 
 use dcir_fusion::{
     AnyGroup, CHANNELS_LAST_MARGIN, CostModel, DeviceSpec, LayoutMode, Plan, plan_graph,
@@ -56,40 +57,57 @@ fn libraries(plan: &Plan) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn channels_last_convolutions_are_nhwc_cudnn_calls_with_their_epilogue() {
-    let model = CostModel::new(DeviceSpec::h100());
-    let g = conv_chain();
-    let (laid_out, plan, choice) =
-        plan_layout(&g, LayoutMode::ChannelsLast, planner(&model)).expect("plans");
-    assert!(choice.channels_last);
-    assert_eq!(choice.as_written, None);
-    // Each convolution with both layout transposes, bias and ReLU: one call.
-    let convs: Vec<_> = plan
-        .groups
+/// The H100's figures without Hopper's mainloop (an Ampere-like device):
+/// cuDNN's NHWC calls are the fastest convolutions there.
+fn without_wgmma() -> DeviceSpec {
+    DeviceSpec {
+        compute_capability: 80,
+        ..DeviceSpec::h100()
+    }
+}
+
+/// The groups of `plan` holding a convolution.
+fn conv_groups<'p>(graph: &Graph, plan: &'p Plan) -> Vec<&'p dcir_fusion::PlannedGroup> {
+    plan.groups
         .iter()
         .filter(|p| {
             p.group
                 .ops
                 .iter()
-                .any(|&o| laid_out.op(o).kind == OpKind::Conv2d)
+                .any(|&o| graph.op(o).kind == OpKind::Conv2d)
         })
-        .collect();
-    assert_eq!(convs.len(), 4);
-    // The graph's 64-channel input is stored NHWC once (`nhwc-inputs`) and
-    // its output NCHW, each a transpose kernel of its own; every
-    // convolution is an NHWC call with its whole epilogue.
-    let copies = plan
-        .groups
+        .collect()
+}
+
+/// The groups of `plan` that are one transpose (a layout copy).
+fn layout_copies(graph: &Graph, plan: &Plan) -> usize {
+    plan.groups
         .iter()
-        .filter(|p| p.group.ops.len() == 1 && laid_out.op(p.group.ops[0]).kind == OpKind::Transpose)
-        .count();
-    assert_eq!(copies, 2);
+        .filter(|p| p.group.ops.len() == 1 && graph.op(p.group.ops[0]).kind == OpKind::Transpose)
+        .count()
+}
+
+#[test]
+fn channels_last_convolutions_are_nhwc_cudnn_calls_with_their_epilogue() {
+    let model = CostModel::new(without_wgmma());
+    let g = conv_chain();
+    let (laid_out, plan, choice) =
+        plan_layout(&g, LayoutMode::ChannelsLast, planner(&model)).expect("plans");
+    assert!(choice.channels_last);
+    assert_eq!(choice.as_written, None);
+    // Each convolution with its three layout transposes (input and filter
+    // read NCHW, result to NHWC), bias and ReLU: one call.
+    let convs = conv_groups(&laid_out, &plan);
+    assert_eq!(convs.len(), 4);
+    // The graph's 64-channel input is stored NHWC once and each f16 filter
+    // KRSC (`nhwc-inputs`), and the output NCHW, each a transpose kernel of
+    // its own; every convolution is an NHWC call with its whole epilogue.
+    assert_eq!(layout_copies(&laid_out, &plan), 1 + 4 + 1);
     for p in &convs {
         let kinds: Vec<OpKind> = p.group.ops.iter().map(|&o| laid_out.op(o).kind).collect();
         assert_eq!(
             kinds.iter().filter(|&&k| k == OpKind::Transpose).count(),
-            2,
+            3,
             "{kinds:?}"
         );
         assert!(kinds.contains(&OpKind::Relu), "{kinds:?}");
@@ -100,12 +118,75 @@ fn channels_last_convolutions_are_nhwc_cudnn_calls_with_their_epilogue() {
                 .and_then(dcir_ir::Attr::as_str),
             Some("cudnn")
         );
+        let users = |v: dcir_ir::ValueId| {
+            let body = &laid_out.block(laid_out.body()).ops;
+            body.iter()
+                .copied()
+                .filter(|&o| laid_out.op(o).operands.contains(&v))
+                .collect()
+        };
+        let outputs = p.group.outputs(&laid_out, users);
+        let call = dcir_fusion::library::conv_call(&laid_out, &p.group.ops, &outputs)
+            .expect("a cuDNN call");
+        assert!(call.nhwc && call.krsc, "{call:?}");
+    }
+}
+
+/// On Hopper each convolution of the chain reads its input and its filter
+/// stored channels-last (NHWC, KRSC) through its group's views, so the
+/// Hopper mainloop's TMA copies can read them; the filter's transpose to
+/// KRSC stays a kernel of its own.
+#[test]
+fn hopper_convolutions_read_stored_channels_last_operands() {
+    let model = CostModel::new(DeviceSpec::h100());
+    let g = conv_chain();
+    let (laid_out, plan, _) =
+        plan_layout(&g, LayoutMode::ChannelsLast, planner(&model)).expect("plans");
+    let convs = conv_groups(&laid_out, &plan);
+    assert_eq!(convs.len(), 4);
+    // The input stored NHWC and the four filters KRSC, at least.
+    let stores = 1 + 4;
+    assert!(layout_copies(&laid_out, &plan) >= stores);
+    for p in &convs {
+        let conv = p
+            .group
+            .ops
+            .iter()
+            .copied()
+            .find(|&o| laid_out.op(o).kind == OpKind::Conv2d)
+            .expect("a conv");
+        for &operand in &laid_out.op(conv).operands {
+            let dcir_ir::ValueDef::OpResult { op: view, .. } = laid_out.value(operand).def else {
+                panic!("the conv reads a view");
+            };
+            assert!(p.group.ops.contains(&view));
+            let stored = laid_out.op(view).operands[0];
+            match laid_out.value(stored).def {
+                dcir_ir::ValueDef::OpResult { op, .. } => assert!(!p.group.ops.contains(&op)),
+                dcir_ir::ValueDef::BlockArg { .. } => {}
+            }
+        }
+        let ours = p
+            .estimate
+            .params
+            .get("mainloop")
+            .and_then(dcir_ir::Attr::as_str);
+        let library = p
+            .estimate
+            .params
+            .get("library")
+            .and_then(dcir_ir::Attr::as_str);
+        assert!(
+            ours == Some("wgmma") || library == Some("cudnn"),
+            "{:?}",
+            p.estimate.params
+        );
     }
 }
 
 #[test]
 fn auto_keeps_the_plan_estimated_clearly_faster_and_says_both() {
-    let model = CostModel::new(DeviceSpec::h100());
+    let model = CostModel::new(without_wgmma());
     let g = conv_chain();
     let (_, plan, choice) = plan_layout(&g, LayoutMode::Auto, planner(&model)).expect("plans");
     let (written, nhwc) = (
@@ -116,7 +197,7 @@ fn auto_keeps_the_plan_estimated_clearly_faster_and_says_both() {
     assert_eq!(choice.channels_last, nhwc * CHANNELS_LAST_MARGIN < written);
     let kept = if choice.channels_last { nhwc } else { written };
     assert_eq!(plan.total_time(), kept);
-    // NHWC cuDNN calls beat the NCHW ones on Hopper (fitted efficiencies).
+    // NHWC cuDNN calls beat the NCHW ones (fitted efficiencies).
     assert!(choice.channels_last, "{choice}");
     let calls = libraries(&plan);
     assert_eq!(

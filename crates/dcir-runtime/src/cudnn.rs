@@ -3,8 +3,8 @@
 //! [`WORKSPACE_LIMIT`]) and enqueued on its stream like a kernel, inside a captured CUDA
 //! graph too.
 //!
-//! NCHW tensors, or NHWC ones (`ConvCall::nhwc`) with the filter still
-//! `[k, c / groups, r, s]`; f16 and bf16 compute in f32 (cuDNN's pseudo-half
+//! NCHW tensors, or NHWC ones (`ConvCall::nhwc`) with the filter
+//! `[k, c / groups, r, s]` or KRSC (`ConvCall::krsc`); f16 and bf16 compute in f32 (cuDNN's pseudo-half
 //! configurations, tensor-core math), f32 in strict f32 (`CUDNN_FMA_MATH`:
 //! never TF32). With a bias the call is `cudnnConvolutionBiasActivationForward`
 //! (`act(conv + z + bias)`, identity or ReLU; identity runs only with
@@ -163,9 +163,14 @@ impl Conv {
             alpha2: if z.is_some() { 1.0 } else { 0.0 },
         };
         let nchw = sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW;
-        // The tensors' layout in memory (dims are given in NCHW order either
-        // way); the filter stays [k, c / groups, r, s].
+        // The tensors' and the filter's layouts in memory (dims are given in
+        // NCHW and KCRS order either way).
         let tensors = if call.nhwc {
+            sys::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC
+        } else {
+            nchw
+        };
+        let filter = if call.krsc {
             sys::cudnnTensorFormat_t::CUDNN_TENSOR_NHWC
         } else {
             nchw
@@ -226,7 +231,7 @@ impl Conv {
                 sys::cudnnSetFilter4dDescriptor(
                     this.w_desc,
                     ty,
-                    nchw,
+                    filter,
                     int(k),
                     int(cg),
                     int(r),

@@ -352,14 +352,20 @@ fn gemm_of_conv(graph: &Graph, op: OpId, inside: &FxHashSet<OpId>) -> GemmShape 
         },
     ];
     let pointwise = taps == 1.0 && s.iter().all(|&x| x == 1.0) && unpadded;
-    // Read as NHWC / KRSC: a transpose [0, 3, 1, 2] of a value whose last
-    // dim is the channels.
+    // Read as NHWC / KRSC: through a transpose [0, 3, 1, 2] in the group
+    // of a value whose last dim is the channels, stored by another kernel
+    // or the caller (a view computed inside the group is no such tensor:
+    // `T⁻¹(T(w))` reads `w`).
     let from_channels_last = |v: ValueId| match graph.value(v).def {
-        ValueDef::OpResult { op, .. } => {
+        ValueDef::OpResult { op, .. } if inside.contains(&op) => {
             let t = graph.op(op);
-            t.kind == OpKind::Transpose && t.attrs.ints("perm") == Some(&[0, 3, 1, 2][..])
+            let stored = match graph.value(t.operands[0]).def {
+                ValueDef::OpResult { op: def, .. } => !inside.contains(&def),
+                ValueDef::BlockArg { .. } => true,
+            };
+            t.kind == OpKind::Transpose && t.attrs.ints("perm") == Some(&[0, 3, 1, 2][..]) && stored
         }
-        ValueDef::BlockArg { .. } => false,
+        _ => false,
     };
     GemmShape {
         channels_last: g == 1.0
