@@ -393,8 +393,12 @@ impl Estimator for CostModel {
                 list.insert(pos, item.clone());
                 list.truncate(k);
             };
-        let mut scored: Vec<Ranked> = Vec::with_capacity(k + 1);
-        let mut fastest: Vec<Ranked> = Vec::with_capacity(k + 1);
+        // One ranking per mainloop family (Hopper's `wgmma` and the rest):
+        // within a family the roofline ranks candidates; between families
+        // their times as run (each one's fitted fraction of the roofline)
+        // decide, below.
+        let mut scored: [Vec<Ranked>; 2] = Default::default();
+        let mut fastest: [Vec<Ranked>; 2] = Default::default();
         let mut index = 0;
         space::for_each(&self.device, &info, &mut |c| {
             let i = index;
@@ -403,36 +407,50 @@ impl Estimator for CostModel {
             if s.factors.coef_r == 0.0 {
                 return;
             }
+            let family = usize::from(c.params.is_wgmma());
             let item = (i, s, c.params, c.oi);
-            keep(&mut scored, &item, &by_pul);
-            keep(&mut fastest, &item, &by_time);
+            keep(&mut scored[family], &item, &by_pul);
+            keep(&mut fastest[family], &item, &by_time);
         });
-        if scored.is_empty() {
+        if scored.iter().all(Vec::is_empty) {
             return Err(format!(
                 "no {} kernel parameters fit {}",
                 group.kind.name(),
                 self.device.name
             ));
         }
-        // The fastest of the PUL top k, unless a candidate is estimated
-        // clearly faster: near ties go to PUL, which sees L2 traffic and
-        // intensity the time does not; a latency-bound group, where those
-        // terms do not bind, takes the fastest (docs/cost-model.md,
-        // "Ranking and choice").
-        let best_of_pul = scored
-            .iter()
-            .enumerate()
-            .min_by(|(ra, a), (rb, b)| a.1.time.total_cmp(&b.1.time).then(ra.cmp(rb)))
-            .map(|(_, r)| r)
-            .expect("not empty");
-        let chosen = match fastest.first() {
-            Some(f) if f.1.time * CLEARLY_FASTER < best_of_pul.1.time => f,
-            _ => best_of_pul,
+        // In each family, the fastest of the PUL top k, unless a candidate
+        // is estimated clearly faster: near ties go to PUL, which sees L2
+        // traffic and intensity the time does not; a latency-bound group,
+        // where those terms do not bind, takes the fastest
+        // (docs/cost-model.md, "Ranking and choice").
+        let choice = |family: usize| -> Option<(&Ranked, f64)> {
+            let best_of_pul = scored[family]
+                .iter()
+                .enumerate()
+                .min_by(|(ra, a), (rb, b)| a.1.time.total_cmp(&b.1.time).then(ra.cmp(rb)))
+                .map(|(_, r)| r)?;
+            let chosen = match fastest[family].first() {
+                Some(f) if f.1.time * CLEARLY_FASTER < best_of_pul.1.time => f,
+                _ => best_of_pul,
+            };
+            let params = chosen.2.to_params();
+            Some((
+                chosen,
+                self.as_run(group.kind, &params, chosen.1.bound, chosen.1.time),
+            ))
         };
-        // For measurement: the choice, then the PUL and time rankings in turn.
-        let mut candidates = vec![chosen.2.to_params()];
+        // Between the families, the faster as run (a tie to the first).
+        let chosen = [choice(0), choice(1)]
+            .into_iter()
+            .flatten()
+            .reduce(|a, b| if b.1 < a.1 { b } else { a })
+            .expect("a family has candidates");
+        // For measurement: the choice, then each family's PUL and time
+        // rankings in turn.
+        let mut candidates = vec![chosen.0.2.to_params()];
         for i in 0..k {
-            for list in [&scored, &fastest] {
+            for list in scored.iter().chain(&fastest) {
                 if let Some(item) = list.get(i) {
                     let p = item.2.to_params();
                     if !candidates.contains(&p) {
@@ -441,10 +459,10 @@ impl Estimator for CostModel {
                 }
             }
         }
-        let (_, bs, bp, _) = chosen;
+        let ((_, bs, bp, _), time) = chosen;
         let params = bp.to_params();
         let own = Estimate {
-            time: self.as_run(group.kind, &params, bs.bound, bs.time),
+            time,
             params,
             pul: bs.factors.pul(),
             flops: info.flops,

@@ -118,6 +118,11 @@ fn list<const N: usize>(v: [u32; N]) -> Attr {
 }
 
 impl P {
+    /// Whether these are parameters of Hopper's mainloop (`wgmma`).
+    pub(crate) fn is_wgmma(&self) -> bool {
+        matches!(self, P::Gemm { wgmma: true, .. })
+    }
+
     /// The attributes the emitter reads.
     pub(crate) fn to_params(self) -> KernelParams {
         let int = |x: u32| Attr::Int(x as i64);
