@@ -229,8 +229,9 @@ variants() {
 hopper() {
     # The Hopper mainloop: every graph of tests/filetests/cuda/gemm_wgmma.dcir
     # and conv_wgmma.dcir through --check (and memcheck, racecheck on two
-    # GEMMs and two convs), then each graph of examples/data/perf_gemm_wgmma.dcir and
-    # perf_conv_wgmma.dcir timed, and cuDNN at the conv shapes; hopper.log.
+    # GEMMs and two convs), then each graph of examples/data/perf_gemm_wgmma.dcir,
+    # perf_conv_wgmma.dcir and perf_pointwise_wgmma.dcir timed, and cuDNN at
+    # the conv shapes; hopper.log.
     local data=crates/dcir-cuda/examples/data f g tool
     : >"$OUT/hopper.log"
     for f in tests/filetests/cuda/gemm_wgmma.dcir tests/filetests/cuda/conv_wgmma.dcir; do
@@ -251,7 +252,7 @@ hopper() {
             echo "${g#*:} $tool rc=$? $(tail -1 "$OUT/hopper_${g#*:}_$tool.log")" >>"$OUT/hopper.log"
         done
     done
-    for f in "$data/perf_gemm_wgmma.dcir" "$data/perf_conv_wgmma.dcir"; do
+    for f in "$data/perf_gemm_wgmma.dcir" "$data/perf_conv_wgmma.dcir" "$data/perf_pointwise_wgmma.dcir"; do
         for g in $(grep -o '^graph @[a-z0-9_]*' "$f" | cut -c8-); do
             echo "$g $(timeout 60 "$B/dcir-run" "$f" --graph "$g" --backend cuda --bench 100 2>&1 | grep -o 'median [0-9.]* ms')" >>"$OUT/hopper.log"
         done
