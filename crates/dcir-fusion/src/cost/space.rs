@@ -817,11 +817,13 @@ fn gemm(dev: &DeviceSpec, info: &GroupInfo, g: &GemmShape, conv: bool, out: &mut
 /// The Hopper mainloop's candidates for a matmul, or a convolution whose
 /// operands its im2col copies read ([`GemmShape::channels_last`]), of f16
 /// or bf16 on a device with `wgmma` (compute capability 9.0): 128 rows (two
-/// consumer warpgroups; 64 and one where M is at most 64) × 64 (where N is
-/// at most 64), 128 or 192 columns, k in 64-wide stages, as many stages as
+/// consumer warpgroups; 64 and one where M is at most 64, and beside 128
+/// where 128-row tiles leave SMs idle) × 64 (where N is at most 64), 128 or
+/// 192 columns, k in 64-wide stages, as many stages as
 /// fit beside the epilogue's staging tile (the emitter's blocking rule,
 /// `gemm_wgmma::Config`), a persistent grid that walks the work items in
-/// waves, the k steps split where the tiles alone leave SMs idle. 192
+/// waves (one latency chain per CTA: its producer loads ahead across
+/// items), the k steps split where the tiles alone leave SMs idle. 192
 /// columns ran fastest on the f16 GEMMs 4096×3072×768, 4096×768×3072 and
 /// 4096×768×768 (35.0, 30.2 and 11.6 µs against 38.5, 40.5 and 14.9 at 128;
 /// 256 slower still; an H100, 2026-12-06, with the staged epilogue).
@@ -838,72 +840,83 @@ fn wgmma_gemm(
 ) {
     let rate = dev.matrix_rate(info.dtype);
     let e = info.elem;
-    // One consumer warpgroup (64 rows) only where a second would have no rows.
-    let tm: u32 = if g.m <= 64.0 { 64 } else { 128 };
     let tns: &[u32] = if g.n <= 64.0 { &[64] } else { &[128, 192] };
     for &tn in tns {
-        let (tmf, tnf, tkf) = (tm as f64, tn as f64, WGMMA_TK as f64);
-        let stage = (tmf + tnf) * tkf * 2.0;
-        let staging = tmf * (tnf + 8.0) * 2.0;
-        let fixed = 1024.0 + staging + 16.0;
-        let shared = |stages: u32| fixed + stages as f64 * (stage + 16.0);
-        let Some(stages) = (2..=6u32)
-            .rev()
-            .find(|&s| shared(s) <= dev.shared_per_block as f64)
-        else {
-            continue;
+        // Two consumer warpgroups (128 rows); one (64) where a second would
+        // have no rows, or where 128-row tiles leave SMs idle.
+        let idle = g.batch * ceil_div(g.m, 128.0) * ceil_div(g.n, tn as f64) < dev.sm_count as f64;
+        let tms: &[u32] = match (g.m <= 64.0, idle) {
+            (true, _) => &[64],
+            (false, true) => &[128, 64],
+            (false, false) => &[128],
         };
-        let threads = 128 * (1 + tm / 64);
-        let (gm, gn, gk) = (ceil_div(g.m, tmf), ceil_div(g.n, tnf), ceil_div(g.k, tkf));
-        let tiles = g.batch * gm * gn;
-        let kstep = 2.0 * tmf * tnf * tkf / (rate / dev.sm_count.max(1) as f64);
-        let block_flops = 2.0 * tmf * tnf * g.k;
-        let block_bytes = (tmf * g.a_row_elems + tnf * g.k) * e;
-        for split in SPLITS {
-            let sf = split as f64;
-            if split > 1 && (sf > gk || tiles * sf > SPLIT_BLOCKS * dev.sm_count as f64) {
+        for &tm in tms {
+            let (tmf, tnf, tkf) = (tm as f64, tn as f64, WGMMA_TK as f64);
+            let stage = (tmf + tnf) * tkf * 2.0;
+            let staging = tmf * (tnf + 8.0) * 2.0;
+            let fixed = 1024.0 + staging + 16.0;
+            let shared = |stages: u32| fixed + stages as f64 * (stage + 16.0);
+            let Some(stages) = (2..=6u32)
+                .rev()
+                .find(|&s| shared(s) <= dev.shared_per_block as f64)
+            else {
                 continue;
-            }
-            let units = tiles * sf;
-            out(Cand {
-                params: P::Gemm {
-                    conv,
-                    tile: [tm, tn, WGMMA_TK],
+            };
+            let threads = 128 * (1 + tm / 64);
+            let (gm, gn, gk) = (ceil_div(g.m, tmf), ceil_div(g.n, tnf), ceil_div(g.k, tkf));
+            let tiles = g.batch * gm * gn;
+            let kstep = 2.0 * tmf * tnf * tkf / (rate / dev.sm_count.max(1) as f64);
+            let block_flops = 2.0 * tmf * tnf * g.k;
+            let block_bytes = (tmf * g.a_row_elems + tnf * g.k) * e;
+            for split in SPLITS {
+                let sf = split as f64;
+                if split > 1 && (sf > gk || tiles * sf > SPLIT_BLOCKS * dev.sm_count as f64) {
+                    continue;
+                }
+                let units = tiles * sf;
+                out(Cand {
+                    params: P::Gemm {
+                        conv,
+                        tile: [tm, tn, WGMMA_TK],
+                        threads,
+                        stages,
+                        split,
+                        tensor_core: true,
+                        wgmma: true,
+                    },
+                    blocks: units,
                     threads,
-                    stages,
-                    split,
-                    tensor_core: true,
-                    wgmma: true,
-                },
-                blocks: units,
-                threads,
-                smem: shared(stages),
-                regs: if tm == 64 { 232.0 } else { 168.0 },
-                oi: block_flops / block_bytes,
-                rate,
-                comp_per_load: None,
-                lane_util: (g.m / (gm * tmf)) * (g.n / (gn * tnf)),
-                matrix_flops: 2.0 * tiles * tmf * tnf * gk * tkf,
-                scalar_flops: info.scalar_flops
-                    + g.prologue[0] * (gn - 1.0).max(0.0)
-                    + g.prologue[1] * (gm - 1.0),
-                extra_dram: if split > 1 {
-                    2.0 * units * tmf * tnf * 4.0
-                } else {
-                    0.0
-                },
-                panels: Some(Panels {
-                    grid_m: gm,
-                    grid_n: gn * g.batch * sf,
-                    a_tile: tmf * g.a_row_elems * e / sf,
-                    b_tile: tnf * g.k * e / sf,
-                    operands: g.a_bytes + g.b_bytes,
-                }),
-                serialize: false,
-                in_flight: None,
-                feed: 1.0,
-                chain: latency_chain(gk / sf, stages, kstep, split),
-            });
+                    smem: shared(stages),
+                    regs: if tm == 64 { 232.0 } else { 168.0 },
+                    oi: block_flops / block_bytes,
+                    rate,
+                    comp_per_load: None,
+                    lane_util: (g.m / (gm * tmf)) * (g.n / (gn * tnf)),
+                    matrix_flops: 2.0 * tiles * tmf * tnf * gk * tkf,
+                    scalar_flops: info.scalar_flops
+                        + g.prologue[0] * (gn - 1.0).max(0.0)
+                        + g.prologue[1] * (gm - 1.0),
+                    extra_dram: if split > 1 {
+                        2.0 * units * tmf * tnf * 4.0
+                    } else {
+                        0.0
+                    },
+                    panels: Some(Panels {
+                        grid_m: gm,
+                        grid_n: gn * g.batch * sf,
+                        a_tile: tmf * g.a_row_elems * e / sf,
+                        b_tile: tnf * g.k * e / sf,
+                        operands: g.a_bytes + g.b_bytes,
+                    }),
+                    serialize: false,
+                    in_flight: None,
+                    feed: 1.0,
+                    // Persistent: a CTA's producer runs ahead across its work
+                    // items, so it waits one latency chain, not one per item.
+                    chain: latency_chain(gk / sf, stages, kstep, split)
+                        / ceil_div(units, dev.sm_count as f64),
+                });
+            }
         }
     }
 }
