@@ -244,6 +244,20 @@ pub(crate) struct Panels {
     pub operands: f64,
 }
 
+impl Panels {
+    /// The panels of GEMM `g` on a `grid_m × grid_n` grid of `tm × tn`
+    /// tiles (`e` bytes an element), each tile's k loop split `split` ways.
+    fn of(g: &GemmShape, tm: f64, tn: f64, grid: [f64; 2], split: f64, e: f64) -> Panels {
+        Panels {
+            grid_m: grid[0],
+            grid_n: grid[1] * g.batch * split,
+            a_tile: tm * g.a_row_elems * e / split,
+            b_tile: tn * g.k * e / split,
+            operands: g.a_bytes + g.b_bytes,
+        }
+    }
+}
+
 /// One candidate before scoring.
 #[derive(Clone, Debug)]
 pub(crate) struct Cand {
@@ -794,13 +808,7 @@ fn gemm(dev: &DeviceSpec, info: &GroupInfo, g: &GemmShape, conv: bool, out: &mut
                                 matrix_flops: padded,
                                 scalar_flops: scalar,
                                 extra_dram: partials,
-                                panels: Some(Panels {
-                                    grid_m: gm,
-                                    grid_n: gn * g.batch * sf,
-                                    a_tile: tmf * g.a_row_elems * e / sf,
-                                    b_tile: tnf * g.k * e / sf,
-                                    operands: g.a_bytes + g.b_bytes,
-                                }),
+                                panels: Some(Panels::of(g, tmf, tnf, [gm, gn], sf, e)),
                                 serialize: false,
                                 in_flight: None,
                                 feed: kstep / step,
@@ -901,13 +909,7 @@ fn wgmma_gemm(
                     } else {
                         0.0
                     },
-                    panels: Some(Panels {
-                        grid_m: gm,
-                        grid_n: gn * g.batch * sf,
-                        a_tile: tmf * g.a_row_elems * e / sf,
-                        b_tile: tnf * g.k * e / sf,
-                        operands: g.a_bytes + g.b_bytes,
-                    }),
+                    panels: Some(Panels::of(g, tmf, tnf, [gm, gn], sf, e)),
                     serialize: false,
                     in_flight: None,
                     feed: 1.0,
