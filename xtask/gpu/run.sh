@@ -36,8 +36,12 @@
 #   hopper    the wgmma mainloop: gemm_wgmma.dcir's and conv_wgmma.dcir's
 #             graphs through --check (memcheck and racecheck on two of each),
 #             then perf_gemm_wgmma.dcir's graphs (cuBLASLt, wgmma tile widths,
-#             mma.sync) and perf_conv_wgmma.dcir's (ResNet-50's 3x3 convs at
-#             batch 32) timed, and cuDNN at those (conv_peers.py); hopper.log
+#             mma.sync), perf_conv_wgmma.dcir's (ResNet-50's 3x3 convs at
+#             batch 32) and perf_pointwise_wgmma.dcir's (its 1x1 convs as
+#             GEMMs, cuBLASLt and wgmma) timed, and cuDNN at the 3x3 convs
+#             (conv_peers.py); hopper.log
+#   resnet32  ResNet-50 in f16 as planned: batch 1 through --check, batch 32
+#             timed kernel by kernel (dcir-run --bench 20 --per-kernel); resnet32.log
 #   profile   per-kernel times of ResNet-50 f16, MobileNetV2 f16, the BERT
 #             layer f32 and f16 at batch 1 and convblock f16 at batch 32
 #             (dcir-run --bench --per-kernel)
@@ -262,6 +266,19 @@ hopper() {
     summary+=("hopper: $(grep -c PASS "$OUT/hopper.log") checks PASS, $(grep -c FAIL "$OUT/hopper.log") FAIL (hopper.log)")
 }
 
+resnet32() {
+    local log=$OUT/resnet32.log
+    "$B/dcir-import" crates/dcir-onnx/models/resnet50.onnx -o /tmp/r1.dcir --no-weights >/dev/null 2>&1
+    "$B/dcir-import" crates/dcir-onnx/models/resnet50_b32.onnx -o /tmp/r32.dcir --no-weights >/dev/null 2>&1
+    to_f16 /tmp/r1.dcir /tmp/r1h.dcir
+    to_f16 /tmp/r32.dcir /tmp/r32h.dcir
+    echo "== resnet50 f16 b1 --check" >"$log"
+    timeout 300 "$B/dcir-run" /tmp/r1h.dcir --backend cuda --check >>"$log" 2>&1 || status=1
+    echo "== resnet50 f16 b32 --per-kernel" >>"$log"
+    timeout 120 "$B/dcir-run" /tmp/r32h.dcir --backend cuda --bench 20 --per-kernel >>"$log" 2>&1 || status=1
+    summary+=("resnet32: $(grep -ciE 'mismatch|error' "$log") errors (resnet32.log)")
+}
+
 profile() {
     : >"$OUT/profile.log"
     "$B/dcir-import" crates/dcir-onnx/models/resnet50.onnx -o /tmp/p_rn.dcir --no-weights >/dev/null 2>&1
@@ -480,7 +497,7 @@ PY
 
 for step in "$@"; do
     case $step in
-        kernels|examples|export|models|zoo|variants|hopper|profile|ncu|perf|peers|gemm|suite|sanitize|test|random|ab|library) $step ;;
+        kernels|examples|export|models|zoo|variants|hopper|resnet32|profile|ncu|perf|peers|gemm|suite|sanitize|test|random|ab|library) $step ;;
         zoo-peers) zoo_peers ;;
         zoo-export) zoo_export ;;
         zoo-timed) zoo_timed ;;
