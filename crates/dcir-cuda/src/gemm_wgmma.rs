@@ -50,7 +50,7 @@
 //! buffers; the kernel needs sm_90a and says so (`Kernel::requires_arch`).
 
 use dcir_artifact::{Im2col, TensorMap};
-use dcir_fusion::Reason;
+use dcir_fusion::{HopperConvSteps, Reason, hopper_conv_steps};
 use dcir_ir::{DType, Graph, OpId};
 
 use super::gemm::ConvGeometry;
@@ -191,13 +191,20 @@ enum Copy {
     /// origin is local `k0`.
     Box { k_major: bool, batched: bool },
     /// A convolution's NHWC input in im2col mode: a column of `rows` output
-    /// pixels' window elements at one tap, 64 channels each, from the
+    /// pixels' window elements at one tap, a box of channels each, from the
     /// tile's first pixel's window origin (locals `px_w`, `px_h`, `px_img`)
-    /// offset by the tap (`k_s`, `k_r`) from channel `k_c0`.
-    Im2col { dilation: [usize; 2] },
-    /// A convolution's KRSC filter: a `64 (channels) × 1 × 1 × rows` box at
-    /// tap `(k_r, k_s)` from channel `k_c0`.
-    Filter,
+    /// offset by the tap (`k_s`, `k_r`) from channel `k_c0`; with several
+    /// taps a step ([`HopperConvSteps`]), one such box per tap from tap
+    /// `k_tap`, side by side.
+    Im2col {
+        dilation: [usize; 2],
+        steps: HopperConvSteps,
+        kw: usize,
+    },
+    /// A convolution's KRSC filter: a `channels × 1 × 1 × rows` box at tap
+    /// `(k_r, k_s)` from channel `k_c0`; with several taps a step, one per
+    /// tap as for [`Copy::Im2col`].
+    Filter { steps: HopperConvSteps, kw: usize },
 }
 
 /// How one operand reaches shared memory: its tensor map and its layout there.
@@ -256,9 +263,14 @@ impl TmaOperand {
         })
     }
 
-    /// The im2col map of the conv's NHWC `input` (rows: output pixels), when
-    /// its strides are 16-byte aligned and its window fits the map's ranges.
-    fn im2col(geo: &ConvGeometry, input: &StridedTensor) -> Option<TmaOperand> {
+    /// The im2col map of the conv's NHWC `input` (rows: output pixels) in
+    /// boxes of `steps.channel_box` channels, when its strides are 16-byte
+    /// aligned and its window fits the map's ranges.
+    fn im2col(
+        geo: &ConvGeometry,
+        input: &StridedTensor,
+        steps: HopperConvSteps,
+    ) -> Option<TmaOperand> {
         let (param, offset, [sn, _, sh, sw]) = input.clone();
         let [n, c, h, w] = geo.input;
         let [_, _, oh, ow] = geo.output;
@@ -274,13 +286,15 @@ impl TmaOperand {
             param,
             copy: Copy::Im2col {
                 dilation: geo.dilation,
+                steps,
+                kw: geo.weight[3],
             },
             map: TensorMap {
                 offset: (offset as usize * ELEM) as u64,
                 dims: vec![c as u64, w as u64, h as u64, n as u64],
                 strides: [sw, sh, sn].map(|s| (s as usize * ELEM) as u64).to_vec(),
-                box_dims: vec![TK as u32, 128],
-                swizzle: 128,
+                box_dims: vec![steps.channel_box as u32, 128],
+                swizzle: (steps.channel_box * ELEM) as u32,
                 im2col: Some(Im2col {
                     lower: vec![-left as i32, -top as i32],
                     upper: vec![
@@ -294,9 +308,14 @@ impl TmaOperand {
         .filter(|o| o.map.check(ELEM as u64, u64::MAX).is_ok())
     }
 
-    /// The 4-D map of the conv's KRSC `filter` (rows: output channels), when
-    /// its strides are 16-byte aligned.
-    fn filter(geo: &ConvGeometry, filter: &StridedTensor) -> Option<TmaOperand> {
+    /// The 4-D map of the conv's KRSC `filter` (rows: output channels) in
+    /// boxes of `steps.channel_box` channels, when its strides are 16-byte
+    /// aligned.
+    fn filter(
+        geo: &ConvGeometry,
+        filter: &StridedTensor,
+        steps: HopperConvSteps,
+    ) -> Option<TmaOperand> {
         let (param, offset, [so, _, sr, ss]) = filter.clone();
         let [o, c, r, s] = geo.weight;
         if ![offset, so, sr, ss].into_iter().all(aligned) {
@@ -304,13 +323,13 @@ impl TmaOperand {
         }
         Some(TmaOperand {
             param,
-            copy: Copy::Filter,
+            copy: Copy::Filter { steps, kw: s },
             map: TensorMap {
                 offset: (offset as usize * ELEM) as u64,
                 dims: vec![c as u64, s as u64, r as u64, o as u64],
                 strides: [ss, sr, so].map(|s| (s as usize * ELEM) as u64).to_vec(),
-                box_dims: vec![TK as u32, 1, 1, 256],
-                swizzle: 128,
+                box_dims: vec![steps.channel_box as u32, 1, 1, 256],
+                swizzle: (steps.channel_box * ELEM) as u32,
                 im2col: None,
             },
         })
@@ -321,6 +340,35 @@ impl TmaOperand {
         !matches!(self.copy, Copy::Box { k_major: false, .. })
     }
 
+    /// Bytes of a row of a box in shared memory, the swizzle's width: 128
+    /// (64 k), or a narrow box's channels.
+    fn row_bytes(&self) -> usize {
+        self.map.swizzle as usize
+    }
+
+    /// Rows of the tile ([`TmaOperand::set_rows`]).
+    fn rows(&self) -> usize {
+        match self.copy {
+            Copy::Box { .. } | Copy::Im2col { .. } => self.map.box_dims[1] as usize,
+            Copy::Filter { .. } => self.map.box_dims[3] as usize,
+        }
+    }
+
+    /// The taps of the step's copies: `(k_r, k_s)` from the step's locals
+    /// with one tap a step, else each of the step's taps from `k_tap`
+    /// ([`Copy::Im2col`]).
+    fn taps(steps: HopperConvSteps, kw: usize) -> Vec<(Expr, Expr)> {
+        if steps.taps_per_step == 1 {
+            return vec![(var("k_r"), var("k_s"))];
+        }
+        (0..steps.taps_per_step)
+            .map(|j| {
+                let tap = add(var("k_tap"), int(j as i64));
+                (div(tap.clone(), kw as i64), rem(tap, kw as i64))
+            })
+            .collect()
+    }
+
     /// Sets the rows of a tile (the box extent along them, for copies that
     /// bring a whole tile at once).
     fn set_rows(&mut self, rows: usize) {
@@ -328,7 +376,7 @@ impl TmaOperand {
             Copy::Box { k_major: true, .. } => self.map.box_dims[1] = rows as u32,
             Copy::Box { k_major: false, .. } => {}
             Copy::Im2col { .. } => self.map.box_dims[1] = rows as u32,
-            Copy::Filter => self.map.box_dims[3] = rows as u32,
+            Copy::Filter { .. } => self.map.box_dims[3] = rows as u32,
         }
     }
 
@@ -366,42 +414,76 @@ impl TmaOperand {
                     })
                     .collect()
             }
-            Copy::Im2col { dilation: [dh, dw] } => {
-                let mut args = head(dst);
-                args.extend([
-                    var("k_c0"),
-                    var("px_w"),
-                    var("px_h"),
-                    var("px_img"),
-                    mul(var("k_s"), int(dw as i64)),
-                    mul(var("k_r"), int(dh as i64)),
-                ]);
-                vec![Stmt::Call("dcir_tma_load_im2col4".into(), args)]
+            Copy::Im2col {
+                dilation: [dh, dw],
+                steps,
+                kw,
+            } => {
+                let box_bytes = (rows * self.row_bytes()) as i64;
+                let at = |j: usize| add(dst.clone(), int(j as i64 * box_bytes));
+                Self::taps(steps, kw)
+                    .into_iter()
+                    .enumerate()
+                    .map(|(j, (r, s))| {
+                        let mut args = head(if j == 0 { dst.clone() } else { at(j) });
+                        args.extend([
+                            var("k_c0"),
+                            var("px_w"),
+                            var("px_h"),
+                            var("px_img"),
+                            mul(s, int(dw as i64)),
+                            mul(r, int(dh as i64)),
+                        ]);
+                        Stmt::Call("dcir_tma_load_im2col4".into(), args)
+                    })
+                    .collect()
             }
-            Copy::Filter => {
-                let mut args = head(dst);
-                args.extend([var("k_c0"), var("k_s"), var("k_r"), r0]);
-                vec![Stmt::Call("dcir_tma_load4".into(), args)]
+            Copy::Filter { steps, kw } => {
+                let box_bytes = (rows * self.row_bytes()) as i64;
+                Self::taps(steps, kw)
+                    .into_iter()
+                    .enumerate()
+                    .map(|(j, (r, s))| {
+                        let dst = if j == 0 {
+                            dst.clone()
+                        } else {
+                            add(dst.clone(), int(j as i64 * box_bytes))
+                        };
+                        let mut args = head(dst);
+                        args.extend([var("k_c0"), s, r, r0.clone()]);
+                        Stmt::Call("dcir_tma_load4".into(), args)
+                    })
+                    .collect()
             }
         }
     }
 
     /// The `wgmma` descriptor of 16-wide k slice `kk` of the tile at shared
     /// address `base`: a K-major slice is 32 bytes into each swizzled row
-    /// (rows 1024 bytes per 8), an M/N-major one 16 k rows further (boxes
-    /// [`BOX_BYTES`] apart).
+    /// (rows 1024 bytes per 8) or, in narrow boxes, into the box that holds
+    /// it (a whole tile of rows a box, 8 rows 8 × the row's bytes); an
+    /// M/N-major one 16 k rows further (boxes [`BOX_BYTES`] apart).
     fn descriptor(&self, base: Expr, kk: usize) -> Expr {
-        let (step, lbo) = if self.k_major() {
-            (32, 16)
+        let w = self.row_bytes();
+        let (offset, lbo) = if self.k_major() {
+            let at = kk * 32;
+            ((at / w) * self.rows() * w + at % w, 16)
         } else {
-            (16 * TK * ELEM, BOX_BYTES)
+            (kk * 16 * TK * ELEM, BOX_BYTES)
+        };
+        // The descriptor's swizzle mode: 1 for 128-byte rows, 2 for 64, 3 for 32.
+        let mode = match w {
+            128 => 1,
+            64 => 2,
+            _ => 3,
         };
         call(
             "dcir_wgmma_desc",
             vec![
-                add(base, int((kk * step) as i64)),
+                add(base, int(offset as i64)),
                 int(lbo as i64),
-                int(1024),
+                int(8 * w as i64),
+                int(mode),
             ],
         )
     }
@@ -414,17 +496,24 @@ fn aligned(x: i64) -> bool {
 }
 
 /// How the k loop steps: over 64-wide slices of K, or over a convolution's
-/// taps and 64-channel slices.
+/// window as [`hopper_conv_steps`] says (a tap and a 64-channel slice a
+/// step, or several taps of a narrow box).
 enum KSteps {
-    Gemm { k: usize },
-    Conv { taps: [usize; 2], channels: usize },
+    Gemm {
+        k: usize,
+    },
+    Conv {
+        taps: [usize; 2],
+        channels: usize,
+        steps: HopperConvSteps,
+    },
 }
 
 impl KSteps {
     fn count(&self) -> usize {
         match *self {
             KSteps::Gemm { k } => k.div_ceil(TK),
-            KSteps::Conv { taps, channels } => taps[0] * taps[1] * channels.div_ceil(TK),
+            KSteps::Conv { steps, .. } => steps.steps,
         }
     }
 
@@ -432,7 +521,11 @@ impl KSteps {
     fn locals(&self) -> Vec<Stmt> {
         match *self {
             KSteps::Gemm { .. } => vec![let_int("k0", mul(var("kt"), int(TK as i64)))],
-            KSteps::Conv { taps, channels } => {
+            KSteps::Conv { steps, .. } if steps.taps_per_step > 1 => vec![
+                let_int("k_tap", mul(var("kt"), int(steps.taps_per_step as i64))),
+                let_int("k_c0", int(0)),
+            ],
+            KSteps::Conv { taps, channels, .. } => {
                 let slices = channels.div_ceil(TK) as i64;
                 vec![
                     let_int("k_tap", div(var("kt"), slices)),
@@ -638,16 +731,18 @@ fn operands(p: &Problem) -> std::result::Result<([TmaOperand; 2], KSteps), Strin
         };
         let [_, c, _, _] = conv.geo.input;
         let [_, _, kh, kw] = conv.geo.weight;
+        let steps = hopper_conv_steps(c, kh * kw);
         return match (
             conv.geo.groups == 1,
-            TmaOperand::im2col(&conv.geo, input),
-            TmaOperand::filter(&conv.geo, filter),
+            TmaOperand::im2col(&conv.geo, input, steps),
+            TmaOperand::filter(&conv.geo, filter, steps),
         ) {
             (true, Some(a), Some(b)) => Ok((
                 [a, b],
                 KSteps::Conv {
                     taps: [kh, kw],
                     channels: c,
+                    steps,
                 },
             )),
             _ => Err(refused.into()),
@@ -812,7 +907,7 @@ pub(super) fn lower(
     // Consumers: 64 rows each.
     let a_rows = add(
         stage_base,
-        mul(sub(var("role"), int(1)), int(BOX_BYTES as i64)),
+        mul(sub(var("role"), int(1)), int((64 * a.row_bytes()) as i64)),
     );
     let mut mma = vec![
         Stmt::Call("dcir_mbar_wait".into(), vec![full(var("s")), var("phase")]),
@@ -1068,7 +1163,7 @@ pub(super) fn lower(
             _ => "M-major",
         },
         match b.copy {
-            Copy::Filter => "the KRSC filter",
+            Copy::Filter { .. } => "the KRSC filter",
             _ if b.k_major() => "K-major",
             _ => "N-major",
         },

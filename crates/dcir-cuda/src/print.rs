@@ -104,11 +104,12 @@ __device__ __forceinline__ void dcir_wgmma_fence() { asm volatile("wgmma.fence.s
 __device__ __forceinline__ void dcir_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void dcir_wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
 __device__ __forceinline__ void dcir_wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
-// The descriptor of a 128-byte-swizzled operand tile at shared address `addr`,
-// `lbo` and `sbo` its leading- and stride-dimension byte offsets.
-__device__ __forceinline__ unsigned long long dcir_wgmma_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+// The descriptor of a swizzled operand tile at shared address `addr`, `lbo`
+// and `sbo` its leading- and stride-dimension byte offsets, `swizzle` the
+// mode (1: 128-byte rows, 2: 64, 3: 32).
+__device__ __forceinline__ unsigned long long dcir_wgmma_desc(unsigned addr, unsigned lbo, unsigned sbo, unsigned swizzle) {
   return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16)
-       | ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
+       | ((unsigned long long)(sbo >> 4) << 32) | ((unsigned long long)swizzle << 62);
 }
 "#;
 

@@ -25,7 +25,9 @@ pub use group::Group;
 pub use legality::{EdgeRule, GroupKind, Level, check_group, edge_rule, group_kind};
 pub use library::{GemmCall, Libraries};
 pub use storage::{ConcatStorage, Slot, concat_storage};
-pub use target::{AnyGroup, Reason, Refusal, Target, attention_tensor_core};
+pub use target::{
+    AnyGroup, HopperConvSteps, Reason, Refusal, Target, attention_tensor_core, hopper_conv_steps,
+};
 pub mod planner;
 
 pub use planner::{Plan, PlannedGroup, Rejected, Rejection, plan_graph, plan_unfused};

@@ -158,6 +158,45 @@ pub fn attention_tensor_core(
     Ok(())
 }
 
+/// How the Hopper mainloop's implicit GEMM walks a convolution's k in its
+/// 64-wide steps ([`hopper_conv_steps`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HopperConvSteps {
+    /// Channels of one copy (a TMA box `channel_box` 16-bit elements wide,
+    /// swizzled in rows of twice as many bytes); channels past the input's
+    /// read as zeros.
+    pub channel_box: usize,
+    /// Window taps one step holds, each a copy.
+    pub taps_per_step: usize,
+    /// The k steps of the whole window.
+    pub steps: usize,
+}
+
+/// The k steps of the Hopper mainloop's implicit GEMM over a window of
+/// `taps` taps of `channels` input channels (a multiple of 8), stated once
+/// for the cost model, which prices that many steps, and the CUDA emitter,
+/// which copies and multiplies them: where 16 or 32 channels fit a box and
+/// a step's 4 or 2 taps divide the window, a step holds several taps (a
+/// space-to-depth stem's 16 channels: 4 taps a step); otherwise one tap a
+/// step in 64-channel slices, the last zero-filled past the channels.
+pub fn hopper_conv_steps(channels: usize, taps: usize) -> HopperConvSteps {
+    let narrow = [16, 32]
+        .into_iter()
+        .find(|&b| channels <= b && taps.is_multiple_of(64 / b));
+    match narrow {
+        Some(channel_box) => HopperConvSteps {
+            channel_box,
+            taps_per_step: 64 / channel_box,
+            steps: taps / (64 / channel_box),
+        },
+        None => HopperConvSteps {
+            channel_box: 64,
+            taps_per_step: 1,
+            steps: taps * channels.div_ceil(64),
+        },
+    }
+}
+
 /// The largest head dim the tensor-core attention kernel takes (its
 /// accumulators and fragments live in registers).
 pub const ATTENTION_TC_MAX_HEAD_DIM: usize = 128;

@@ -21,6 +21,9 @@ pub(crate) struct GemmShape {
     pub m: f64,
     pub n: f64,
     pub k: f64,
+    /// A convolution's window taps (`k` is its channels per group times
+    /// them); 1 for a matmul.
+    pub taps: f64,
     /// Bytes of the A operand (the activation; for a conv, the input image).
     pub a_bytes: f64,
     /// Bytes of the B operand (the weights).
@@ -42,6 +45,20 @@ pub(crate) struct GemmShape {
     /// group, its input a transpose of an NHWC value and its filter of a
     /// KRSC one (channels contiguous, a multiple of 8), strides at most 8.
     pub channels_last: bool,
+}
+
+impl GemmShape {
+    /// The 64-wide k steps of the Hopper mainloop: a matmul's `⌈k / 64⌉`, a
+    /// convolution's as its im2col copies walk them
+    /// ([`crate::hopper_conv_steps`]).
+    pub fn hopper_k_steps(&self) -> f64 {
+        if self.taps > 1.0 || self.channels_last {
+            let channels = (self.k / self.taps) as usize;
+            crate::hopper_conv_steps(channels, self.taps as usize).steps as f64
+        } else {
+            (self.k / 64.0).ceil()
+        }
+    }
 }
 
 /// Instructions to stage one im2col element on the tensor-core pixel path:
@@ -306,6 +323,7 @@ fn gemm_of_matmul(graph: &Graph, op: OpId, inside: &FxHashSet<OpId>) -> GemmShap
         m: rd[rank - 2],
         n: rd[rank - 1],
         k,
+        taps: 1.0,
         a_bytes: size(graph, a),
         b_bytes: size(graph, b),
         a_row_elems: k,
@@ -378,6 +396,7 @@ fn gemm_of_conv(graph: &Graph, op: OpId, inside: &FxHashSet<OpId>) -> GemmShape 
         m: rd[0] * rd[2] * rd[3],
         n: rd[1] / g,
         k: wd[1] * wd[2] * wd[3],
+        taps,
         a_bytes: size(graph, x),
         b_bytes: size(graph, w),
         a_row_elems: (wd[1] * s[0] * s[1]).min(wd[1] * wd[2] * wd[3]),

@@ -871,10 +871,12 @@ fn wgmma_gemm(
                 continue;
             };
             let threads = 128 * (1 + tm / 64);
-            let (gm, gn, gk) = (ceil_div(g.m, tmf), ceil_div(g.n, tnf), ceil_div(g.k, tkf));
+            // A conv's steps hold whole taps: channels short of a step's
+            // are zeros, multiplied all the same.
+            let (gm, gn, gk) = (ceil_div(g.m, tmf), ceil_div(g.n, tnf), g.hopper_k_steps());
             let tiles = g.batch * gm * gn;
             let kstep = 2.0 * tmf * tnf * tkf / (rate / dev.sm_count.max(1) as f64);
-            let block_flops = 2.0 * tmf * tnf * g.k;
+            let block_flops = 2.0 * tmf * tnf * gk * tkf;
             let block_bytes = (tmf * g.a_row_elems + tnf * g.k) * e;
             for split in SPLITS {
                 let sf = split as f64;
