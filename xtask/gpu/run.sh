@@ -35,7 +35,8 @@
 #             and timed, to fit the cost model
 #   hopper    the wgmma mainloop: gemm_wgmma.dcir's and conv_wgmma.dcir's
 #             graphs through --check (memcheck and racecheck on two of each),
-#             then perf_gemm_wgmma.dcir's graphs (cuBLASLt, wgmma tile widths,
+#             then perf_stem.dcir's (ResNet-50's 7x7 stem as planned before
+#             and space-to-depth), perf_gemm_wgmma.dcir's graphs (cuBLASLt, wgmma tile widths,
 #             mma.sync), perf_conv_wgmma.dcir's (ResNet-50's 3x3 convs at
 #             batch 32) and perf_pointwise_wgmma.dcir's (its 1x1 convs as
 #             GEMMs, cuBLASLt and wgmma) timed, and cuDNN at the 3x3 convs
@@ -233,9 +234,9 @@ variants() {
 hopper() {
     # The Hopper mainloop: every graph of tests/filetests/cuda/gemm_wgmma.dcir
     # and conv_wgmma.dcir through --check (and memcheck, racecheck on two
-    # GEMMs and two convs), then each graph of examples/data/perf_gemm_wgmma.dcir,
-    # perf_conv_wgmma.dcir and perf_pointwise_wgmma.dcir timed, and cuDNN at
-    # the conv shapes; hopper.log.
+    # GEMMs and two convs), then each graph of examples/data/perf_stem.dcir,
+    # perf_gemm_wgmma.dcir, perf_conv_wgmma.dcir and perf_pointwise_wgmma.dcir
+    # timed, and cuDNN at the conv shapes; hopper.log.
     local data=crates/dcir-cuda/examples/data f g tool
     : >"$OUT/hopper.log"
     for f in tests/filetests/cuda/gemm_wgmma.dcir tests/filetests/cuda/conv_wgmma.dcir; do
@@ -256,7 +257,7 @@ hopper() {
             echo "${g#*:} $tool rc=$? $(tail -1 "$OUT/hopper_${g#*:}_$tool.log")" >>"$OUT/hopper.log"
         done
     done
-    for f in "$data/perf_gemm_wgmma.dcir" "$data/perf_conv_wgmma.dcir" "$data/perf_pointwise_wgmma.dcir"; do
+    for f in "$data/perf_stem.dcir" "$data/perf_gemm_wgmma.dcir" "$data/perf_conv_wgmma.dcir" "$data/perf_pointwise_wgmma.dcir"; do
         for g in $(grep -o '^graph @[a-z0-9_]*' "$f" | cut -c8-); do
             echo "$g $(timeout 60 "$B/dcir-run" "$f" --graph "$g" --backend cuda --bench 100 2>&1 | grep -o 'median [0-9.]* ms')" >>"$OUT/hopper.log"
         done
