@@ -5,7 +5,11 @@
 //! Each thread computes one output element per step of a grid-stride loop
 //! over the output (`items` steps per thread); consecutive threads take
 //! consecutive output columns, so the window loads of a warp coalesce and the
-//! overlap of neighbouring windows is served by L1/L2. The window is two
+//! overlap of neighbouring windows is served by L1/L2. Where the group
+//! stores the pooled value channels-last (its one use a transpose to NHWC,
+//! the `channels-last` form, whose input is then an NHWC value read through
+//! the inverse), the loop walks the NHWC order: consecutive threads take
+//! consecutive channels, and loads and stores coalesce along them. The window is two
 //! `#pragma unroll` loops over `ki`, `kj`; a tap that may fall into the
 //! padding is loaded at clamped coordinates (always in bounds) and masked:
 //! `-inf` for max (padding never wins), `0` for the average's sum. Max
@@ -267,7 +271,8 @@ pub(super) fn pool(l: &mut Lower, op: OpId) -> Result<Kernel> {
     };
     let win = Window::new(&data.attrs, kernel, [h, w], [oh, ow]);
     let count_pad = !maxpool && data.attrs.get("count_include_pad") == Some(&Attr::Bool(true));
-    let tainted = per_element_after(l, op, pooled, None, data.kind.name())?;
+    let nhwc = channels_last_result(l, op, pooled);
+    let tainted = per_element_after(l, op, nhwc.unwrap_or(pooled), None, data.kind.name())?;
     let total = n * c * oh * ow;
     // Results with an element per pooled element are stored by the pooling
     // loop; others (a prologue value the group also yields) by a loop of their own.
@@ -316,27 +321,41 @@ pub(super) fn pool(l: &mut Lower, op: OpId) -> Result<Kernel> {
     }
     let body = l.scoped(|l| {
         let mut b = Vec::new();
-        let ox = let_int(&mut b, "ox", rem(var("i"), ow as i64));
-        let oy = let_int(&mut b, "oy", rem(div(var("i"), ow as i64), oh as i64));
-        let plane = let_int(&mut b, "plane", div(var("i"), (oh * ow) as i64));
-        let nn = let_int(
-            &mut b,
-            "n",
-            if n == 1 {
-                int(0)
-            } else {
-                div(plane.clone(), c as i64)
-            },
-        );
-        let cc = let_int(
-            &mut b,
-            "c",
-            if n == 1 {
-                plane.clone()
-            } else {
-                rem(plane.clone(), c as i64)
-            },
-        );
+        let (nn, cc, oy, ox, plane) = if nhwc.is_some() {
+            let cc = let_int(&mut b, "c", rem(var("i"), c as i64));
+            let ox = let_int(&mut b, "ox", rem(div(var("i"), c as i64), ow as i64));
+            let oy = let_int(&mut b, "oy", rem(div(var("i"), (c * ow) as i64), oh as i64));
+            let nn = let_int(&mut b, "n", div(var("i"), (c * ow * oh) as i64));
+            let plane = let_int(
+                &mut b,
+                "plane",
+                add(mul(nn.clone(), int(c as i64)), cc.clone()),
+            );
+            (nn, cc, oy, ox, plane)
+        } else {
+            let ox = let_int(&mut b, "ox", rem(var("i"), ow as i64));
+            let oy = let_int(&mut b, "oy", rem(div(var("i"), ow as i64), oh as i64));
+            let plane = let_int(&mut b, "plane", div(var("i"), (oh * ow) as i64));
+            let nn = let_int(
+                &mut b,
+                "n",
+                if n == 1 {
+                    int(0)
+                } else {
+                    div(plane.clone(), c as i64)
+                },
+            );
+            let cc = let_int(
+                &mut b,
+                "c",
+                if n == 1 {
+                    plane.clone()
+                } else {
+                    rem(plane.clone(), c as i64)
+                },
+            );
+            (nn, cc, oy, ox, plane)
+        };
         l.body.extend(b);
         let identity = how.init();
         l.body.push(Stmt::Let {
@@ -394,22 +413,42 @@ pub(super) fn pool(l: &mut Lower, op: OpId) -> Result<Kernel> {
             l.bind("result", Ty::F32, bin(BinOp::Div, var("acc"), count))
         };
         l.reduced = Some((pooled, Reduced::Row(result), 0));
+        let (dims, coords) = if nhwc.is_some() {
+            let [n, c, oh, ow] = out_dims[..] else {
+                unreachable!("a 4-D pool")
+            };
+            (
+                vec![n, oh, ow, c],
+                vec![nn.clone(), oy.clone(), ox.clone(), cc.clone()],
+            )
+        } else {
+            (
+                out_dims.clone(),
+                vec![nn.clone(), cc.clone(), oy.clone(), ox.clone()],
+            )
+        };
         for (param, y) in &per_pooled {
             let y = *y;
-            let coords = vec![nn.clone(), cc.clone(), oy.clone(), ox.clone()];
-            let idx = result_index(l, y, &out_dims, var("i"), coords);
+            let idx = result_index(l, y, &dims, var("i"), coords.clone());
             let v = l.value_at(y, &idx)?;
             store(l, param, g.ty(y).dtype, var("i"), v);
         }
-        drop_unread(&mut l.body, &["c", "n", "plane"]);
+        // Each name after those computed from it.
+        let unread: &[&str] = if nhwc.is_some() {
+            &["plane", "n", "c"]
+        } else {
+            &["c", "n", "plane"]
+        };
+        drop_unread(&mut l.body, unread);
         Ok(())
     })?;
 
     let grid = total.div_ceil(threads * items).max(1);
     let summary = format!(
-        "pool ({} {}): {n}x{c}x{h}x{w} -> {oh}x{ow}, window {}x{} stride {}x{} pad {}x{}{}, one output per thread per step, {items} steps per thread",
+        "pool ({} {}{}): {n}x{c}x{h}x{w} -> {oh}x{ow}, window {}x{} stride {}x{} pad {}x{}{}, one output per thread per step, {items} steps per thread",
         data.kind.name(),
         dtype.name(),
+        if nhwc.is_some() { ", NHWC order" } else { "" },
         kernel[0],
         kernel[1],
         win.stride[0],
@@ -450,6 +489,25 @@ pub(super) fn pool(l: &mut Lower, op: OpId) -> Result<Kernel> {
         scratch: Vec::new(),
         requires_arch: None,
     })
+}
+
+/// The NHWC value the pool of group `op` walks its output for, when it
+/// walks NHWC order ([`dcir_fusion::pool_walks_nhwc`]): the transpose of
+/// `pooled` that is its one use.
+fn channels_last_result(l: &Lower, op: OpId, pooled: ValueId) -> Option<ValueId> {
+    let g = l.g;
+    let region = g.op(op).region.expect("a fused op has a region");
+    let (mut users, mut stored) = (Vec::new(), false);
+    for &o in &g.block(region).ops {
+        if g.op(o).operands.contains(&pooled) {
+            if g.op(o).kind == OpKind::Yield {
+                stored = true;
+            } else {
+                users.push(o);
+            }
+        }
+    }
+    dcir_fusion::pool_walks_nhwc(g, &users, stored).then(|| g.op(users[0]).results[0])
 }
 
 /// How many taps of an (undilated) window of output `o` lie inside the

@@ -432,12 +432,13 @@ fn views_with_their_consumers(
 }
 
 /// Each `conv2d` group `c` (the convolution alone, or with its filter's
-/// view) between two lone `transpose` groups, `p` reading its input and `q`
-/// its result, as `(p, c, q)`: a convolution over
+/// view), or lone pool, between two lone `transpose` groups, `p` reading
+/// its input and `q` its result, as `(p, c, q)`: a convolution or pool over
 /// a tensor stored in another layout (the `channels-last` pass's NHWC)
 /// runs as one kernel only with both views (a library call takes the
-/// layout whole), and no merge of two groups forms that set through a
-/// cheaper one. The conv's input comes only from `p` and its result goes
+/// layout whole; the pool kernel walks NHWC order only with the second,
+/// and reads NHWC coalesced only then), and no merge of two groups forms
+/// that set through a cheaper one. The conv's input comes only from `p` and its result goes
 /// only to `q`, so the three merge without a cycle when `p` feeds nothing
 /// else.
 fn layout_views_of_convs(
@@ -455,7 +456,10 @@ fn layout_views_of_convs(
             _ => continue,
         };
         let d = graph.op(conv);
-        if d.kind != OpKind::Conv2d {
+        if !matches!(
+            d.kind,
+            OpKind::Conv2d | OpKind::Maxpool2d | OpKind::Avgpool2d
+        ) {
             continue;
         }
         let ValueDef::OpResult { op: input, .. } = graph.value(d.operands[0]).def else {

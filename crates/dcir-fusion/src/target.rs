@@ -197,6 +197,19 @@ pub fn hopper_conv_steps(channels: usize, taps: usize) -> HopperConvSteps {
     }
 }
 
+/// Whether the pool kernel walks a pool's output in NHWC order, stated
+/// once for the cost model, which prices the pool's reads in that order,
+/// and the CUDA emitter: where the group does not store the pooled value
+/// itself (`stored`) and its one user in the group (`users`) is a
+/// `transpose {perm = [0, 2, 3, 1]}`, the `channels-last` form storing it
+/// NHWC. Consecutive threads then take consecutive channels, so an input
+/// read through the inverse transpose (an NHWC activation) coalesces.
+pub fn pool_walks_nhwc(graph: &Graph, users: &[OpId], stored: bool) -> bool {
+    !stored
+        && matches!(users, [t] if graph.op(*t).kind == OpKind::Transpose
+            && graph.op(*t).attrs.ints("perm") == Some(&[0, 2, 3, 1][..]))
+}
+
 /// The largest head dim the tensor-core attention kernel takes (its
 /// accumulators and fragments live in registers).
 pub const ATTENTION_TC_MAX_HEAD_DIM: usize = 128;

@@ -274,3 +274,72 @@ fn a_shared_layout_transpose_is_one_per_convolution() {
     let (_, plan, _) = plan_layout(&g, LayoutMode::AsWritten, planner(&model)).expect("plans");
     assert_eq!(libraries(&plan), ["cudnn", "cudnn"]);
 }
+
+/// ResNet-50's stem at batch 32 in f16 (7×7 stride-2 convolution of the
+/// 3-channel image with bias and ReLU, then a 3×3 stride-2 max pool) on
+/// Hopper, channels-last: the convolution reads the image and its filter
+/// space-to-depth (`nhwc-inputs`: 16 channels, a 4×4 window) on the wgmma
+/// mainloop and stores its result NHWC; the pool reads that through its
+/// group's view and stores NHWC for the 1×1 convolution after it (one
+/// kernel with both transposes, walking NHWC order), so no layout copy runs
+/// between them.
+#[test]
+fn a_stem_runs_space_to_depth_and_its_pool_channels_last() {
+    let g = graph(
+        "graph @stem(%x: f16[32,3,224,224], %w: f16[64,3,7,7], %b: f16[64], %v: f16[64,64,1,1]) -> (f16[32,64,56,56]) {\n\
+         \x20 %c = conv2d %x, %w {stride = [2, 2], pad = [3, 3, 3, 3]} : f16[32,64,112,112]\n\
+         \x20 %bb = broadcast %b {dims = [1]} : f16[32,64,112,112]\n\
+         \x20 %a = add %c, %bb : f16[32,64,112,112]\n\
+         \x20 %r = relu %a : f16[32,64,112,112]\n\
+         \x20 %p = maxpool2d %r {kernel = [3, 3], stride = [2, 2], pad = [1, 1, 1, 1]} : f16[32,64,56,56]\n\
+         \x20 %q = conv2d %p, %v : f16[32,64,56,56]\n\
+         \x20 return %q\n}\n",
+    );
+    let model = CostModel::new(DeviceSpec::h100());
+    let (laid_out, plan, _) =
+        plan_layout(&g, LayoutMode::ChannelsLast, planner(&model)).expect("plans");
+    let [conv] = conv_groups(&laid_out, &plan)[..] else {
+        panic!("one convolution group (the 1x1 one a matmul)");
+    };
+    let conv_op = conv
+        .group
+        .ops
+        .iter()
+        .copied()
+        .find(|&o| laid_out.op(o).kind == OpKind::Conv2d)
+        .expect("a conv");
+    assert_eq!(
+        laid_out.ty(laid_out.op(conv_op).operands[1]).dims(),
+        [64, 16, 4, 4]
+    );
+    assert_eq!(
+        conv.estimate
+            .params
+            .get("mainloop")
+            .and_then(dcir_ir::Attr::as_str),
+        Some("wgmma"),
+        "{:?}",
+        conv.estimate.params
+    );
+    let pool = plan
+        .groups
+        .iter()
+        .find(|p| {
+            p.group
+                .ops
+                .iter()
+                .any(|&o| laid_out.op(o).kind == OpKind::Maxpool2d)
+        })
+        .expect("a pool group");
+    let kinds: Vec<OpKind> = pool
+        .group
+        .ops
+        .iter()
+        .map(|&o| laid_out.op(o).kind)
+        .collect();
+    assert_eq!(
+        kinds[..3],
+        [OpKind::Transpose, OpKind::Maxpool2d, OpKind::Transpose],
+        "the pool reads and writes NHWC: {kinds:?}"
+    );
+}

@@ -208,11 +208,19 @@ fn read_size(graph: &Graph, ops: &[OpId], outputs: &[ValueId], v: ValueId) -> f6
     f64::min(sliced, full)
 }
 
-/// Bytes of the group's inputs that reach `op`'s first operand through a
-/// transpose moving their innermost axis: read in `op`'s order, each
-/// element lands in its own 32-byte sector (a pool over an NHWC tensor
-/// viewed as NCHW).
-fn gathered_bytes(graph: &Graph, inside: &FxHashSet<OpId>, op: OpId) -> f64 {
+/// Bytes of the group's inputs that reach pool `op`'s first operand read
+/// across their innermost axis, each element in its own 32-byte sector:
+/// walked in NCHW order, those read through a transpose moving their
+/// innermost axis (an NHWC tensor viewed as NCHW); walked in NHWC order
+/// ([`crate::pool_walks_nhwc`]), those read through none.
+fn gathered_bytes(graph: &Graph, inside: &FxHashSet<OpId>, outputs: &[ValueId], op: OpId) -> f64 {
+    let pooled = graph.op(op).results[0];
+    let users: Vec<OpId> = inside
+        .iter()
+        .copied()
+        .filter(|&o| graph.op(o).operands.contains(&pooled))
+        .collect();
+    let nhwc = crate::pool_walks_nhwc(graph, &users, outputs.contains(&pooled));
     let mut bytes = 0.0;
     let mut seen: Vec<ValueId> = Vec::new();
     let mut stack = vec![(graph.op(op).operands[0], false)];
@@ -228,7 +236,7 @@ fn gathered_bytes(graph: &Graph, inside: &FxHashSet<OpId>, op: OpId) -> f64 {
                     stack.push((o, crossed || moves));
                 }
             }
-            _ if crossed && !seen.contains(&v) => {
+            _ if crossed != nhwc && !seen.contains(&v) => {
                 seen.push(v);
                 bytes += size(graph, v);
             }
@@ -573,7 +581,7 @@ pub(crate) fn analyze(graph: &Graph, group: &Group) -> Result<GroupInfo, String>
         }
         (GroupKind::Pool, &[a]) if role(kinds[0]) == Role::Pool => Body::Pool {
             outputs: check(graph.ty(graph.op(a).results[0]))?,
-            gathered_bytes: gathered_bytes(graph, &inside, a),
+            gathered_bytes: gathered_bytes(graph, &inside, &outputs, a),
         },
         (GroupKind::Gemm, &[a]) if kinds == [OpKind::Matmul] => Body::Gemm {
             g: gemm_of_matmul(graph, a, &inside),
