@@ -8,9 +8,8 @@
 //! convolution read `T⁻¹(T(x))`: `T(x)` is one transpose kernel at the
 //! graph's edge, and the convolution reads the NHWC value through a view.
 //! It applies to ungrouped, non-pointwise convolutions of at least
-//! [`MIN_CHANNELS`] input channels (an image's three channels stay: a stem
-//! runs faster NCHW on dcir's own kernel), and to graphs without `fused`
-//! ops.
+//! [`MIN_CHANNELS`] input channels (a strided one of fewer, a stem, reads
+//! space-to-depth instead: below), and to graphs without `fused` ops.
 //!
 //! A convolution that reads its input NHWC (so stored by `channels-last` or
 //! by this pass) and an f16 or bf16 filter parameter `w` `[K, C, R, S]` of
