@@ -1057,53 +1057,18 @@ pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
     chunk.push(Stmt::Comment(
         "the pointwise conv: acc += mid^T . pw_w".into(),
     ));
-    let frag = |name: &str, shared: &str, len: usize, rows: usize, lane: &Expr, stride: usize| {
-        vec![
-            Stmt::LocalArray {
-                name: name.into(),
-                ty: Ty::F32,
-                len,
-            },
-            unrolled(
-                "i",
-                len,
-                vec![Stmt::Store(
-                    array(name),
-                    var("i"),
-                    load(
-                        shared,
-                        add(
-                            add(mul(var("kk"), int(rows as i64)), lane.clone()),
-                            mul(var("i"), int(stride as i64)),
-                        ),
-                    ),
-                )],
-            ),
-        ]
-    };
-    let mut inner = frag("a_frag", "mid", mt, pixels, &tp, threads_p);
-    inner.extend(frag("b_frag", "pw_w", nt, tile_n, &tn, threads_n));
     let acc_ij = add(mul(var("i"), int(nt as i64)), var("j"));
-    inner.push(unrolled(
-        "i",
+    let inner = super::chain::fma_tile(
+        "acc",
+        "mid",
+        add(mul(var("kk"), int(pixels as i64)), tp.clone()),
+        threads_p,
         mt,
-        vec![unrolled(
-            "j",
-            nt,
-            vec![Stmt::Store(
-                array("acc"),
-                acc_ij.clone(),
-                call(
-                    "fmaf",
-                    vec![
-                        load("a_frag", var("i")),
-                        load("b_frag", var("j")),
-                        load("acc", acc_ij.clone()),
-                    ],
-                ),
-            )],
-        )],
-    ));
+        "pw_w",
+        add(mul(var("kk"), int(tile_n as i64)), tn.clone()),
+        threads_n,
+        nt,
+    );
     chunk.push(unrolled("kk", kc, inner));
     chunk.push(Stmt::Barrier);
     body.push(Stmt::For {
