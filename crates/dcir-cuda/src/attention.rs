@@ -48,7 +48,7 @@ use super::epilogue::{
     self, Output, check_elementwise_path, classify_outputs, derived, store_derived,
     store_independent,
 };
-use super::{EmitError, Index, Lower, Reduced, attr_int, kernel_name, params};
+use super::{EmitError, Index, Lower, Reduced, attr_int, params};
 use crate::kir::{
     BinOp, Builtin, Expr, Helper, Kernel, Shuffle, Stmt, Ty, add, bin, call, div, int, let_int, lt,
     mul, rem, select, unrolled, var,
@@ -367,18 +367,9 @@ pub(super) fn attention(l: &mut Lower, op: OpId) -> Result<Kernel> {
         g.ty(parts.x).dtype.name(),
     );
     Ok(Kernel {
-        name: kernel_name(g, op),
-        summary,
-        params,
-        shared: Vec::new(),
-        body,
-        helpers: std::mem::take(&mut l.helpers),
-        block: threads as u32,
-        grid: (batch * grid_m) as u32,
         dynamic_shared: shared_bytes,
         min_blocks_per_sm: 1,
-        scratch: Vec::new(),
-        requires_arch: None,
+        ..l.kernel(op, summary, params, body, [threads, batch * grid_m])
     })
 }
 

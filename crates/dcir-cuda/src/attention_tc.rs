@@ -42,7 +42,7 @@ use super::chain::{
 };
 use super::epilogue::{store_derived, store_independent};
 use super::gemm_tc::{Strided, matmul_operand};
-use super::{EmitError, Index, Lower, Reduced, attr_int, kernel_name, params};
+use super::{EmitError, Index, Lower, Reduced, attr_int, params};
 use crate::kir::{
     ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Stmt, Ty, add, bin, call, div, int, let_int,
     lt, mul, rem, select, unrolled, var,
@@ -343,18 +343,9 @@ pub(super) fn attention(l: &mut Lower, op: OpId) -> Result<Kernel> {
         dtype.name(),
     );
     Ok(Kernel {
-        name: kernel_name(g, op),
-        summary,
-        params,
-        shared: Vec::new(),
-        body,
-        helpers: std::mem::take(&mut l.helpers),
-        block: threads as u32,
-        grid: (batch * grid_m) as u32,
         dynamic_shared: shared_bytes,
         min_blocks_per_sm: 1,
-        scratch: Vec::new(),
-        requires_arch: None,
+        ..l.kernel(op, summary, params, body, [threads, batch * grid_m])
     })
 }
 

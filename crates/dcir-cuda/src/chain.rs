@@ -38,7 +38,7 @@ use super::epilogue::{
     self, Output, check_elementwise_path, classify_outputs, derived, forward_index, store_derived,
     store_independent,
 };
-use super::{EmitError, Index, Lower, Reduced, attr_int, kernel_name, params, thread_grid};
+use super::{EmitError, Index, Lower, Reduced, attr_int, params, thread_grid};
 use crate::kir::{
     ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Param, Stmt, Ty, add, bin, call, div, int,
     let_int, lt, mul, rem, unrolled, var,
@@ -387,18 +387,9 @@ pub(super) fn chain(l: &mut Lower, op: OpId) -> Result<Kernel> {
         plan.nt,
     );
     Ok(Kernel {
-        name: kernel_name(g, op),
-        summary,
-        params,
-        shared: Vec::new(),
-        body,
-        helpers: std::mem::take(&mut l.helpers),
-        block: threads as u32,
-        grid: (batch * grid_r * split) as u32,
         dynamic_shared: shared_bytes,
         min_blocks_per_sm: 1,
-        scratch: Vec::new(),
-        requires_arch: None,
+        ..l.kernel(op, summary, params, body, [threads, batch * grid_r * split])
     })
 }
 

@@ -49,8 +49,7 @@ use super::pool::{
 };
 use super::thread_grid;
 use super::{
-    EmitError, Index, Lower, Reduced, attr_int, kernel_name, pack, params, store, vector_lane,
-    vector_ty,
+    EmitError, Index, Lower, Reduced, attr_int, pack, params, store, vector_lane, vector_ty,
 };
 use crate::kir::{
     ArrayRef, BinOp, Builtin, Expr, Kernel, Param, SharedArray, Shuffle, Stmt, Ty, add, bin, call,
@@ -642,23 +641,19 @@ pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
         },
     );
     Ok(Kernel {
-        name: kernel_name(g, op),
-        summary,
-        params,
-        shared: Vec::new(),
-        body,
-        helpers: std::mem::take(&mut l.helpers),
-        block: threads as u32,
-        grid: total.div_ceil(threads) as u32,
-        dynamic_shared: 0,
         // Left alone, ptxas squeezes a strip of up to 8 outputs into 32
         // registers and may spill (2×4 outputs of a 3×3 f32 window); one
         // block per SM at least lets it take what the strip needs (a budget
         // from the cost model's estimate spilled a 2×4 strip of a 7×7 f16
         // window at 96). Larger strips keep ptxas's own choice.
         min_blocks_per_sm: u32::from(rows * cols <= SMALL_STRIP),
-        scratch: Vec::new(),
-        requires_arch: None,
+        ..l.kernel(
+            op,
+            summary,
+            params,
+            body,
+            [threads, total.div_ceil(threads)],
+        )
     })
 }
 
@@ -1162,18 +1157,8 @@ pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
     );
     let grid = dw.n * o_total.div_ceil(tile_n) * dw.tiles(0, tile[0]) * dw.tiles(1, tile[1]);
     Ok(Kernel {
-        name: kernel_name(g, op),
-        summary,
-        params,
         shared,
-        body,
-        helpers: std::mem::take(&mut l.helpers),
-        block: threads as u32,
-        grid: grid as u32,
-        dynamic_shared: 0,
-        min_blocks_per_sm: 0,
-        scratch: Vec::new(),
-        requires_arch: None,
+        ..l.kernel(op, summary, params, body, [threads, grid])
     })
 }
 

@@ -1558,21 +1558,13 @@ fn lower_contraction(l: &mut Lower, op: OpId, c: &Contraction) -> Result<Kernel>
         len: t.buffers * t.tk * s.ld / 4,
     };
     Ok(Kernel {
-        name: super::kernel_name(g, op),
-        summary,
-        params,
         shared: vec![shared("As", &a), shared("Bs", &b)],
-        body,
-        helpers: std::mem::take(&mut l.helpers),
-        block: t.threads as u32,
-        grid: split.blocks() as u32,
-        dynamic_shared: 0,
         min_blocks_per_sm: occupancy_promise(
             min_blocks_per_sm(&t, a.width == 1 || b.width == 1, split.is_split()),
             split.blocks(),
         ),
         scratch,
-        requires_arch: None,
+        ..l.kernel(op, summary, params, body, [t.threads, split.blocks()])
     })
 }
 

@@ -2070,18 +2070,10 @@ fn lower_problem(
         path(&problem.b),
     );
     Ok(Kernel {
-        name: super::kernel_name(g, op),
-        summary,
-        params,
-        shared: Vec::new(),
-        body,
-        helpers: std::mem::take(&mut l.helpers),
-        block: cfg.threads() as u32,
-        grid: split.blocks() as u32,
         dynamic_shared: cfg.shared_bytes(),
         min_blocks_per_sm: super::gemm::occupancy_promise(cfg.min_blocks_per_sm(), split.blocks()),
         scratch,
-        requires_arch: None,
+        ..l.kernel(op, summary, params, body, [cfg.threads(), split.blocks()])
     })
 }
 

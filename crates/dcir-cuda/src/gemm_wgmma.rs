@@ -1169,17 +1169,16 @@ pub(super) fn lower(
         },
     );
     Ok(Kernel {
-        name: super::kernel_name(g, op),
-        summary,
-        params,
-        shared: Vec::new(),
-        body,
-        helpers: std::mem::take(&mut l.helpers),
-        block: c.threads() as u32,
-        grid: split.units().min(PERSISTENT_BLOCKS) as u32,
         dynamic_shared: c.shared_bytes(),
         min_blocks_per_sm: 1,
         scratch,
         requires_arch: Some("sm_90a"),
+        ..l.kernel(
+            op,
+            summary,
+            params,
+            body,
+            [c.threads(), split.units().min(PERSISTENT_BLOCKS)],
+        )
     })
 }

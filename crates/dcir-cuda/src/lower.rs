@@ -233,6 +233,34 @@ impl Vectors {
 }
 
 impl<'g> Lower<'g> {
+    /// Group `op`'s kernel: `body` on `grid` blocks of `block` threads with
+    /// the helpers this lowering used, and nothing else (no shared arrays,
+    /// dynamic shared memory, occupancy promise, scratch or architecture):
+    /// a family sets those by struct update.
+    fn kernel(
+        &mut self,
+        op: OpId,
+        summary: String,
+        params: Vec<Param>,
+        body: Vec<Stmt>,
+        [block, grid]: [usize; 2],
+    ) -> Kernel {
+        Kernel {
+            name: kernel_name(self.g, op),
+            summary,
+            params,
+            shared: Vec::new(),
+            body,
+            helpers: std::mem::take(&mut self.helpers),
+            block: block as u32,
+            grid: grid as u32,
+            dynamic_shared: 0,
+            min_blocks_per_sm: 0,
+            scratch: Vec::new(),
+            requires_arch: None,
+        }
+    }
+
     fn unsupported(&self, reason: impl Into<Reason>) -> EmitError {
         EmitError::Unsupported {
             group: self.group.clone(),
@@ -1291,27 +1319,15 @@ fn elementwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
         "elementwise: {n} elements, {} per thread per step, {items} steps per thread",
         width
     );
-    Ok(Kernel {
-        name: kernel_name(g, op),
-        summary,
-        params,
-        shared: Vec::new(),
-        body: vec![Stmt::For {
-            var: "i".into(),
-            start: global_thread(),
-            end: int(count as i64),
-            step: grid_stride(),
-            unroll: false,
-            body,
-        }],
-        helpers: std::mem::take(&mut l.helpers),
-        block: threads as u32,
-        grid: grid as u32,
-        dynamic_shared: 0,
-        min_blocks_per_sm: 0,
-        scratch: Vec::new(),
-        requires_arch: None,
-    })
+    let body = vec![Stmt::For {
+        var: "i".into(),
+        start: global_thread(),
+        end: int(count as i64),
+        step: grid_stride(),
+        unroll: false,
+        body,
+    }];
+    Ok(l.kernel(op, summary, params, body, [threads, grid]))
 }
 
 /// An elementwise group whose results differ in shape: one scalar
@@ -1368,20 +1384,8 @@ fn elementwise_shapes(
             body: stores,
         });
     }
-    Ok(Kernel {
-        name: kernel_name(g, op),
-        summary,
-        params,
-        shared: Vec::new(),
-        body,
-        helpers: std::mem::take(&mut l.helpers),
-        block: threads as u32,
-        grid: largest.div_ceil(threads * items).max(1) as u32,
-        dynamic_shared: 0,
-        min_blocks_per_sm: 0,
-        scratch: Vec::new(),
-        requires_arch: None,
-    })
+    let grid = largest.div_ceil(threads * items).max(1);
+    Ok(l.kernel(op, summary, params, body, [threads, grid]))
 }
 
 /// `make_float4(...)` or packed 16-bit words.
@@ -1892,15 +1896,7 @@ fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
         }
     );
     Ok(Kernel {
-        name: kernel_name(g, op),
-        summary,
-        params,
         shared,
-        body,
-        helpers: std::mem::take(&mut l.helpers),
-        block: (tpr * rpb) as u32,
-        grid: rows.div_ceil(rpb).max(1) as u32,
-        dynamic_shared: 0,
         // A register-cached row holds `width · steps` values per thread for
         // the whole kernel; promise ptxas the blocks that leaves room for
         // (it otherwise aimed at 32 resident 64-thread blocks and spilled).
@@ -1910,8 +1906,13 @@ fn reduction(l: &mut Lower, op: OpId) -> Result<Kernel> {
             }
             RowCache::Shared | RowCache::Reread => 0,
         },
-        scratch: Vec::new(),
-        requires_arch: None,
+        ..l.kernel(
+            op,
+            summary,
+            params,
+            body,
+            [tpr * rpb, rows.div_ceil(rpb).max(1)],
+        )
     })
 }
 

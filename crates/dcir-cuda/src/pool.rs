@@ -30,7 +30,7 @@ use dcir_ir::{Attr, Attrs, OpId, OpKind, ValueId};
 
 use super::{
     Accumulator, Combine, EmitError, Index, Lower, Reduced, attr_int, global_thread, grid_stride,
-    kernel_name, params, store, yields,
+    params, store, yields,
 };
 use crate::kir::{
     BinOp, Expr, Kernel, Param, Stmt, Ty, add, bin, call, clamp, div, int, mul, rem, select, sub,
@@ -465,30 +465,18 @@ pub(super) fn pool(l: &mut Lower, op: OpId) -> Result<Kernel> {
             (false, false) => String::new(),
         },
     );
-    Ok(Kernel {
-        name: kernel_name(g, op),
-        summary,
-        params,
-        shared: Vec::new(),
-        body: [Stmt::For {
-            var: "i".into(),
-            start: global_thread(),
-            end: int(total as i64),
-            step: grid_stride(),
-            unroll: false,
-            body,
-        }]
-        .into_iter()
-        .chain(other_loops)
-        .collect(),
-        helpers: std::mem::take(&mut l.helpers),
-        block: threads as u32,
-        grid: grid as u32,
-        dynamic_shared: 0,
-        min_blocks_per_sm: 0,
-        scratch: Vec::new(),
-        requires_arch: None,
-    })
+    let body = [Stmt::For {
+        var: "i".into(),
+        start: global_thread(),
+        end: int(total as i64),
+        step: grid_stride(),
+        unroll: false,
+        body,
+    }]
+    .into_iter()
+    .chain(other_loops)
+    .collect();
+    Ok(l.kernel(op, summary, params, body, [threads, grid]))
 }
 
 /// The NHWC value the pool of group `op` walks its output for, when it
