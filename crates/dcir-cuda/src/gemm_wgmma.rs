@@ -1032,12 +1032,14 @@ pub(super) fn lower(
         warpgroup_barrier.clone(),
         unrolled("j", c.tn / 8, vec![unrolled("h", 2, vec![stage_out])]),
         warpgroup_barrier,
+        // Unrolled: the rows' loads of the tail's other operands (a
+        // residual) are all in flight at once, not one row's at a time.
         Stmt::For {
             var: "i".into(),
             start: int(0),
             end: int(16),
             step: int(1),
-            unroll: false,
+            unroll: true,
             body: staged_row_loop,
         },
     ];

@@ -120,12 +120,43 @@ impl Index {
         if let Some(l) = &self.linear {
             return l.clone();
         }
+        if let Some(l) = self.decomposed() {
+            return l;
+        }
         let coords = self.coords.as_ref().expect("an index has a form");
         let strides = self.strides();
         coords
             .iter()
             .zip(strides)
             .fold(int(0), |acc, (c, s)| add(acc, mul(c.clone(), int(s))))
+    }
+
+    /// The linear index `l` when the coordinates are `l`'s row-major
+    /// decomposition in these dims (as [`Index::get_coords`] writes it): a
+    /// view's coordinates put back together, which would otherwise cost a
+    /// division and a remainder per dim.
+    fn decomposed(&self) -> Option<Expr> {
+        let coords = self.coords.as_ref()?;
+        let strides = self.strides();
+        let last = (0..self.dims.len()).rev().find(|&d| self.dims[d] != 1)?;
+        let quotient = if last == 0 {
+            coords[0].clone()
+        } else {
+            match &coords[last] {
+                Expr::Bin(BinOp::Rem, q, m) if **m == int(self.dims[last] as i64) => (**q).clone(),
+                _ => return None,
+            }
+        };
+        let l = if strides[last] == 1 {
+            quotient
+        } else {
+            match quotient {
+                Expr::Bin(BinOp::Div, l, s) if *s == int(strides[last]) => *l,
+                _ => return None,
+            }
+        };
+        let index = Index::linear(&self.dims, l.clone());
+        (index.get_coords() == *coords).then_some(l)
     }
 
     fn get_coords(&self) -> Vec<Expr> {
