@@ -79,6 +79,16 @@ fn conv_groups<'p>(graph: &Graph, plan: &'p Plan) -> Vec<&'p dcir_fusion::Planne
         .collect()
 }
 
+/// The convolution of a group that holds one.
+fn conv_of(graph: &Graph, p: &dcir_fusion::PlannedGroup) -> dcir_ir::OpId {
+    p.group
+        .ops
+        .iter()
+        .copied()
+        .find(|&o| graph.op(o).kind == OpKind::Conv2d)
+        .expect("a conv")
+}
+
 /// The groups of `plan` that are one transpose (a layout copy).
 fn layout_copies(graph: &Graph, plan: &Plan) -> usize {
     plan.groups
@@ -148,13 +158,7 @@ fn hopper_convolutions_read_stored_channels_last_operands() {
     let stores = 1 + 4;
     assert!(layout_copies(&laid_out, &plan) >= stores);
     for p in &convs {
-        let conv = p
-            .group
-            .ops
-            .iter()
-            .copied()
-            .find(|&o| laid_out.op(o).kind == OpKind::Conv2d)
-            .expect("a conv");
+        let conv = conv_of(&laid_out, p);
         for &operand in &laid_out.op(conv).operands {
             let dcir_ir::ValueDef::OpResult { op: view, .. } = laid_out.value(operand).def else {
                 panic!("the conv reads a view");
@@ -301,13 +305,7 @@ fn a_stem_runs_space_to_depth_and_its_pool_channels_last() {
     let [conv] = conv_groups(&laid_out, &plan)[..] else {
         panic!("one convolution group (the 1x1 one a matmul)");
     };
-    let conv_op = conv
-        .group
-        .ops
-        .iter()
-        .copied()
-        .find(|&o| laid_out.op(o).kind == OpKind::Conv2d)
-        .expect("a conv");
+    let conv_op = conv_of(&laid_out, conv);
     assert_eq!(
         laid_out.ty(laid_out.op(conv_op).operands[1]).dims(),
         [64, 16, 4, 4]
