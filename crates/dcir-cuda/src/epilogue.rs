@@ -137,7 +137,7 @@ pub(super) fn forward_index(
     let idx = forward_index(g, set, anchor, src, anchor_idx)?;
     let dims = g.ty(y).dims().to_vec();
     Some(match d.kind {
-        OpKind::Reshape => Index::linear(&dims, idx.get_linear()),
+        OpKind::Reshape => idx.reshaped(&dims),
         OpKind::Transpose => {
             let perm = d.attrs.ints("perm")?;
             let c = idx.get_coords();

@@ -53,8 +53,9 @@
 use std::collections::BTreeSet;
 
 use dcir_fusion::Reason;
-use dcir_ir::{Attr, DType, OpId, OpKind, ValueDef, ValueId};
+use dcir_ir::{Attr, DType, Graph, OpId, OpKind, ValueDef, ValueId};
 
+use super::epilogue::forward_index;
 use super::split_k::SplitK;
 use super::{
     EmitError, Index, Lower, Reduced, Vectors, attr_int, pack, params, store, vector_lane,
@@ -600,56 +601,151 @@ pub(super) fn store_results(
     results: &[ValueId],
 ) -> Result<()> {
     let g = l.g;
+    let anchor = Index::coords(g.ty(result).dims(), coords.to_vec());
     for ((p, &y), &res) in outputs.iter().zip(ys).zip(results) {
-        let Some(yc) = forward_coords(l, tainted, result, y, coords.to_vec()) else {
+        let Some(idx) = forward_index(g, tainted, result, y, &anchor) else {
             return Err(l.unsupported("a result that does not derive from the contraction"));
         };
-        let y_dims = g.ty(y).dims().to_vec();
-        let linear = Index::coords(&y_dims, yc.clone()).get_linear();
-        let idx = Index {
-            dims: y_dims,
-            linear: Some(linear.clone()),
-            coords: Some(yc),
-        };
         let v = l.value_at(y, &idx)?;
-        store(l, p, g.ty(res).dtype, linear, v);
+        store(l, p, g.ty(res).dtype, idx.get_linear(), v);
     }
     Ok(())
 }
 
-/// Where the result element at `coords` lands in `y`: follows the views
-/// between them forward. `None` when `y` does not derive from the result.
-pub(super) fn forward_coords(
-    l: &Lower,
+/// Stores every result of the group for `lanes` consecutive elements of the
+/// contraction's result, lane `j` at coordinates `lanes[j].0` with the
+/// accumulator `lanes[j].1`, as one vector store per result: the lanes'
+/// elements are consecutive in every result ([`lanes_stay_together`]).
+/// The vector index of the first result is bound to `step` (a name the
+/// kernel reserved), others to fresh names; the inputs read at the lanes'
+/// own linear indices are read as vectors too.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn store_result_vectors(
+    l: &mut Lower,
     tainted: &BTreeSet<ValueId>,
     result: ValueId,
-    y: ValueId,
-    coords: Vec<Expr>,
-) -> Option<Vec<Expr>> {
-    if y == result {
-        return Some(coords);
+    step: &str,
+    lanes: &[(Vec<Expr>, Expr)],
+    outputs: &[&Param],
+    ys: &[ValueId],
+    results: &[ValueId],
+) -> Result<()> {
+    let g = l.g;
+    let width = lanes.len();
+    let result_dims = g.ty(result).dims().to_vec();
+    let forward = |y: ValueId, coords: &[Expr]| {
+        forward_index(
+            g,
+            tainted,
+            result,
+            y,
+            &Index::coords(&result_dims, coords.to_vec()),
+        )
+    };
+    let underived = |l: &Lower| l.unsupported("a result that does not derive from the contraction");
+    // Each result's vector index: its first lane's linear index over the width.
+    let mut steps: Vec<(Expr, String)> = Vec::new();
+    let mut named = Vec::new();
+    for &y in ys {
+        let Some(first) = forward(y, &lanes[0].0) else {
+            return Err(underived(l));
+        };
+        let first = div(first.get_linear(), width as i64);
+        let name = match steps.iter().find(|(e, _)| *e == first) {
+            Some((_, name)) => name.clone(),
+            None if steps.is_empty() => {
+                l.body.push(let_int(step, first.clone()));
+                step.to_string()
+            }
+            None => {
+                let name = l.fresh(step);
+                l.body.push(let_int(&name, first.clone()));
+                name
+            }
+        };
+        steps.push((first, name.clone()));
+        named.push(name);
     }
-    let op = def_op(l, y)?;
-    let data = l.g.op(op);
-    let src = *data.operands.iter().find(|v| tainted.contains(v))?;
-    let c = forward_coords(l, tainted, result, src, coords)?;
-    let src_dims = l.g.ty(src).dims().to_vec();
-    let dims = l.g.ty(y).dims().to_vec();
-    Some(match data.kind {
-        OpKind::Reshape => {
-            Index::linear(&dims, Index::coords(&src_dims, c).get_linear()).get_coords()
+    for (((p, &y), &res), step) in outputs.iter().zip(ys).zip(results).zip(named) {
+        l.vector = Some(Vectors {
+            step: step.clone(),
+            width,
+            bases: vec![(int(0), var(&step))],
+        });
+        let dtype = g.ty(res).dtype;
+        let mut values = Vec::new();
+        for (j, (coords, acc)) in lanes.iter().enumerate() {
+            l.reduced = Some((result, Reduced::Row(acc.clone()), 0));
+            let Some(forward) = forward(y, coords) else {
+                return Err(underived(l));
+            };
+            let idx = Index {
+                linear: Some(add(mul(var(&step), int(width as i64)), int(j as i64))),
+                ..forward
+            };
+            let v = l.value_at(y, &idx)?;
+            values.push(l.narrow(dtype, v));
         }
-        OpKind::Transpose => {
-            let perm = data
+        l.vector = None;
+        l.body.push(Stmt::Store(
+            ArrayRef {
+                name: p.name.clone(),
+                ty: vector_ty(dtype, width),
+                reinterpret: true,
+            },
+            var(&step),
+            pack(dtype, values),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `width` consecutive elements along `axis` of the contraction's
+/// `result` are `width` consecutive elements of `y`, starting at a multiple
+/// of `width`: the views between them carry `axis` to `y`'s innermost dim
+/// (a reshape only where it is innermost on both sides, of one extent), a
+/// multiple of `width` long.
+pub(super) fn lanes_stay_together(
+    g: &Graph,
+    tainted: &BTreeSet<ValueId>,
+    result: ValueId,
+    axis: usize,
+    y: ValueId,
+    width: usize,
+) -> bool {
+    fn axis_in(
+        g: &Graph,
+        tainted: &BTreeSet<ValueId>,
+        result: ValueId,
+        axis: usize,
+        y: ValueId,
+    ) -> Option<usize> {
+        if y == result {
+            return Some(axis);
+        }
+        let ValueDef::OpResult { op, .. } = g.value(y).def else {
+            return None;
+        };
+        let data = g.op(op);
+        let src = *data.operands.iter().find(|v| tainted.contains(v))?;
+        let at = axis_in(g, tainted, result, axis, src)?;
+        match data.kind {
+            OpKind::Transpose => data
                 .attrs
                 .get("perm")
-                .and_then(Attr::as_ints)
-                .unwrap_or(&[])
-                .to_vec();
-            perm.iter().map(|&p| c[p as usize].clone()).collect()
+                .and_then(Attr::as_ints)?
+                .iter()
+                .position(|&p| p as usize == at),
+            OpKind::Reshape => {
+                let (from, to) = (g.ty(src).dims(), g.ty(y).dims());
+                (at + 1 == from.len() && from.last() == to.last()).then(|| to.len() - 1)
+            }
+            _ => Some(at),
         }
-        _ => c,
-    })
+    }
+    let dims = g.ty(y).dims();
+    axis_in(g, tainted, result, axis, y) == Some(dims.len().wrapping_sub(1))
+        && dims.last().is_some_and(|d| d.is_multiple_of(width))
 }
 
 /// Whether `y`'s row-major linear index equals the result's at every element
@@ -1325,7 +1421,6 @@ fn epilogue(
         (!c.m.is_multiple_of(t.tm)).then(|| lt(var("row"), int(c.m as i64))),
         (!c.n.is_multiple_of(t.tn)).then(|| lt(var("col"), int(c.n as i64))),
     ]);
-    let result_dims = g.ty(c.result).dims().to_vec();
     let bz = batch_index(c);
     let mut body = vec![];
     let stores = if let Some(dim) = vector {
@@ -1347,59 +1442,25 @@ fn epilogue(
                 en.clone()
             }),
         ));
-        let first = Index::coords(&result_dims, c.out_at(&bz, var("row"), var("col")));
-        l.scoped(|l| {
-            l.body
-                .push(let_int("vidx", div(first.get_linear(), VECTOR as i64)));
-            l.vector = Some(Vectors {
-                step: "vidx".into(),
-                width: VECTOR,
-                bases: vec![(int(0), var("vidx"))],
-            });
-            let mut lanes = vec![Vec::new(); outputs.len()];
-            for j in 0..VECTOR {
+        let lanes: Vec<(Vec<Expr>, Expr)> = (0..VECTOR)
+            .map(|j| {
                 let lane = int(j as i64);
-                let (r, cl, a) = match dim {
+                match dim {
                     GemmDim::M => (
-                        add(var("row"), lane.clone()),
-                        var("col"),
+                        c.out_at(&bz, add(var("row"), lane.clone()), var("col")),
                         acc(lane, en.clone()),
                     ),
                     _ => (
-                        var("row"),
-                        add(var("col"), lane.clone()),
+                        c.out_at(&bz, var("row"), add(var("col"), lane.clone())),
                         acc(em.clone(), lane),
                     ),
-                };
-                l.reduced = Some((c.result, Reduced::Row(a), 0));
-                let linear = add(mul(var("vidx"), int(VECTOR as i64)), int(j as i64));
-                let coords = c.out_at(&bz, r, cl);
-                for (k, &y) in ys.iter().enumerate() {
-                    let yc = forward_coords(l, tainted, c.result, y, coords.clone())
-                        .expect("checked: every result derives from the contraction");
-                    let idx = Index {
-                        dims: g.ty(y).dims().to_vec(),
-                        linear: Some(linear.clone()),
-                        coords: Some(yc),
-                    };
-                    let v = l.value_at(y, &idx)?;
-                    lanes[k].push(l.narrow(g.ty(results[k]).dtype, v));
                 }
-            }
-            l.vector = None;
-            for ((p, &r), lanes) in outputs.iter().zip(&results).zip(lanes) {
-                let dtype = g.ty(r).dtype;
-                l.body.push(Stmt::Store(
-                    ArrayRef {
-                        name: p.name.clone(),
-                        ty: vector_ty(dtype, VECTOR),
-                        reinterpret: true,
-                    },
-                    var("vidx"),
-                    pack(dtype, lanes),
-                ));
-            }
-            Ok(())
+            })
+            .collect();
+        l.scoped(|l| {
+            store_result_vectors(
+                l, tainted, c.result, "vidx", &lanes, &outputs, &ys, &results,
+            )
         })?
     } else {
         body.push(let_int("row", row(em.clone())));

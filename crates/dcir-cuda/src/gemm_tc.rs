@@ -49,7 +49,10 @@ use std::collections::BTreeSet;
 use dcir_fusion::Reason;
 use dcir_ir::{Attr, DType, Graph, OpId, OpKind, ValueDef, ValueId};
 
-use super::gemm::{Contraction, ConvGeometry, Geometry, check_prologue, store_results};
+use super::gemm::{
+    Contraction, ConvGeometry, Geometry, check_prologue, lanes_stay_together, store_result_vectors,
+    store_results,
+};
 use super::pool::in_range;
 use super::split_k::{self, SplitK};
 use super::{EmitError, Index, Lower, Reduced, attr_int, pack, params, storage_ty, yields};
@@ -76,6 +79,8 @@ const MAX_ELEMENT_CHUNKS: usize = 8;
 const MAX_WARPS: usize = 8;
 /// Shared memory a block may use on sm_90.
 const MAX_SHARED: usize = 227 * 1024;
+/// Consecutive 16-bit columns one vector store of the Hopper epilogue takes (16 bytes).
+const VECTOR_COLUMNS: usize = 8;
 /// Tile rows per group of the block order.
 const GROUP_ROWS: usize = 8;
 
@@ -509,7 +514,7 @@ impl Problem<'_> {
 
 /// Emits the stores of output element `(row, col)` of batch entry `bz`
 /// (both in range) whose f32 accumulator is the given expression.
-pub(super) type EpilogueFn<'a> = dyn Fn(&mut Lower, Expr, Expr, Expr) -> Result<()> + 'a;
+pub(super) type EpilogueFn<'a> = dyn Fn(&mut Lower, Expr, Expr, &[Expr]) -> Result<()> + 'a;
 
 /// Names the kernel body declares; reserved before the parameters are named.
 const LOCALS: &[&str] = &[
@@ -921,7 +926,7 @@ fn epilogue_loops(
             var("e"),
         ),
     );
-    let stores = l.scoped(|l| epilogue(l, var("row"), var("col"), acc))?;
+    let stores = l.scoped(|l| epilogue(l, var("row"), var("col"), &[acc]))?;
     let element = vec![
         let_int(
             "row",
@@ -1821,7 +1826,15 @@ pub(super) fn gemm(l: &mut Lower, op: OpId) -> Result<Kernel> {
         coords.extend([row, col]);
         coords
     };
-    lower_problem(l, op, params, &problem, (mm, &tainted), &out_at, what)
+    lower_problem(
+        l,
+        op,
+        params,
+        &problem,
+        (mm, &tainted),
+        (&out_at, Some(rank - 1)),
+        what,
+    )
 }
 
 /// Lowers a tensor-core `conv` group (`algorithm = "implicit_gemm"`): the
@@ -1947,7 +1960,16 @@ pub(super) fn conv(l: &mut Lower, op: OpId) -> Result<Kernel> {
         geo.describe(&c)
     );
     let out_at = |m: Expr, n: Expr| geo.out_at(&bz, m, n);
-    lower_problem(l, op, params, &problem, (c.result, &derived), &out_at, what)
+    // The output channel (`out_at`'s second coordinate) is the column.
+    lower_problem(
+        l,
+        op,
+        params,
+        &problem,
+        (c.result, &derived),
+        (&out_at, Some(1)),
+        what,
+    )
 }
 
 /// The kernel of `problem` for group `op`, blocked by the group's `tile`,
@@ -1962,7 +1984,7 @@ fn lower_problem(
     params: Vec<Param>,
     problem: &Problem,
     (result, derived): (ValueId, &BTreeSet<ValueId>),
-    out_at: &dyn Fn(Expr, Expr) -> Vec<Expr>,
+    (out_at, col_axis): (&dyn Fn(Expr, Expr) -> Vec<Expr>, Option<usize>),
     what: String,
 ) -> Result<Kernel> {
     let g = l.g;
@@ -1994,11 +2016,35 @@ fn lower_problem(
     let outputs: Vec<&Param> = output_params.iter().collect();
     let ys = yields(g, op);
     let results = g.op(op).results.clone();
-    let epilogue = |l: &mut Lower, row: Expr, col: Expr, acc: Expr| -> Result<()> {
-        l.reduced = Some((result, Reduced::Row(acc), 0));
-        let coords = out_at(row, col);
-        store_results(l, derived, result, &coords, &outputs, &ys, &results)
+    let epilogue = |l: &mut Lower, row: Expr, col: Expr, accs: &[Expr]| -> Result<()> {
+        if let [acc] = accs {
+            l.reduced = Some((result, Reduced::Row(acc.clone()), 0));
+            let coords = out_at(row, col);
+            return store_results(l, derived, result, &coords, &outputs, &ys, &results);
+        }
+        let lanes: Vec<(Vec<Expr>, Expr)> = accs
+            .iter()
+            .enumerate()
+            .map(|(j, acc)| {
+                (
+                    out_at(row.clone(), add(col.clone(), int(j as i64))),
+                    acc.clone(),
+                )
+            })
+            .collect();
+        store_result_vectors(l, derived, result, "vidx", &lanes, &outputs, &ys, &results)
     };
+    // Columns one store of the Hopper epilogue may take: 16 bytes of 16-bit
+    // results where every result keeps them together.
+    let columns = col_axis
+        .filter(|&axis| {
+            problem.n.is_multiple_of(VECTOR_COLUMNS)
+                && ys.iter().zip(&results).all(|(&y, &r)| {
+                    matches!(g.ty(r).dtype, DType::F16 | DType::BF16)
+                        && lanes_stay_together(g, derived, result, axis, y, VECTOR_COLUMNS)
+                })
+        })
+        .map_or(1, |_| VECTOR_COLUMNS);
     // The Hopper mainloop where asked and the problem allows, else this one,
     // saying why.
     let mut not_honoured = String::new();
@@ -2009,7 +2055,7 @@ fn lower_problem(
             params.clone(),
             problem,
             tile,
-            &epilogue,
+            (&epilogue, columns),
             what.clone(),
         ) {
             Ok(kernel) => return Ok(kernel),

@@ -53,13 +53,14 @@ use dcir_artifact::{Im2col, TensorMap};
 use dcir_fusion::{HopperConvSteps, Reason, hopper_conv_steps};
 use dcir_ir::{DType, Graph, OpId};
 
+use super::chain::{crossing, guarded};
 use super::gemm::ConvGeometry;
 use super::gemm_tc::{EpilogueFn, Problem, Strided, StridedTensor, block_order};
 use super::split_k;
-use super::{EmitError, Lower, attr_int, storage_ty};
+use super::{EmitError, Lower, attr_int, storage_ty, vector_lane};
 use crate::kir::{
-    BinOp, Builtin, Expr, Helper, Kernel, Param, Scratch, Stmt, Ty, WgmmaShape, add, array, bin,
-    call, div, int, let_int, lt, mul, rem, sub, unrolled, var,
+    ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Param, Scratch, Stmt, Ty, WgmmaShape, add,
+    array, bin, call, div, int, let_int, lt, mul, rem, sub, unrolled, var,
 };
 
 type Result<T> = std::result::Result<T, EmitError>;
@@ -88,6 +89,8 @@ pub(super) const LOCALS: &[&str] = &[
     "lr",
     "lc",
     "staged",
+    "staged_v",
+    "vidx",
     "out_tile",
     "out_pairs",
     "k0",
@@ -773,12 +776,12 @@ pub(super) fn lower(
     mut params: Vec<Param>,
     p: &Problem,
     tile: [i64; 3],
-    epilogue: &EpilogueFn,
+    (epilogue, columns): (&EpilogueFn, usize),
     what: String,
 ) -> Result<Kernel> {
     let g = l.g;
     let ([mut a, mut b], steps) = operands(p).map_err(|why| l.unsupported(Reason::Form(why)))?;
-    let stores = l.scoped(|l| epilogue(l, var("row"), var("col"), var("staged")))?;
+    let stores = l.scoped(|l| epilogue(l, var("row"), var("col"), &[var("staged")]))?;
     // The operands' parameters become tensor maps: nothing else may read them.
     if a.param == b.param
         || stores
@@ -980,24 +983,66 @@ pub(super) fn lower(
         ),
         word,
     );
-    // Second half: each warp walks every fourth row, its lanes on 32
-    // consecutive columns at a time, each element through the group's tail
-    // and stored (coalesced: 64 bytes of one row per store).
-    let staged = l.widen(
-        p.dtype,
-        Expr::Load(
-            array("out_tile", storage_ty(p.dtype)),
-            Box::new(add(
-                mul(add(consumer_row0.clone(), var("lr")), int(row_elems)),
-                var("lc"),
-            )),
-        ),
-    );
-    let element = vec![
-        let_int("lc", add(mul(var("j"), int(32)), var("lane"))),
-        let_int("col", add(var("n0"), var("lc"))),
-        Stmt::If(
-            lt(var("col"), int(p.n as i64)),
+    // Second half, one element at a time: each warp walks every fourth row,
+    // its lanes on 32 consecutive columns at a time, each element through
+    // the group's tail and stored (coalesced: 64 bytes of one row per store).
+    // Or, where the epilogue stores `columns` consecutive columns at once
+    // (16 bytes), the consumer's threads walk its rows' vectors in order.
+    let row_check = || crossing(p.m, c.tm, true).map(|m| lt(var("row"), int(m as i64)));
+    let col_check = || crossing(p.n, c.tn, true).map(|n| lt(var("col"), int(n as i64)));
+    let staged_at = |lc: Expr| {
+        add(
+            mul(add(consumer_row0.clone(), var("lr")), int(row_elems)),
+            lc,
+        )
+    };
+    let (passes, staged_row_loop) = if columns > 1 {
+        let per_row = (c.tn / columns) as i64;
+        let vector = add(mul(var("i"), int(128)), var("wt"));
+        let staged_v = Expr::Load(
+            ArrayRef {
+                name: "out_tile".into(),
+                ty: Ty::Uint4,
+                reinterpret: true,
+            },
+            Box::new(div(staged_at(var("lc")), columns as i64)),
+        );
+        let accs: Vec<Expr> = (0..columns)
+            .map(|j| l.widen(p.dtype, vector_lane("staged_v".into(), p.dtype, columns, j)))
+            .collect();
+        let stores = l.scoped(|l| epilogue(l, var("row"), var("col"), &accs))?;
+        let mut body = vec![
+            let_int("lr", div(vector.clone(), per_row)),
+            let_int("lc", mul(rem(vector, per_row), int(columns as i64))),
+            let_int("row", add(add(var("m0"), consumer_row0.clone()), var("lr"))),
+            let_int("col", add(var("n0"), var("lc"))),
+        ];
+        body.extend(guarded(
+            vec![row_check(), col_check()],
+            std::iter::once(Stmt::Let {
+                name: "staged_v".into(),
+                ty: Ty::Uint4,
+                value: staged_v,
+                constant: true,
+            })
+            .chain(stores)
+            .collect(),
+        ));
+        (64 * c.tn / columns / 128, body)
+    } else {
+        let staged = l.widen(
+            p.dtype,
+            Expr::Load(
+                array("out_tile", storage_ty(p.dtype)),
+                Box::new(staged_at(var("lc"))),
+            ),
+        );
+        let mut element = vec![
+            let_int("lc", add(mul(var("j"), int(32)), var("lane"))),
+            let_int("col", add(var("n0"), var("lc"))),
+        ];
+        element.extend(guarded(
+            vec![col_check()],
             std::iter::once(Stmt::Let {
                 name: "staged".into(),
                 ty: Ty::F32,
@@ -1006,16 +1051,17 @@ pub(super) fn lower(
             })
             .chain(stores)
             .collect(),
-        ),
-    ];
-    let staged_row_loop = vec![
-        let_int("lr", add(mul(var("i"), int(4)), var("warp"))),
-        let_int("row", add(add(var("m0"), consumer_row0), var("lr"))),
-        Stmt::If(
-            lt(var("row"), int(p.m as i64)),
+        ));
+        let mut body = vec![
+            let_int("lr", add(mul(var("i"), int(4)), var("warp"))),
+            let_int("row", add(add(var("m0"), consumer_row0.clone()), var("lr"))),
+        ];
+        body.extend(guarded(
+            vec![row_check()],
             vec![unrolled("j", c.tn / 32, element)],
-        ),
-    ];
+        ));
+        (16, body)
+    };
     let warpgroup_barrier = Stmt::Call("dcir_warpgroup_barrier".into(), vec![var("role")]);
     let mut consumer_tile = locate;
     consumer_tile.push(unrolled(
@@ -1026,9 +1072,14 @@ pub(super) fn lower(
     consumer_tile.push(k_loop(mma));
     consumer_tile.extend(drain);
     let tile_epilogue = vec![
-        Stmt::Comment(
-            "epilogue: accumulator 4j + 2h + e is row 16·warp + lane/4 + 8h, column 8j + 2(lane%4) + e of the consumer's rows; staged, then stored a row at a time".into(),
-        ),
+        Stmt::Comment(format!(
+            "epilogue: accumulator 4j + 2h + e is row 16·warp + lane/4 + 8h, column 8j + 2(lane%4) + e of the consumer's rows; staged, then stored {}",
+            if columns > 1 {
+                format!("{columns} columns a thread, the rows' vectors in order")
+            } else {
+                "a row at a time".to_string()
+            }
+        )),
         warpgroup_barrier.clone(),
         unrolled("j", c.tn / 8, vec![unrolled("h", 2, vec![stage_out])]),
         warpgroup_barrier,
@@ -1037,7 +1088,7 @@ pub(super) fn lower(
         Stmt::For {
             var: "i".into(),
             start: int(0),
-            end: int(16),
+            end: int(passes as i64),
             step: int(1),
             unroll: true,
             body: staged_row_loop,

@@ -108,6 +108,41 @@ impl Index {
         }
     }
 
+    /// The same element in a tensor of `dims` (a reshape of these dims): the
+    /// same linear index, and the trailing coordinates kept where the
+    /// trailing dims agree, so a broadcast over them reads a coordinate, not
+    /// a remainder of the linear index.
+    fn reshaped(&self, dims: &[usize]) -> Index {
+        let linear = self.get_linear();
+        let kept = match &self.coords {
+            Some(_) => self
+                .dims
+                .iter()
+                .rev()
+                .zip(dims.iter().rev())
+                .take_while(|(a, b)| a == b)
+                .count()
+                .min(dims.len().saturating_sub(1)),
+            None => 0,
+        };
+        if kept == 0 {
+            return Index::linear(dims, linear);
+        }
+        let coords = self.coords.as_ref().expect("kept coordinates");
+        let (old_prefix, new_prefix) = (
+            &self.dims[..self.dims.len() - kept],
+            &dims[..dims.len() - kept],
+        );
+        let prefix = Index::coords(old_prefix, coords[..old_prefix.len()].to_vec()).get_linear();
+        let mut reshaped = Index::linear(new_prefix, prefix).get_coords();
+        reshaped.extend_from_slice(&coords[old_prefix.len()..]);
+        Index {
+            dims: dims.to_vec(),
+            linear: Some(linear),
+            coords: Some(reshaped),
+        }
+    }
+
     fn strides(&self) -> Vec<i64> {
         let mut strides = vec![1i64; self.dims.len()];
         for d in (0..self.dims.len().saturating_sub(1)).rev() {
@@ -120,30 +155,38 @@ impl Index {
         if let Some(l) = &self.linear {
             return l.clone();
         }
-        if let Some(l) = self.decomposed() {
-            return l;
-        }
         let coords = self.coords.as_ref().expect("an index has a form");
         let strides = self.strides();
-        coords
+        // The longest leading run of coordinates that is a linear index's
+        // decomposition (a view's coordinates put back together, which
+        // would otherwise cost a division and a remainder per dim), then
+        // the rest one stride at a time.
+        let (lead, rest) = (1..=coords.len())
+            .rev()
+            .find_map(|k| {
+                let dims = &self.dims[..k];
+                let l = Index::decomposed(dims, &coords[..k])?;
+                let stride = strides[k - 1];
+                Some((mul(l, int(stride)), k))
+            })
+            .unwrap_or((int(0), 0));
+        coords[rest..]
             .iter()
-            .zip(strides)
-            .fold(int(0), |acc, (c, s)| add(acc, mul(c.clone(), int(s))))
+            .zip(&strides[rest..])
+            .fold(lead, |acc, (c, &s)| add(acc, mul(c.clone(), int(s))))
     }
 
-    /// The linear index `l` when the coordinates are `l`'s row-major
-    /// decomposition in these dims (as [`Index::get_coords`] writes it): a
-    /// view's coordinates put back together, which would otherwise cost a
-    /// division and a remainder per dim.
-    fn decomposed(&self) -> Option<Expr> {
-        let coords = self.coords.as_ref()?;
-        let strides = self.strides();
-        let last = (0..self.dims.len()).rev().find(|&d| self.dims[d] != 1)?;
+    /// The linear index `l` when `coords` are `l`'s row-major decomposition
+    /// in `dims` (as [`Index::get_coords`] writes it).
+    fn decomposed(dims: &[usize], coords: &[Expr]) -> Option<Expr> {
+        let index = Index::coords(dims, coords.to_vec());
+        let strides = index.strides();
+        let last = (0..dims.len()).rev().find(|&d| dims[d] != 1)?;
         let quotient = if last == 0 {
             coords[0].clone()
         } else {
             match &coords[last] {
-                Expr::Bin(BinOp::Rem, q, m) if **m == int(self.dims[last] as i64) => (**q).clone(),
+                Expr::Bin(BinOp::Rem, q, m) if **m == int(dims[last] as i64) => (**q).clone(),
                 _ => return None,
             }
         };
@@ -155,8 +198,7 @@ impl Index {
                 _ => return None,
             }
         };
-        let index = Index::linear(&self.dims, l.clone());
-        (index.get_coords() == *coords).then_some(l)
+        (Index::linear(dims, l.clone()).get_coords() == coords).then_some(l)
     }
 
     fn get_coords(&self) -> Vec<Expr> {
@@ -447,7 +489,7 @@ impl<'g> Lower<'g> {
         } else if idx.dims.iter().product::<usize>() == own.iter().product::<usize>() {
             // Read through a view of the same elements (a reshape epilogue):
             // the same row-major position in this value's own shape.
-            reindexed = Index::linear(&own, idx.get_linear());
+            reindexed = idx.reshaped(&own);
             &reindexed
         } else {
             // An op of another size than the kernel's index space (a dead
@@ -521,7 +563,7 @@ impl<'g> Lower<'g> {
             }
             OpKind::Reshape => {
                 let od = operand_dims(0);
-                self.value_at(operands[0], &Index::linear(&od, idx.get_linear()))?
+                self.value_at(operands[0], &idx.reshaped(&od))?
             }
             OpKind::Transpose => {
                 let perm = ints("perm").unwrap_or_default();
@@ -726,6 +768,7 @@ impl<'g> Lower<'g> {
         if let Some(vectors) = self.vector.clone()
             && let Some((index, lane)) = vectors.lane_of(&linear)
             && ty.dtype.is_float()
+            && ty.dtype.size_bytes() * vectors.width <= 16
         {
             let width = vectors.width;
             let vec_var = self.vector_load(&param, ty.dtype, index, width);
@@ -2319,7 +2362,46 @@ pub fn lower_graph(g: &Graph) -> Result<Vec<Kernel>> {
 
 #[cfg(test)]
 mod tests {
+    use super::Index;
     use crate::emit_module_source;
+    use crate::kir::{Expr, var};
+
+    fn printed(e: &Expr) -> String {
+        crate::print::expr(e)
+    }
+
+    #[test]
+    fn coordinates_of_a_decomposed_prefix_are_put_back_together() {
+        // NHWC coordinates of pixel `row` and channel `col`: (row·512 + col),
+        // not a division and a remainder per dim.
+        let pixels = Index::linear(&[32, 28, 28], var("row")).get_coords();
+        let mut coords = pixels.clone();
+        coords.push(var("col"));
+        let nhwc = Index::coords(&[32, 28, 28, 512], coords);
+        assert_eq!(printed(&nhwc.get_linear()), "row * 512 + col");
+        // All of them: the linear index itself.
+        assert_eq!(
+            printed(&Index::coords(&[32, 28, 28], pixels).get_linear()),
+            "row"
+        );
+        // None: the strides' sum.
+        let plain = Index::coords(&[4, 8], vec![var("r"), var("c")]);
+        assert_eq!(printed(&plain.get_linear()), "r * 8 + c");
+    }
+
+    #[test]
+    fn a_reshape_keeps_the_trailing_coordinates_it_does_not_change() {
+        let rows = Index::coords(&[100352, 256], vec![var("row"), var("col")]);
+        let nhwc = rows.reshaped(&[32, 56, 56, 256]);
+        assert_eq!(printed(&nhwc.get_linear()), "row * 256 + col");
+        assert_eq!(printed(&nhwc.get_coords()[3]), "col");
+        assert_eq!(printed(&nhwc.get_coords()[0]), "row / 3136");
+        // Nothing shared: the linear index, decomposed.
+        let flat = rows.reshaped(&[25690112]);
+        assert_eq!(printed(&flat.get_coords()[0]), "row * 256 + col");
+        let split = rows.reshaped(&[100352, 16, 16]);
+        assert_eq!(printed(&split.get_coords()[2]), "(row * 256 + col) % 16");
+    }
 
     /// The CUDA source of `a op b` as one elementwise group of `dtype[dims]`.
     fn eltwise(dtype: &str, out: &str, dims: &str, vector: u32) -> String {
