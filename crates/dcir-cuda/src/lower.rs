@@ -177,7 +177,10 @@ impl Index {
     }
 
     /// The linear index `l` when `coords` are `l`'s row-major decomposition
-    /// in `dims` (as [`Index::get_coords`] writes it).
+    /// in `dims` (as [`Index::get_coords`] writes it: the outermost
+    /// coordinate unreduced, so `l` is in range and the coordinates are all
+    /// of it, not `l` modulo a prefix's size, as a broadcast from a leading
+    /// dim of 1 or a prefix of a larger index would give).
     fn decomposed(dims: &[usize], coords: &[Expr]) -> Option<Expr> {
         let index = Index::coords(dims, coords.to_vec());
         let strides = index.strides();
@@ -207,11 +210,15 @@ impl Index {
         }
         let linear = self.linear.clone().expect("an index has a form");
         let strides = self.strides();
+        // The linear index is in range: the outermost dim of more than one
+        // element takes the whole quotient (no remainder), which is also
+        // what lets `decomposed` trust a decomposition it recognizes.
+        let outermost = self.dims.iter().position(|&d| d != 1);
         (0..self.dims.len())
             .map(|d| {
                 if self.dims[d] == 1 {
                     int(0)
-                } else if d == 0 {
+                } else if Some(d) == outermost {
                     div(linear.clone(), strides[d])
                 } else {
                     rem(div(linear.clone(), strides[d]), self.dims[d] as i64)
@@ -2384,6 +2391,34 @@ mod tests {
             printed(&Index::coords(&[32, 28, 28], pixels).get_linear()),
             "row"
         );
+        // Coordinates that are a decomposition modulo their dims' size (a
+        // prefix of a larger index, a broadcast from a leading 1) are not
+        // the linear index: here pixel `l` of every channel `l / 49`.
+        let nchw = Index::linear(&[1, 2048, 7, 7], var("l")).get_coords();
+        assert_eq!(printed(&nchw[1]), "l / 49");
+        let nhwc = Index::coords(
+            &[1, 7, 7, 2048],
+            vec![
+                nchw[0].clone(),
+                nchw[2].clone(),
+                nchw[3].clone(),
+                nchw[1].clone(),
+            ],
+        );
+        assert_eq!(
+            printed(&nhwc.get_linear()),
+            "l / 7 % 7 * 14336 + l % 7 * 2048 + l / 49"
+        );
+        let per_image = Index::linear(&[32, 7, 7], var("l")).get_coords();
+        let broadcast = Index::coords(
+            &[1, 7, 7],
+            vec![
+                crate::kir::int(0),
+                per_image[1].clone(),
+                per_image[2].clone(),
+            ],
+        );
+        assert_eq!(printed(&broadcast.get_linear()), "l / 7 % 7 * 7 + l % 7");
         // None: the strides' sum.
         let plain = Index::coords(&[4, 8], vec![var("r"), var("c")]);
         assert_eq!(printed(&plain.get_linear()), "r * 8 + c");
