@@ -492,6 +492,11 @@ fn choose(g: &Work, cache: &Cache, measured: usize) -> (GroupReport, Option<Attr
             params: c.params.clone(),
             ms,
             estimate_ms: c.estimate_ms,
+            library: attrs
+                .as_ref()
+                .and_then(|a| a.get("library"))
+                .and_then(Attr::as_str)
+                .map(str::to_string),
         }),
         failures,
         trials: times

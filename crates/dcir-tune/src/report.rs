@@ -33,6 +33,8 @@ pub struct Chosen {
     pub ms: f64,
     /// The cost model's estimate for it, milliseconds.
     pub estimate_ms: f64,
+    /// The library it calls (`cublaslt`, `cudnn`); `None`: dcir's own kernel.
+    pub library: Option<String>,
 }
 
 /// What tuning one group did.
@@ -159,6 +161,19 @@ impl TuneReport {
         (!ratios.is_empty()).then(|| (ratios.iter().sum::<f64>() / ratios.len() as f64).exp())
     }
 
+    /// Of the GEMM and convolution groups that chose a candidate, how many
+    /// run dcir's own kernel and how many a library call.
+    pub fn library_share(&self) -> (usize, usize) {
+        let chosen = self
+            .groups
+            .iter()
+            .filter(|g| matches!(g.kind.as_str(), "gemm" | "conv"))
+            .filter_map(|g| g.chosen.as_ref());
+        let (library, ours): (Vec<&Chosen>, Vec<&Chosen>) =
+            chosen.partition(|c| c.library.is_some());
+        (ours.len(), library.len())
+    }
+
     /// How well the model predicted, per group kind (sorted by kind); see
     /// the module doc.
     pub fn model_fit(&self) -> Vec<FamilyFit> {
@@ -281,6 +296,14 @@ impl TuneReport {
                 "; measured/estimated {e:.2}x (geomean)"
             )),
         );
+        let (ours, library) = self.library_share();
+        if ours + library > 0 {
+            let _ = writeln!(
+                out,
+                "GEMM and convolution groups: {ours} on dcir's kernels, {library} on a library ({:.0} % ours)",
+                100.0 * ours as f64 / (ours + library) as f64
+            );
+        }
         if let Some(w) = &self.whole_graph {
             let _ = writeln!(
                 out,

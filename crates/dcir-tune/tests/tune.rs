@@ -345,6 +345,16 @@ fn a_library_call_is_measured_with_each_of_its_heuristics_first_algorithms() {
         chosen.params, "heuristic_rank = 3, library = \"cublaslt\"",
         "{g:?}"
     );
+    // The report counts it among the groups on a library.
+    assert_eq!(chosen.library.as_deref(), Some("cublaslt"));
+    assert_eq!(report.library_share(), (0, 1));
+    assert!(
+        report
+            .table()
+            .contains("GEMM and convolution groups: 0 on dcir's kernels, 1 on a library"),
+        "{}",
+        report.table()
+    );
     // The rank reaches the artifact, for the runtime to ask the heuristic for.
     let op = group::fused_ops(&tuned)[0];
     assert_eq!(dcir_cuda::library::heuristic_rank(&tuned, op), 3);
