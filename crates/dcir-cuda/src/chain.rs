@@ -753,24 +753,9 @@ impl Contraction {
     }
 }
 
-/// The coordinates of batch entry `bz` (< the product of `dims`), row-major;
-/// the outermost dim other than 1 needs no `%`.
+/// The coordinates of batch entry `bz` (< the product of `dims`), row-major.
 pub(super) fn batch_coords(dims: &[usize], bz: Expr) -> Vec<Expr> {
-    let outer = dims.iter().position(|&d| d > 1);
-    let mut coords = vec![int(0); dims.len()];
-    let mut stride = 1i64;
-    for d in (0..dims.len()).rev() {
-        if dims[d] > 1 {
-            let q = div(bz.clone(), stride);
-            coords[d] = if Some(d) == outer {
-                q
-            } else {
-                rem(q, dims[d] as i64)
-            };
-        }
-        stride *= dims[d] as i64;
-    }
-    coords
+    Index::linear(dims, bz).get_coords()
 }
 
 /// `batch ++ last` as an index of a tensor of `dims`.
