@@ -702,9 +702,10 @@ pub(super) fn store_result_vectors(
 
 /// Whether `width` consecutive elements along `axis` of the contraction's
 /// `result` are `width` consecutive elements of `y`, starting at a multiple
-/// of `width`: the views between them carry `axis` to `y`'s innermost dim
-/// (a reshape only where it is innermost on both sides, of one extent), a
-/// multiple of `width` long.
+/// of `width`: the views between them carry `axis` to `y`'s innermost dim, a
+/// multiple of `width` long (a reshape only where the axis is innermost on
+/// both sides, each a multiple of `width`: it splits or merges whole runs of
+/// lanes, as a projection's columns split into heads).
 pub(super) fn lanes_stay_together(
     g: &Graph,
     tainted: &BTreeSet<ValueId>,
@@ -716,9 +717,9 @@ pub(super) fn lanes_stay_together(
     fn axis_in(
         g: &Graph,
         tainted: &BTreeSet<ValueId>,
-        result: ValueId,
-        axis: usize,
+        (result, axis): (ValueId, usize),
         y: ValueId,
+        width: usize,
     ) -> Option<usize> {
         if y == result {
             return Some(axis);
@@ -728,7 +729,7 @@ pub(super) fn lanes_stay_together(
         };
         let data = g.op(op);
         let src = *data.operands.iter().find(|v| tainted.contains(v))?;
-        let at = axis_in(g, tainted, result, axis, src)?;
+        let at = axis_in(g, tainted, (result, axis), src, width)?;
         match data.kind {
             OpKind::Transpose => data
                 .attrs
@@ -738,13 +739,15 @@ pub(super) fn lanes_stay_together(
                 .position(|&p| p as usize == at),
             OpKind::Reshape => {
                 let (from, to) = (g.ty(src).dims(), g.ty(y).dims());
-                (at + 1 == from.len() && from.last() == to.last()).then(|| to.len() - 1)
+                let whole_runs =
+                    |dims: &[usize]| dims.last().is_some_and(|d| d.is_multiple_of(width));
+                (at + 1 == from.len() && whole_runs(from) && whole_runs(to)).then(|| to.len() - 1)
             }
             _ => Some(at),
         }
     }
     let dims = g.ty(y).dims();
-    axis_in(g, tainted, result, axis, y) == Some(dims.len().wrapping_sub(1))
+    axis_in(g, tainted, (result, axis), y, width) == Some(dims.len().wrapping_sub(1))
         && dims.last().is_some_and(|d| d.is_multiple_of(width))
 }
 
