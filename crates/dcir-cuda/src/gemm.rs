@@ -1746,44 +1746,6 @@ mod tests {
         )
     }
 
-    /// The Hopper GEMM `[128, 768] · [768, 768]` whose result goes through
-    /// `views` (lines ending in the yielded `%y.r` of type `result`).
-    fn wgmma_through(result: &str, views: &str) -> String {
-        let src = format!(
-            "graph @g(%a: f16[128,768], %b: f16[768,768]) -> ({result}) {{\n\
-             \x20 %y = fused @g0(%a.in = %a, %b.in = %b) {{kind = \"gemm\", level = \"register\", mainloop = \"wgmma\", math = \"tensor_core\", stages = 4, threads = 384, tile = [128, 128, 64]}} : {result} {{\n\
-             \x20   %mm = matmul %a.in, %b.in : f16[128,768]\n\
-             {views}\n\
-             \x20   yield %y.r\n\
-             \x20 }}\n\
-             \x20 return %y\n\
-             }}\n"
-        );
-        let module = dcir_reader::parse_module(&src).expect("parses");
-        emit_module_source(&module).expect("lowers")
-    }
-
-    #[test]
-    fn wgmma_stores_vectors_where_the_views_keep_eight_columns_together() {
-        let vectors = "stored 8 columns a thread";
-        // Split into heads of 64 and the heads moved outward: 8 columns stay
-        // consecutive in the result.
-        let heads = wgmma_through(
-            "f16[12,128,64]",
-            "    %h = reshape %mm : f16[128,12,64]\n    %y.r = transpose %h {perm = [1, 0, 2]} : f16[12,128,64]",
-        );
-        assert!(heads.contains(vectors), "{heads}");
-        // Runs of 4: a vector would straddle rows of the result.
-        let fours = wgmma_through("f16[128,192,4]", "    %y.r = reshape %mm : f16[128,192,4]");
-        assert!(fours.contains("a row at a time"), "{fours}");
-        // The column moved off the innermost dim.
-        let transposed = wgmma_through(
-            "f16[768,128]",
-            "    %y.r = transpose %mm {perm = [1, 0]} : f16[768,128]",
-        );
-        assert!(transposed.contains("a row at a time"), "{transposed}");
-    }
-
     #[test]
     fn thread_grid_prefers_square_micro_tiles_of_four() {
         assert_eq!(thread_grid(128, 128, 256, false), Some((16, 16)));

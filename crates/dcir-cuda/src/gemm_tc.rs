@@ -2395,12 +2395,25 @@ mod tests {
         }
     }
 
-    /// The CUDA source of `a @ b` (+ `r`) as one gemm group.
+    /// The CUDA source of `a @ b` as one gemm group.
     fn gemm_source(dtype: &str, a: &str, b: &str, out: &str, attrs: &str, math: &str) -> String {
+        let body = format!("    %y.r = matmul %a.in, %b.in : {dtype}[{out}]");
+        group_source(
+            &format!("{dtype}[{a}]"),
+            &format!("{dtype}[{b}]"),
+            &format!("{dtype}[{out}]"),
+            &format!("math = \"{math}\", {attrs}"),
+            &body,
+        )
+    }
+
+    /// The CUDA source of one gemm group over `%a: a_ty`, `%b: b_ty` whose
+    /// `body` computes `%y.r` of type `result`.
+    fn group_source(a_ty: &str, b_ty: &str, result: &str, attrs: &str, body: &str) -> String {
         let src = format!(
-            "graph @g(%a: {dtype}[{a}], %b: {dtype}[{b}]) -> ({dtype}[{out}]) {{\n\
-             \x20 %y = fused @g0(%a.in = %a, %b.in = %b) {{kind = \"gemm\", level = \"register\", math = \"{math}\", {attrs}}} : {dtype}[{out}] {{\n\
-             \x20   %y.r = matmul %a.in, %b.in : {dtype}[{out}]\n\
+            "graph @g(%a: {a_ty}, %b: {b_ty}) -> ({result}) {{\n\
+             \x20 %y = fused @g0(%a.in = %a, %b.in = %b) {{kind = \"gemm\", level = \"register\", {attrs}}} : {result} {{\n\
+             {body}\n\
              \x20   yield %y.r\n\
              \x20 }}\n\
              \x20 return %y\n\
@@ -2408,6 +2421,39 @@ mod tests {
         );
         let module = dcir_reader::parse_module(&src).expect("parses");
         emit_module_source(&module).expect("lowers")
+    }
+
+    /// The Hopper GEMM `[128, 768] · [768, 768]` whose result goes through
+    /// `views` (lines ending in `%y.r` of type `result`).
+    fn wgmma_through(result: &str, views: &str) -> String {
+        group_source(
+            "f16[128,768]",
+            "f16[768,768]",
+            result,
+            "mainloop = \"wgmma\", math = \"tensor_core\", stages = 4, threads = 384, tile = [128, 128, 64]",
+            &format!("    %mm = matmul %a.in, %b.in : f16[128,768]\n{views}"),
+        )
+    }
+
+    #[test]
+    fn wgmma_stores_vectors_where_the_views_keep_eight_columns_together() {
+        let vectors = "stored 8 columns a thread";
+        // Split into heads of 64 and the heads moved outward: 8 columns stay
+        // consecutive in the result.
+        let heads = wgmma_through(
+            "f16[12,128,64]",
+            "    %h = reshape %mm : f16[128,12,64]\n    %y.r = transpose %h {perm = [1, 0, 2]} : f16[12,128,64]",
+        );
+        assert!(heads.contains(vectors), "{heads}");
+        // Runs of 4: a vector would straddle rows of the result.
+        let fours = wgmma_through("f16[128,192,4]", "    %y.r = reshape %mm : f16[128,192,4]");
+        assert!(fours.contains("a row at a time"), "{fours}");
+        // The column moved off the innermost dim.
+        let transposed = wgmma_through(
+            "f16[768,128]",
+            "    %y.r = transpose %mm {perm = [1, 0]} : f16[768,128]",
+        );
+        assert!(transposed.contains("a row at a time"), "{transposed}");
     }
 
     #[test]
