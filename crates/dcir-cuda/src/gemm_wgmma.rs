@@ -43,7 +43,11 @@
 //!   fourth row of them with its lanes on consecutive columns, each element
 //!   through the group's elementwise tail as in [`super::gemm_tc`] and
 //!   stored: a warp writes 64 contiguous bytes of one row, with no division
-//!   in its indexing.
+//!   in its indexing. Without a k split those stores are deferred: a tile's
+//!   staged results go out during the next tile's k loop, one pass of rows
+//!   after each step's `wgmma`s are issued (the tensor cores multiply while
+//!   the tail's math and stores run; what the loop leaves after it, the last
+//!   tile's after the work loop).
 //!
 //! The operands' tensor maps are kernel parameters (`__grid_constant__`),
 //! described in the artifact and encoded by the runtime over the bound
@@ -926,8 +930,8 @@ pub(super) fn lower(
             ],
         ));
     }
-    mma.extend([
-        Stmt::Call("dcir_wgmma_commit".into(), vec![]),
+    mma.push(Stmt::Call("dcir_wgmma_commit".into(), vec![]));
+    let mma_tail = vec![
         // One group stays in flight: the previous step's is done, its stage free.
         Stmt::Call("dcir_wgmma_wait1".into(), vec![]),
         Stmt::If(
@@ -941,7 +945,7 @@ pub(super) fn lower(
                 vec![empty(rem(add(var("it"), int(stages - 1)), stages))],
             )],
         ),
-    ]);
+    ];
     // After the k loop: the last step's group, and its stage.
     let drain = vec![
         Stmt::Call("dcir_wgmma_wait0".into(), vec![]),
@@ -1063,6 +1067,44 @@ pub(super) fn lower(
         (16, body)
     };
     let warpgroup_barrier = Stmt::Call("dcir_warpgroup_barrier".into(), vec![var("role")]);
+    // Unrolled: the rows' loads of the tail's other operands (a residual)
+    // are all in flight at once, not one row's at a time.
+    let passes_from = |first: usize, body: Vec<Stmt>| Stmt::For {
+        var: "i".into(),
+        start: int(first as i64),
+        end: int(passes as i64),
+        step: int(1),
+        unroll: true,
+        body,
+    };
+    // Without a k split, a tile's staged results are stored during the
+    // next tile's k loop, one pass of rows after each step's wgmmas are
+    // issued (the tensor cores multiply while the tail's math and stores
+    // run), the passes left after the loop, the last tile's after the work
+    // loop: the staged tile's origin (`em0`, `en0`, `ebz`) shadows the
+    // current tile's.
+    let overlapped = split.splits == 1;
+    let staged_tile = |mut body: Vec<Stmt>| {
+        let mut shadowed = vec![let_int("m0", var("em0")), let_int("n0", var("en0"))];
+        if p.batch > 1 {
+            shadowed.push(let_int("bz", var("ebz")));
+        }
+        shadowed.append(&mut body);
+        shadowed
+    };
+    if overlapped {
+        let mut pass = vec![let_int("i", var("kt"))];
+        pass.extend(staged_row_loop.clone());
+        mma.push(Stmt::If(
+            bin(
+                BinOp::And,
+                bin(BinOp::Ne, var("pending"), int(0)),
+                lt(var("kt"), int(passes as i64)),
+            ),
+            staged_tile(pass),
+        ));
+    }
+    mma.extend(mma_tail);
     let mut consumer_tile = locate;
     consumer_tile.push(unrolled(
         "i",
@@ -1071,29 +1113,42 @@ pub(super) fn lower(
     ));
     consumer_tile.push(k_loop(mma));
     consumer_tile.extend(drain);
-    let tile_epilogue = vec![
+    if overlapped && split.steps < passes {
+        consumer_tile.push(Stmt::If(
+            bin(BinOp::Ne, var("pending"), int(0)),
+            staged_tile(vec![passes_from(split.steps, staged_row_loop.clone())]),
+        ));
+    }
+    let mut tile_epilogue = vec![
         Stmt::Comment(format!(
-            "epilogue: accumulator 4j + 2h + e is row 16·warp + lane/4 + 8h, column 8j + 2(lane%4) + e of the consumer's rows; staged, then stored {}",
+            "epilogue: accumulator 4j + 2h + e is row 16·warp + lane/4 + 8h, column 8j + 2(lane%4) + e of the consumer's rows; staged, then stored {}{}",
             if columns > 1 {
                 format!("{columns} columns a thread, the rows' vectors in order")
             } else {
                 "a row at a time".to_string()
+            },
+            if overlapped {
+                ", a pass of rows after each k step of the next tile"
+            } else {
+                ""
             }
         )),
         warpgroup_barrier.clone(),
         unrolled("j", c.tn / 8, vec![unrolled("h", 2, vec![stage_out])]),
         warpgroup_barrier,
-        // Unrolled: the rows' loads of the tail's other operands (a
-        // residual) are all in flight at once, not one row's at a time.
-        Stmt::For {
-            var: "i".into(),
-            start: int(0),
-            end: int(passes as i64),
-            step: int(1),
-            unroll: true,
-            body: staged_row_loop,
-        },
     ];
+    if overlapped {
+        tile_epilogue.extend([
+            Stmt::Assign("em0".into(), var("m0")),
+            Stmt::Assign("en0".into(), var("n0")),
+            Stmt::Assign("pending".into(), int(1)),
+        ]);
+        if p.batch > 1 {
+            tile_epilogue.push(Stmt::Assign("ebz".into(), var("bz")));
+        }
+    } else {
+        tile_epilogue.push(passes_from(0, staged_row_loop.clone()));
+    }
     let (finish, scratch) = split.finish(&c, &mut params, &mut l.helpers, tile_epilogue);
     consumer_tile.extend(finish);
     let mut consumer = vec![Stmt::Call("dcir_consumer_registers".into(), vec![])];
@@ -1128,8 +1183,25 @@ pub(super) fn lower(
             value: int(0),
             constant: false,
         },
-        work_loop(consumer_tile),
     ]);
+    let staged_origin = ["pending", "em0", "en0", "ebz"];
+    if overlapped {
+        for name in &staged_origin[..if p.batch > 1 { 4 } else { 3 }] {
+            consumer.push(Stmt::Let {
+                name: (*name).into(),
+                ty: Ty::I32,
+                value: int(0),
+                constant: false,
+            });
+        }
+    }
+    consumer.push(work_loop(consumer_tile));
+    if overlapped {
+        consumer.push(Stmt::If(
+            bin(BinOp::Ne, var("pending"), int(0)),
+            staged_tile(vec![passes_from(0, staged_row_loop)]),
+        ));
+    }
 
     let mut body = vec![
         Stmt::Comment(format!(

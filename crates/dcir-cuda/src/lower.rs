@@ -109,36 +109,28 @@ impl Index {
     }
 
     /// The same element in a tensor of `dims` (a reshape of these dims): the
-    /// same linear index, and the trailing coordinates kept where the
-    /// trailing dims agree, so a broadcast over them reads a coordinate, not
-    /// a remainder of the linear index.
+    /// same linear index (kept where it was given), and coordinates found
+    /// group by group — the runs
+    /// of old and new dims whose sizes have the same product (a dim split
+    /// or merged) — so a dim the reshape keeps keeps its coordinate, a split
+    /// dim divides only its own coordinate, and a broadcast or a further
+    /// view reads coordinates, not remainders of the linear index.
     fn reshaped(&self, dims: &[usize]) -> Index {
-        let linear = self.get_linear();
-        let kept = match &self.coords {
-            Some(_) => self
-                .dims
-                .iter()
-                .rev()
-                .zip(dims.iter().rev())
-                .take_while(|(a, b)| a == b)
-                .count()
-                .min(dims.len().saturating_sub(1)),
-            None => 0,
+        let (Some(coords), Some(groups)) = (&self.coords, reshape_groups(&self.dims, dims)) else {
+            return Index::linear(dims, self.get_linear());
         };
-        if kept == 0 {
-            return Index::linear(dims, linear);
+        let mut reshaped = Vec::with_capacity(dims.len());
+        for (old, new) in groups {
+            if old.len() == 1 && new.len() == 1 {
+                reshaped.push(coords[old.start].clone());
+                continue;
+            }
+            let group = Index::coords(&self.dims[old.clone()], coords[old].to_vec()).get_linear();
+            reshaped.extend(Index::linear(&dims[new], group).get_coords());
         }
-        let coords = self.coords.as_ref().expect("kept coordinates");
-        let (old_prefix, new_prefix) = (
-            &self.dims[..self.dims.len() - kept],
-            &dims[..dims.len() - kept],
-        );
-        let prefix = Index::coords(old_prefix, coords[..old_prefix.len()].to_vec()).get_linear();
-        let mut reshaped = Index::linear(new_prefix, prefix).get_coords();
-        reshaped.extend_from_slice(&coords[old_prefix.len()..]);
         Index {
             dims: dims.to_vec(),
-            linear: Some(linear),
+            linear: self.linear.clone(),
             coords: Some(reshaped),
         }
     }
@@ -157,23 +149,24 @@ impl Index {
         }
         let coords = self.coords.as_ref().expect("an index has a form");
         let strides = self.strides();
-        // The longest leading run of coordinates that is a linear index's
-        // decomposition (a view's coordinates put back together, which
-        // would otherwise cost a division and a remainder per dim), then
-        // the rest one stride at a time.
-        let (lead, rest) = (1..=coords.len())
-            .rev()
-            .find_map(|k| {
-                let dims = &self.dims[..k];
-                let l = Index::decomposed(dims, &coords[..k])?;
-                let stride = strides[k - 1];
-                Some((mul(l, int(stride)), k))
-            })
-            .unwrap_or((int(0), 0));
-        coords[rest..]
-            .iter()
-            .zip(&strides[rest..])
-            .fold(lead, |acc, (c, &s)| add(acc, mul(c.clone(), int(s))))
+        // From the outermost dim, the longest run of coordinates that is a
+        // linear index's decomposition (a view's coordinates put back
+        // together, which would otherwise cost a division and a remainder
+        // per dim) as one term, else one coordinate times its stride.
+        let mut linear = int(0);
+        let mut d = 0;
+        while d < coords.len() {
+            let (term, end) = (d + 1..=coords.len())
+                .rev()
+                .find_map(|e| {
+                    let l = Index::decomposed(&self.dims[d..e], &coords[d..e])?;
+                    Some((l, e))
+                })
+                .unwrap_or((coords[d].clone(), d + 1));
+            linear = add(linear, mul(term, int(strides[end - 1])));
+            d = end;
+        }
+        linear
     }
 
     /// The linear index `l` when `coords` are `l`'s row-major decomposition
@@ -226,6 +219,45 @@ impl Index {
             })
             .collect()
     }
+}
+
+/// The runs of `old` and `new` dims (as index ranges) a reshape maps onto
+/// each other: consecutive runs whose sizes have the same product, each as
+/// short as it can be; `None` when the element counts differ or a dim is 0.
+fn reshape_groups(
+    old: &[usize],
+    new: &[usize],
+) -> Option<Vec<(std::ops::Range<usize>, std::ops::Range<usize>)>> {
+    if old.contains(&0) || new.contains(&0) {
+        return None;
+    }
+    let (mut i, mut j) = (0, 0);
+    let mut groups = Vec::new();
+    while i < old.len() || j < new.len() {
+        let (si, sj) = (i, j);
+        let (mut a, mut b) = (1usize, 1usize);
+        if i < old.len() {
+            a *= old[i];
+            i += 1;
+        }
+        if j < new.len() {
+            b *= new[j];
+            j += 1;
+        }
+        while a != b {
+            if a < b && i < old.len() {
+                a *= old[i];
+                i += 1;
+            } else if b < a && j < new.len() {
+                b *= new[j];
+                j += 1;
+            } else {
+                return None;
+            }
+        }
+        groups.push((si..i, sj..j));
+    }
+    Some(groups)
 }
 
 /// The local type a value of `dtype` is computed in.
@@ -837,6 +869,15 @@ impl<'g> Lower<'g> {
             OpKind::Add => op(BinOp::Add),
             OpKind::Sub => op(BinOp::Sub),
             OpKind::Mul => op(BinOp::Mul),
+            // In a 16-bit dtype, by a constant: times its reciprocal (within
+            // an f32 ulp, far below the dtype's rounding; an IEEE division
+            // costs a check and a slow path per element). f32 stays exact.
+            OpKind::Div if matches!(dtype, DType::F16 | DType::BF16) => match b {
+                Expr::F32(c) if c != 0.0 && c.is_finite() && (1.0 / c).is_finite() => {
+                    Ok(bin(BinOp::Mul, a, Expr::F32(1.0 / c)))
+                }
+                _ => op(BinOp::Div),
+            },
             OpKind::Div => op(BinOp::Div),
             OpKind::Max | OpKind::Min if float => {
                 self.helpers.insert(Helper::NanMinMax);
@@ -2434,8 +2475,59 @@ mod tests {
         // Nothing shared: the linear index, decomposed.
         let flat = rows.reshaped(&[25690112]);
         assert_eq!(printed(&flat.get_coords()[0]), "row * 256 + col");
+        // A dim split: only its own coordinate divided.
         let split = rows.reshaped(&[100352, 16, 16]);
-        assert_eq!(printed(&split.get_coords()[2]), "(row * 256 + col) % 16");
+        assert_eq!(printed(&split.get_coords()[1]), "col / 16");
+        assert_eq!(printed(&split.get_coords()[2]), "col % 16");
+    }
+
+    #[test]
+    fn a_reshape_and_its_inverse_through_a_transpose_give_back_the_coordinates() {
+        // ViT's QKV projection: [6304, 2304] rows of 32 images × 197 tokens,
+        // columns 3 × 768, stored as [3, 6304, 768]; read back, the bias's
+        // column is the column, not a chain of divisions of the linear index.
+        let acc = Index::coords(&[6304, 2304], vec![var("row"), var("col")]);
+        let tokens = acc.reshaped(&[197, 32, 3, 768]);
+        let c = tokens.get_coords();
+        let moved = Index::coords(
+            &[3, 197, 32, 768],
+            vec![c[2].clone(), c[0].clone(), c[1].clone(), c[3].clone()],
+        );
+        let out = moved.reshaped(&[3, 6304, 768]);
+        assert_eq!(
+            printed(&out.get_linear()),
+            "col / 768 * 4841472 + row * 768 + col % 768"
+        );
+        let back = out.reshaped(&[3, 197, 32, 768]).get_coords();
+        let unmoved = Index::coords(
+            &[197, 32, 3, 768],
+            vec![
+                back[1].clone(),
+                back[2].clone(),
+                back[0].clone(),
+                back[3].clone(),
+            ],
+        );
+        let rows = unmoved.reshaped(&[6304, 2304]).get_coords();
+        assert_eq!(printed(&rows[0]), "row");
+        assert_eq!(printed(&rows[1]), "col");
+    }
+
+    #[test]
+    fn reshape_groups_pair_the_runs_of_equal_size() {
+        let g = |a: &[usize], b: &[usize]| super::reshape_groups(a, b);
+        assert_eq!(
+            g(&[6304, 2304], &[197, 32, 3, 768]),
+            Some(vec![(0..1, 0..2), (1..2, 2..4)])
+        );
+        assert_eq!(g(&[1, 6304], &[6304]), Some(vec![(0..2, 0..1)]));
+        assert_eq!(
+            g(&[6304], &[6304, 1]),
+            Some(vec![(0..1, 0..1), (1..1, 1..2)])
+        );
+        assert_eq!(g(&[6, 4], &[4, 6]), Some(vec![(0..2, 0..2)]));
+        assert_eq!(g(&[6, 4], &[5, 5]), None);
+        assert_eq!(g(&[0, 4], &[4, 0]), None);
     }
 
     /// The CUDA source of `a op b` as one elementwise group of `dtype[dims]`.
