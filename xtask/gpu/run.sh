@@ -34,7 +34,7 @@
 #   variants  hand-set kernel variants (examples/data/variants_*.dcir) checked
 #             and timed, to fit the cost model
 #   hopper    the wgmma mainloop: gemm_wgmma.dcir's and conv_wgmma.dcir's
-#             graphs through --check (memcheck and racecheck on two of each),
+#             graphs through --check (memcheck and racecheck on three GEMMs and two convs),
 #             then perf_stem.dcir's (ResNet-50's 7x7 stem as planned before
 #             and space-to-depth), perf_gemm_wgmma.dcir's graphs (cuBLASLt, wgmma tile widths,
 #             mma.sync), perf_conv_wgmma.dcir's (ResNet-50's 3x3 convs at
@@ -233,7 +233,7 @@ variants() {
 
 hopper() {
     # The Hopper mainloop: every graph of tests/filetests/cuda/gemm_wgmma.dcir
-    # and conv_wgmma.dcir through --check (and memcheck, racecheck on two
+    # and conv_wgmma.dcir through --check (and memcheck, racecheck on three
     # GEMMs and two convs), then each graph of examples/data/perf_stem.dcir,
     # perf_gemm_wgmma.dcir, perf_conv_wgmma.dcir and perf_pointwise_wgmma.dcir
     # timed, and cuDNN at the conv shapes; hopper.log.
@@ -249,7 +249,7 @@ hopper() {
             fi
         done
     done
-    for g in gemm_wgmma:odd_bf16_nt gemm_wgmma:split_bf16 conv_wgmma:strided_bf16 conv_wgmma:split_c3x3_f16; do
+    for g in gemm_wgmma:odd_bf16_nt gemm_wgmma:split_bf16 gemm_wgmma:overlapped_bf16 conv_wgmma:strided_bf16 conv_wgmma:split_c3x3_f16; do
         f=tests/filetests/cuda/${g%%:*}.dcir
         for tool in memcheck racecheck; do
             timeout 180 /usr/local/cuda/bin/compute-sanitizer --tool "$tool" --error-exitcode 3 \

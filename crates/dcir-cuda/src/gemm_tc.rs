@@ -2456,6 +2456,41 @@ mod tests {
         assert!(transposed.contains("a row at a time"), "{transposed}");
     }
 
+    /// The Hopper GEMM `[rows, 768] · [768, 768]` with the tail `tail`
+    /// (lines ending in `%y.r`; `%r.in` is a third input of the result's
+    /// shape).
+    fn wgmma_tail(rows: usize, tail: &str) -> String {
+        let t = format!("f16[{rows},768]");
+        let src = format!(
+            "graph @g(%a: {t}, %b: f16[768,768], %r: {t}) -> ({t}) {{\n\
+             \x20 %y = fused @g0(%a.in = %a, %b.in = %b, %r.in = %r) {{kind = \"gemm\", level = \"register\", mainloop = \"wgmma\", math = \"tensor_core\", stages = 4, threads = 384, tile = [128, 128, 64]}} : {t} {{\n\
+             \x20   %mm = matmul %a.in, %b.in : {t}\n\
+             {tail}\n\
+             \x20   yield %y.r\n\
+             \x20 }}\n\
+             \x20 return %y\n\
+             }}\n"
+        );
+        let module = dcir_reader::parse_module(&src).expect("parses");
+        emit_module_source(&module).expect("lowers")
+    }
+
+    #[test]
+    fn wgmma_stores_a_tile_during_the_next_tiles_k_loop_where_that_pays() {
+        let overlapped = "a pass of rows after each k step of the next tile";
+        // 384 tiles over 132 blocks, a tail of math only: deferred.
+        let math = wgmma_tail(8192, "    %y.r = tanh %mm : f16[8192,768]");
+        assert!(math.contains(overlapped), "{math}");
+        assert!(math.contains("if (pending != 0 && kt < 8)"), "{math}");
+        // A residual read row by row: every pass's loads in flight at once,
+        // after the loop.
+        let residual = wgmma_tail(8192, "    %y.r = add %mm, %r.in : f16[8192,768]");
+        assert!(!residual.contains(overlapped), "{residual}");
+        // One tile per block: nothing to overlap with.
+        let one_wave = wgmma_tail(128, "    %y.r = tanh %mm : f16[128,768]");
+        assert!(!one_wave.contains(overlapped), "{one_wave}");
+    }
+
     #[test]
     fn aligned_operands_copy_with_cp_async() {
         let attrs = "stages = 3, threads = 256, tile = [128, 128, 32]";

@@ -43,7 +43,8 @@
 //!   fourth row of them with its lanes on consecutive columns, each element
 //!   through the group's elementwise tail as in [`super::gemm_tc`] and
 //!   stored: a warp writes 64 contiguous bytes of one row, with no division
-//!   in its indexing. Without a k split those stores are deferred: a tile's
+//!   in its indexing. Without a k split, where a block has several tiles
+//!   and the tail reads no residual, those stores are deferred: a tile's
 //!   staged results go out during the next tile's k loop, one pass of rows
 //!   after each step's `wgmma`s are issued (the tensor cores multiply while
 //!   the tail's math and stores run; what the loop leaves after it, the last
@@ -796,6 +797,13 @@ pub(super) fn lower(
             "an operand the epilogue also reads, or one tensor as both operands (an operand's parameter becomes a tensor map)".into(),
         )));
     }
+    // Whether the tail reads a tensor row by row (a residual; not a bias).
+    let reads_rows = l.inputs.iter().any(|(&v, name)| {
+        *name != a.param
+            && *name != b.param
+            && stores.iter().any(|s| s.reads(name))
+            && g.ty(v).num_elements().unwrap_or(0) > p.n
+    });
     let splits = Split::count(attr_int(g, op, "split_k", 1), steps.count());
     let c = Config::new(tile, attr_int(g, op, "stages", 4), splits > 1);
     a.set_rows(c.tm);
@@ -1077,13 +1085,16 @@ pub(super) fn lower(
         unroll: true,
         body,
     };
-    // Without a k split, a tile's staged results are stored during the
-    // next tile's k loop, one pass of rows after each step's wgmmas are
+    // Without a k split, where a block has several tiles and the tail
+    // reads no tensor row by row, a tile's staged results are stored during
+    // the next tile's k loop, one pass of rows after each step's wgmmas are
     // issued (the tensor cores multiply while the tail's math and stores
     // run), the passes left after the loop, the last tile's after the work
     // loop: the staged tile's origin (`em0`, `en0`, `ebz`) shadows the
-    // current tile's.
-    let overlapped = split.splits == 1;
+    // current tile's. A tail that reads a residual keeps its passes
+    // together after the loop, where all their loads are in flight at once
+    // (one pass at a time, each pass's loads would wait alone).
+    let overlapped = split.splits == 1 && tiles > PERSISTENT_BLOCKS && !reads_rows;
     let staged_tile = |mut body: Vec<Stmt>| {
         let mut shadowed = vec![let_int("m0", var("em0")), let_int("n0", var("en0"))];
         if p.batch > 1 {
