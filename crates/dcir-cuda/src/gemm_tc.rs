@@ -2481,7 +2481,14 @@ mod tests {
         // 384 tiles over 132 blocks, a tail of math only: deferred.
         let math = wgmma_tail(8192, "    %y.r = tanh %mm : f16[8192,768]");
         assert!(math.contains(overlapped), "{math}");
-        assert!(math.contains("if (pending != 0 && kt < 8)"), "{math}");
+        assert!(
+            math.contains("role == 2 && (pending != 0 && kt < 8)"),
+            "{math}"
+        );
+        assert!(
+            math.contains("role == 1 && (pending != 0 && kt < 8)"),
+            "{math}"
+        );
         // A residual read row by row: every pass's loads in flight at once,
         // after the loop.
         let residual = wgmma_tail(8192, "    %y.r = add %mm, %r.in : f16[8192,768]");

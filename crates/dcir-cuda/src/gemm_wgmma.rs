@@ -46,9 +46,11 @@
 //!   in its indexing. Without a k split, where a block has several tiles
 //!   and the tail reads no residual, those stores are deferred: a tile's
 //!   staged results go out during the next tile's k loop, one pass of rows
-//!   after each step's `wgmma`s are issued (the tensor cores multiply while
-//!   the tail's math and stores run; what the loop leaves after it, the last
-//!   tile's after the work loop).
+//!   a step, the first consumer's after its `wgmma`s are issued and the
+//!   second's before (a warpgroup is held at issue while the tensor cores
+//!   work through earlier products, so each one's math runs during the
+//!   other's products; what the loop leaves after it, the last tile's after
+//!   the work loop).
 //!
 //! The operands' tensor maps are kernel parameters (`__grid_constant__`),
 //! described in the artifact and encoded by the runtime over the bound
@@ -1104,16 +1106,29 @@ pub(super) fn lower(
         shadowed
     };
     if overlapped {
+        // A warpgroup's wgmmas hold it at issue while the tensor cores work
+        // through the ones before, so a second consumer takes its pass
+        // before its wgmmas, the first after: each one's math runs while
+        // the other's products do, the two alternating on the tensor cores.
         let mut pass = vec![let_int("i", var("kt"))];
         pass.extend(staged_row_loop.clone());
-        mma.push(Stmt::If(
-            bin(
+        let pass_of = |role: Option<i64>| {
+            let mut cond = bin(
                 BinOp::And,
                 bin(BinOp::Ne, var("pending"), int(0)),
                 lt(var("kt"), int(passes as i64)),
-            ),
-            staged_tile(pass),
-        ));
+            );
+            if let Some(r) = role {
+                cond = bin(BinOp::And, bin(BinOp::Eq, var("role"), int(r)), cond);
+            }
+            Stmt::If(cond, staged_tile(pass.clone()))
+        };
+        if c.consumers() == 2 {
+            mma.insert(1, pass_of(Some(2)));
+            mma.push(pass_of(Some(1)));
+        } else {
+            mma.push(pass_of(None));
+        }
     }
     mma.extend(mma_tail);
     let mut consumer_tile = locate;
