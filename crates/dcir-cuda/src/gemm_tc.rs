@@ -2407,20 +2407,38 @@ mod tests {
         )
     }
 
-    /// The CUDA source of one gemm group over `%a: a_ty`, `%b: b_ty` whose
-    /// `body` computes `%y.r` of type `result`.
-    fn group_source(a_ty: &str, b_ty: &str, result: &str, attrs: &str, body: &str) -> String {
+    /// The CUDA source of one fused group of `attrs` over the graph inputs
+    /// `inputs` (name, type) whose `body` computes `%y.r` of type `result`.
+    fn fused_source(inputs: &[(&str, &str)], result: &str, attrs: &str, body: &str) -> String {
+        let params: Vec<String> = inputs.iter().map(|(n, t)| format!("%{n}: {t}")).collect();
+        let args: Vec<String> = inputs
+            .iter()
+            .map(|(n, _)| format!("%{n}.in = %{n}"))
+            .collect();
         let src = format!(
-            "graph @g(%a: {a_ty}, %b: {b_ty}) -> ({result}) {{\n\
-             \x20 %y = fused @g0(%a.in = %a, %b.in = %b) {{kind = \"gemm\", level = \"register\", {attrs}}} : {result} {{\n\
+            "graph @g({}) -> ({result}) {{\n\
+             \x20 %y = fused @g0({}) {{{attrs}}} : {result} {{\n\
              {body}\n\
              \x20   yield %y.r\n\
              \x20 }}\n\
              \x20 return %y\n\
-             }}\n"
+             }}\n",
+            params.join(", "),
+            args.join(", ")
         );
         let module = dcir_reader::parse_module(&src).expect("parses");
         emit_module_source(&module).expect("lowers")
+    }
+
+    /// The CUDA source of one gemm group over `%a: a_ty`, `%b: b_ty` whose
+    /// `body` computes `%y.r` of type `result`.
+    fn group_source(a_ty: &str, b_ty: &str, result: &str, attrs: &str, body: &str) -> String {
+        fused_source(
+            &[("a", a_ty), ("b", b_ty)],
+            result,
+            &format!("kind = \"gemm\", level = \"register\", {attrs}"),
+            body,
+        )
     }
 
     /// The Hopper GEMM `[128, 768] · [768, 768]` whose result goes through
@@ -2461,18 +2479,12 @@ mod tests {
     /// shape).
     fn wgmma_tail(rows: usize, tail: &str) -> String {
         let t = format!("f16[{rows},768]");
-        let src = format!(
-            "graph @g(%a: {t}, %b: f16[768,768], %r: {t}) -> ({t}) {{\n\
-             \x20 %y = fused @g0(%a.in = %a, %b.in = %b, %r.in = %r) {{kind = \"gemm\", level = \"register\", mainloop = \"wgmma\", math = \"tensor_core\", stages = 4, threads = 384, tile = [128, 128, 64]}} : {t} {{\n\
-             \x20   %mm = matmul %a.in, %b.in : {t}\n\
-             {tail}\n\
-             \x20   yield %y.r\n\
-             \x20 }}\n\
-             \x20 return %y\n\
-             }}\n"
-        );
-        let module = dcir_reader::parse_module(&src).expect("parses");
-        emit_module_source(&module).expect("lowers")
+        fused_source(
+            &[("a", &t), ("b", "f16[768,768]"), ("r", &t)],
+            &t,
+            "kind = \"gemm\", level = \"register\", mainloop = \"wgmma\", math = \"tensor_core\", stages = 4, threads = 384, tile = [128, 128, 64]",
+            &format!("    %mm = matmul %a.in, %b.in : {t}\n{tail}"),
+        )
     }
 
     #[test]
@@ -2527,17 +2539,16 @@ mod tests {
 
     /// The CUDA source of one conv group `x * w` with conv attributes `attrs`.
     fn conv_source(dtype: &str, x: &str, w: &str, out: &str, attrs: &str) -> String {
-        let src = format!(
-            "graph @g(%x: {dtype}[{x}], %w: {dtype}[{w}]) -> ({dtype}[{out}]) {{\n\
-             \x20 %y = fused @g0(%x.in = %x, %w.in = %w) {{algorithm = \"implicit_gemm\", kind = \"conv\", level = \"register\", math = \"tensor_core\", stages = 3, threads = 128, tile = [64, 64, 32]}} : {dtype}[{out}] {{\n\
-             \x20   %y.r = conv2d %x.in, %w.in {attrs} : {dtype}[{out}]\n\
-             \x20   yield %y.r\n\
-             \x20 }}\n\
-             \x20 return %y\n\
-             }}\n"
-        );
-        let module = dcir_reader::parse_module(&src).expect("parses");
-        emit_module_source(&module).expect("lowers")
+        let out = format!("{dtype}[{out}]");
+        fused_source(
+            &[
+                ("x", &format!("{dtype}[{x}]")),
+                ("w", &format!("{dtype}[{w}]")),
+            ],
+            &out,
+            "algorithm = \"implicit_gemm\", kind = \"conv\", level = \"register\", math = \"tensor_core\", stages = 3, threads = 128, tile = [64, 64, 32]",
+            &format!("    %y.r = conv2d %x.in, %w.in {attrs} : {out}"),
+        )
     }
 
     #[test]
