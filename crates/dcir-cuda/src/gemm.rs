@@ -700,73 +700,82 @@ pub(super) fn store_result_vectors(
     Ok(())
 }
 
-/// Whether `width` consecutive elements along `axis` of the contraction's
-/// `result` are `width` consecutive elements of `y`, starting at a multiple
-/// of `width`: the views between them carry `axis` to `y`'s innermost dim, a
-/// multiple of `width` long (a reshape only where the axis is innermost on
-/// both sides, each a multiple of `width`: it splits or merges whole runs of
-/// lanes, as a projection's columns split into heads).
+/// Where a run of `width` elements of the contraction's result lies, from
+/// an element whose index is a multiple of `width`: consecutive along one
+/// axis, or consecutive in the row-major order only (a reshape may have
+/// split them over rows).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Lanes {
+    Along(usize),
+    Linear,
+}
+
+/// Whether a run of `width` elements of the contraction's `result` (where
+/// `lanes` says; from a multiple of `width`) is `width` consecutive elements
+/// of `y`'s row-major layout from a multiple of `width`, so one vector
+/// stores them: the views between carry the run to `y`'s innermost dim, a
+/// multiple of `width` long, or keep it in linear order (a reshape of a run
+/// along the innermost dim of a multiple of `width`, and no transpose after
+/// it) — a projection's columns split into heads and moved outward keep
+/// theirs; a transpose that moves the run off the innermost dim does not.
 pub(super) fn lanes_stay_together(
     g: &Graph,
     tainted: &BTreeSet<ValueId>,
-    result: ValueId,
-    axis: usize,
+    (result, lanes): (ValueId, Lanes),
     y: ValueId,
     width: usize,
 ) -> bool {
-    fn axis_in(
+    fn lanes_in(
         g: &Graph,
         tainted: &BTreeSet<ValueId>,
-        (result, axis): (ValueId, usize),
+        (result, lanes): (ValueId, Lanes),
         y: ValueId,
         width: usize,
-    ) -> Option<usize> {
+    ) -> Option<Lanes> {
         if y == result {
-            return Some(axis);
+            return Some(lanes);
         }
         let ValueDef::OpResult { op, .. } = g.value(y).def else {
             return None;
         };
         let data = g.op(op);
         let src = *data.operands.iter().find(|v| tainted.contains(v))?;
-        let at = axis_in(g, tainted, (result, axis), src, width)?;
-        match data.kind {
-            OpKind::Transpose => data
+        let at = lanes_in(g, tainted, (result, lanes), src, width)?;
+        let whole_runs = |dims: &[usize]| dims.last().is_some_and(|d| d.is_multiple_of(width));
+        match (data.kind, at) {
+            (OpKind::Transpose, Lanes::Along(a)) => data
                 .attrs
                 .get("perm")
                 .and_then(Attr::as_ints)?
                 .iter()
-                .position(|&p| p as usize == at),
-            OpKind::Reshape => {
+                .position(|&p| p as usize == a)
+                .map(Lanes::Along),
+            (OpKind::Transpose, Lanes::Linear) => None,
+            (OpKind::Reshape, _) => {
                 let (from, to) = (g.ty(src).dims(), g.ty(y).dims());
-                let whole_runs =
-                    |dims: &[usize]| dims.last().is_some_and(|d| d.is_multiple_of(width));
-                (at + 1 == from.len() && whole_runs(from) && whole_runs(to)).then(|| to.len() - 1)
+                let in_order = match at {
+                    Lanes::Linear => true,
+                    Lanes::Along(a) => a + 1 == from.len() && whole_runs(from),
+                };
+                in_order.then(|| {
+                    if whole_runs(to) {
+                        Lanes::Along(to.len() - 1)
+                    } else {
+                        Lanes::Linear
+                    }
+                })
             }
             _ => Some(at),
         }
     }
     let dims = g.ty(y).dims();
-    axis_in(g, tainted, (result, axis), y, width) == Some(dims.len().wrapping_sub(1))
-        && dims.last().is_some_and(|d| d.is_multiple_of(width))
-}
-
-/// Whether `y`'s row-major linear index equals the result's at every element
-/// (no transpose between them: reshapes keep the linear order).
-fn keeps_linear_order(l: &Lower, tainted: &BTreeSet<ValueId>, result: ValueId, y: ValueId) -> bool {
-    if y == result {
-        return true;
+    match lanes_in(g, tainted, (result, lanes), y, width) {
+        Some(Lanes::Along(a)) => {
+            a + 1 == dims.len() && dims.last().is_some_and(|d| d.is_multiple_of(width))
+        }
+        Some(Lanes::Linear) => true,
+        None => false,
     }
-    let Some(op) = def_op(l, y) else {
-        return false;
-    };
-    let data = l.g.op(op);
-    data.kind != OpKind::Transpose
-        && data
-            .operands
-            .iter()
-            .find(|v| tainted.contains(v))
-            .is_some_and(|&src| keeps_linear_order(l, tainted, result, src))
 }
 
 /// A shared array (declared as `float4`) accessed as `ty`.
@@ -1382,11 +1391,18 @@ fn epilogue(
     let ys = yields(g, op);
     let results = g.op(op).results.clone();
     let (mt, nt, wm, wn) = (t.mt(), t.nt(), t.wm, t.wn);
+    // A matmul's run is along its columns; a convolution's along its
+    // pixels, the NCHW result's merged H and W.
+    let lanes = match c.geometry {
+        Geometry::Matmul { .. } => Lanes::Along(g.ty(c.result).dims().len() - 1),
+        Geometry::Conv(_) => Lanes::Linear,
+    };
     let vector = c.out_vector().filter(|&d| {
         let w = if d == GemmDim::M { wm } else { wn };
         w == VECTOR
             && ys.iter().zip(&results).all(|(&y, &r)| {
-                g.ty(r).dtype.is_float() && keeps_linear_order(l, tainted, c.result, y)
+                g.ty(r).dtype.is_float()
+                    && lanes_stay_together(g, tainted, (c.result, lanes), y, VECTOR)
             })
     });
     // Row `m0 + qm·threads_m·wm + ty·wm + em`, column likewise; accumulator

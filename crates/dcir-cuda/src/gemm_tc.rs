@@ -50,8 +50,8 @@ use dcir_fusion::Reason;
 use dcir_ir::{Attr, DType, Graph, OpId, OpKind, ValueDef, ValueId};
 
 use super::gemm::{
-    Contraction, ConvGeometry, Geometry, check_prologue, lanes_stay_together, store_result_vectors,
-    store_results,
+    Contraction, ConvGeometry, Geometry, Lanes, check_prologue, lanes_stay_together,
+    store_result_vectors, store_results,
 };
 use super::pool::in_range;
 use super::split_k::{self, SplitK};
@@ -2041,7 +2041,13 @@ fn lower_problem(
             problem.n.is_multiple_of(VECTOR_COLUMNS)
                 && ys.iter().zip(&results).all(|(&y, &r)| {
                     matches!(g.ty(r).dtype, DType::F16 | DType::BF16)
-                        && lanes_stay_together(g, derived, result, axis, y, VECTOR_COLUMNS)
+                        && lanes_stay_together(
+                            g,
+                            derived,
+                            (result, Lanes::Along(axis)),
+                            y,
+                            VECTOR_COLUMNS,
+                        )
                 })
         })
         .map_or(1, |_| VECTOR_COLUMNS);
@@ -2463,9 +2469,16 @@ mod tests {
             "    %h = reshape %mm : f16[128,12,64]\n    %y.r = transpose %h {perm = [1, 0, 2]} : f16[12,128,64]",
         );
         assert!(heads.contains(vectors), "{heads}");
-        // Runs of 4: a vector would straddle rows of the result.
+        // Rows of 4: a vector spans two rows of the result, still 16
+        // consecutive bytes of it.
         let fours = wgmma_through("f16[128,192,4]", "    %y.r = reshape %mm : f16[128,192,4]");
-        assert!(fours.contains("a row at a time"), "{fours}");
+        assert!(fours.contains(vectors), "{fours}");
+        // Rows of 4 then moved: the run scattered.
+        let scattered = wgmma_through(
+            "f16[128,4,192]",
+            "    %f = reshape %mm : f16[128,192,4]\n    %y.r = transpose %f {perm = [0, 2, 1]} : f16[128,4,192]",
+        );
+        assert!(scattered.contains("a row at a time"), "{scattered}");
         // The column moved off the innermost dim.
         let transposed = wgmma_through(
             "f16[768,128]",
