@@ -42,7 +42,7 @@ use dcir_ir::{OpId, OpKind, ValueId};
 
 use super::chain::{
     Contraction, SharedLayout, Tile, at, batch_coords, counted, crossing, f32_array, filled,
-    fma_tile, guarded, is_anchor, let_float, stage, thread_coords, with_lets,
+    fma_tile, is_anchor, let_float, stage, thread_coords, with_lets,
 };
 use super::epilogue::{
     self, Output, check_elementwise_path, classify_outputs, derived, store_derived,
@@ -50,8 +50,8 @@ use super::epilogue::{
 };
 use super::{EmitError, Index, Lower, Reduced, attr_int, params};
 use crate::kir::{
-    BinOp, Builtin, Expr, Helper, Kernel, Shuffle, Stmt, Ty, add, bin, call, div, int, let_int, lt,
-    mul, rem, select, unrolled, var,
+    BinOp, Builtin, Expr, Helper, Kernel, Shuffle, Stmt, Ty, add, bin, call, div, guarded, int,
+    let_int, lt, mul, rem, select, unrolled, var,
 };
 
 type Result<T> = std::result::Result<T, EmitError>;

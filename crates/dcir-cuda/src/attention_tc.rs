@@ -37,15 +37,15 @@ use dcir_ir::{DType, OpId};
 
 use super::attention::{Parts, shuffle_reduce};
 use super::chain::{
-    Contraction, Tile, at, batch_coords, counted, crossing, f32_array, filled, guarded, let_float,
-    stage_as, with_lets,
+    Contraction, Tile, at, batch_coords, counted, crossing, f32_array, filled, let_float, stage_as,
+    with_lets,
 };
 use super::epilogue::{store_derived, store_independent};
 use super::gemm_tc::{Strided, matmul_operand};
 use super::{EmitError, Index, Lower, Reduced, attr_int, params};
 use crate::kir::{
-    ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Stmt, Ty, add, bin, call, div, int, let_int,
-    lt, mul, rem, select, unrolled, var,
+    ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Stmt, Ty, add, bin, call, div, guarded, int,
+    let_int, lt, mul, rem, select, unrolled, var,
 };
 
 type Result<T> = std::result::Result<T, EmitError>;

@@ -40,8 +40,8 @@ use super::epilogue::{
 };
 use super::{EmitError, Index, Lower, Reduced, attr_int, params, thread_grid};
 use crate::kir::{
-    ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Param, Stmt, Ty, add, bin, call, div, int,
-    let_int, lt, mul, rem, unrolled, var,
+    ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Param, Stmt, Ty, add, bin, call, div, guarded,
+    int, let_int, lt, mul, rem, unrolled, var,
 };
 
 type Result<T> = std::result::Result<T, EmitError>;
@@ -909,19 +909,6 @@ pub(super) fn counted(var: &str, start: Expr, end: Expr, step: usize, body: Vec<
         step: int(step as i64),
         unroll: false,
         body,
-    }
-}
-
-/// `if (a && b ..) { body }` over the conditions that are not statically
-/// true (`None`), or the body alone when all are.
-pub(super) fn guarded(conds: Vec<Option<Expr>>, body: Vec<Stmt>) -> Vec<Stmt> {
-    match conds
-        .into_iter()
-        .flatten()
-        .reduce(|a, b| bin(BinOp::And, a, b))
-    {
-        Some(cond) => vec![Stmt::If(cond, body)],
-        None => body,
     }
 }
 

@@ -16,7 +16,7 @@ use crate::kir::{Param, Stmt, int, var};
 type Result<T> = std::result::Result<T, EmitError>;
 
 /// The op defining `v`, if `v` is an op result.
-fn def_op(g: &Graph, v: ValueId) -> Option<OpId> {
+pub(super) fn def_op(g: &Graph, v: ValueId) -> Option<OpId> {
     match g.value(v).def {
         ValueDef::OpResult { op, .. } => Some(op),
         ValueDef::BlockArg { .. } => None,

@@ -55,15 +55,15 @@ use std::collections::BTreeSet;
 use dcir_fusion::Reason;
 use dcir_ir::{Attr, DType, Graph, OpId, OpKind, ValueDef, ValueId};
 
-use super::epilogue::forward_index;
+use super::epilogue::{def_op, forward_index};
 use super::split_k::SplitK;
 use super::{
     EmitError, Index, Lower, Reduced, Vectors, attr_int, pack, params, store, vector_lane,
     vector_ty, yields,
 };
 use crate::kir::{
-    ArrayRef, BinOp, Builtin, Expr, Kernel, Param, SharedArray, Stmt, Ty, add, array, bin, call,
-    div, int, let_int, lt, mul, rem, sub, unrolled, var,
+    ArrayRef, BinOp, Builtin, Expr, Kernel, Param, SharedArray, Stmt, Ty, add, all, array, bin,
+    call, div, guarded, int, let_int, lt, mul, rem, sub, unrolled, var,
 };
 
 type Result<T> = std::result::Result<T, EmitError>;
@@ -558,18 +558,10 @@ fn is_input(l: &Lower, v: ValueId) -> bool {
     matches!(l.g.value(v).def, ValueDef::BlockArg { .. }) && l.g.ty(v).dtype.is_float()
 }
 
-/// The op of `v`'s definition inside the group, if any.
-fn def_op(l: &Lower, v: ValueId) -> Option<OpId> {
-    match l.g.value(v).def {
-        ValueDef::OpResult { op, .. } => Some(op),
-        ValueDef::BlockArg { .. } => None,
-    }
-}
-
 /// Checks that `v` is a view (reshape, transpose, broadcast, slice) of a group input.
 pub(super) fn check_prologue(l: &Lower, v: ValueId, which: &str) -> Result<()> {
     let mut v = v;
-    while let Some(op) = def_op(l, v) {
+    while let Some(op) = def_op(l.g, v) {
         let data = l.g.op(op);
         if !matches!(
             data.kind,
@@ -784,23 +776,6 @@ fn shared_as(name: &str, ty: Ty) -> ArrayRef {
         name: name.into(),
         ty,
         reinterpret: ty != Ty::Float4,
-    }
-}
-
-fn and(a: Expr, b: Expr) -> Expr {
-    bin(BinOp::And, a, b)
-}
-
-/// `a && b` over the conditions present; `None` when there are none.
-fn all(conds: impl IntoIterator<Item = Option<Expr>>) -> Option<Expr> {
-    conds.into_iter().flatten().reduce(and)
-}
-
-/// `if (cond) { body }`, or just `body` without a condition.
-fn guarded(cond: Option<Expr>, body: Vec<Stmt>) -> Vec<Stmt> {
-    match cond {
-        Some(c) => vec![Stmt::If(c, body)],
-        None => body,
     }
 }
 
@@ -1488,7 +1463,7 @@ fn epilogue(
         let coords = c.out_at(&bz, var("row"), var("col"));
         l.scoped(|l| store_results(l, tainted, c.result, &coords, &outputs, &ys, &results))?
     };
-    body.extend(guarded(bounds, stores));
+    body.extend(guarded([bounds], stores));
     // Loops from the outside in: qm, em, qn, en, without the vector's `e`.
     let mut nest = body;
     let loops = [

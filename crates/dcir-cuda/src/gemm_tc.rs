@@ -57,8 +57,8 @@ use super::pool::in_range;
 use super::split_k::{self, SplitK};
 use super::{EmitError, Index, Lower, Reduced, attr_int, pack, params, storage_ty, yields};
 use crate::kir::{
-    ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Param, Stmt, Ty, add, array, bin, call, div,
-    int, let_int, lt, mul, rem, select, sub, var,
+    ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Param, Stmt, Ty, add, and, array, bin, call,
+    div, int, let_int, lt, mul, rem, select, sub, var,
 };
 
 type Result<T> = std::result::Result<T, EmitError>;
@@ -582,13 +582,6 @@ fn let_u32(name: &str, value: Expr) -> Stmt {
         ty: Ty::U32,
         value,
         constant: true,
-    }
-}
-
-fn and(a: Expr, b: Expr) -> Expr {
-    match (a, b) {
-        (Expr::Bool(true), e) | (e, Expr::Bool(true)) => e,
-        (a, b) => bin(BinOp::And, a, b),
     }
 }
 

@@ -60,14 +60,14 @@ use dcir_artifact::{Im2col, TensorMap};
 use dcir_fusion::{HopperConvSteps, Reason, hopper_conv_steps};
 use dcir_ir::{DType, Graph, OpId};
 
-use super::chain::{crossing, guarded};
+use super::chain::crossing;
 use super::gemm::ConvGeometry;
 use super::gemm_tc::{EpilogueFn, Problem, Strided, StridedTensor, block_order};
 use super::split_k;
 use super::{EmitError, Lower, attr_int, storage_ty, vector_lane};
 use crate::kir::{
     ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Param, Scratch, Stmt, Ty, WgmmaShape, add,
-    array, bin, call, div, int, let_int, lt, mul, rem, sub, unrolled, var,
+    array, bin, call, div, guarded, int, let_int, lt, mul, rem, sub, unrolled, var,
 };
 
 type Result<T> = std::result::Result<T, EmitError>;

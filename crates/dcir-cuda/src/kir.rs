@@ -726,6 +726,29 @@ pub fn lt(a: Expr, b: Expr) -> Expr {
     bin(BinOp::Lt, a, b)
 }
 
+/// `a && b`, a literal `true` dropped.
+pub fn and(a: Expr, b: Expr) -> Expr {
+    match (a, b) {
+        (Expr::Bool(true), e) | (e, Expr::Bool(true)) => e,
+        (a, b) => bin(BinOp::And, a, b),
+    }
+}
+
+/// `a && b ..` over the conditions present (`None`: statically true);
+/// `None` when none are.
+pub fn all(conds: impl IntoIterator<Item = Option<Expr>>) -> Option<Expr> {
+    conds.into_iter().flatten().reduce(and)
+}
+
+/// `if (a && b ..) { body }` over the conditions present, or the body alone
+/// when all are statically true.
+pub fn guarded(conds: impl IntoIterator<Item = Option<Expr>>, body: Vec<Stmt>) -> Vec<Stmt> {
+    match all(conds) {
+        Some(cond) => vec![Stmt::If(cond, body)],
+        None => body,
+    }
+}
+
 /// `const int name = value;`
 pub fn let_int(name: &str, value: Expr) -> Stmt {
     Stmt::Let {
