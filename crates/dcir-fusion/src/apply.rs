@@ -15,6 +15,7 @@
 //! materializes a view.
 
 use dcir_ir::{Attr, Attrs, BlockId, Graph, OpId, OpKind, ValueDef, ValueId};
+use dcir_passes::transforms::{SPACE_TO_DEPTH, TO_NHWC};
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::planner::{Plan, PlannedGroup};
@@ -152,12 +153,15 @@ fn portable_view(
     Some(chain)
 }
 
-/// True for `transpose {perm = [0, 2, 3, 1]}`, which stores a 4-D tensor
+/// True for the transposes the layout passes store with: a 4-D tensor
 /// channels-last (NHWC, or a filter KRSC: the `channels-last` and
-/// `nhwc-inputs` passes' `T`).
+/// `nhwc-inputs` passes' `T`), or an image space-to-depth (`nhwc-inputs`'
+/// stems; ViT's patches), which a kernel's operand copies read only as
+/// stored.
 pub(crate) fn is_channels_last_store(graph: &Graph, op: OpId) -> bool {
     let d = graph.op(op);
-    d.kind == OpKind::Transpose && d.attrs.ints("perm") == Some(&[0, 2, 3, 1][..])
+    d.kind == OpKind::Transpose
+        && matches!(d.attrs.ints("perm"), Some(p) if p == TO_NHWC || p == SPACE_TO_DEPTH)
 }
 
 /// True for a group that is a view, not a kernel, and stays a plain op: a

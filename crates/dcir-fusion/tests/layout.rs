@@ -341,3 +341,65 @@ fn a_stem_runs_space_to_depth_and_its_pool_channels_last() {
         "the pool reads and writes NHWC: {kinds:?}"
     );
 }
+
+/// ViT-B/16's patch embedding at batch 32 in f16 (a 16×16 convolution of
+/// stride 16 over the 3-channel image), channels-last on Hopper: the image
+/// is stored space-to-depth by a kernel of its own, and the convolution —
+/// pointwise over 768 channels now — reads that stored value on the wgmma
+/// mainloop. The space-to-depth transpose is a store, not a view copied
+/// into the convolution's region: through it TMA could not read the image.
+#[test]
+fn a_patchify_convolution_reads_its_image_stored_space_to_depth() {
+    let g = graph(
+        "graph @patches(%x: f16[32,3,224,224], %w: f16[768,3,16,16], %b: f16[768]) -> (f16[32,768,14,14]) {\n\
+         \x20 %c = conv2d %x, %w {stride = [16, 16]} : f16[32,768,14,14]\n\
+         \x20 %bb = broadcast %b {dims = [1]} : f16[32,768,14,14]\n\
+         \x20 %y = add %c, %bb : f16[32,768,14,14]\n\
+         \x20 return %y\n}\n",
+    );
+    let model = CostModel::new(DeviceSpec::h100());
+    let (laid_out, plan, _) =
+        plan_layout(&g, LayoutMode::ChannelsLast, planner(&model)).expect("plans");
+    let [conv] = conv_groups(&laid_out, &plan)[..] else {
+        panic!("one convolution group");
+    };
+    assert_eq!(
+        conv.estimate
+            .params
+            .get("mainloop")
+            .and_then(dcir_ir::Attr::as_str),
+        Some("wgmma")
+    );
+    let fused = dcir_fusion::apply_plan(&laid_out, &plan).expect("applies");
+    let conv_op = fused
+        .block(fused.body())
+        .ops
+        .iter()
+        .copied()
+        .find(|&op| {
+            fused.op(op).region.is_some_and(|r| {
+                fused
+                    .block(r)
+                    .ops
+                    .iter()
+                    .any(|&o| fused.op(o).kind == OpKind::Conv2d)
+            })
+        })
+        .expect("the convolution's fused op");
+    let region = fused.op(conv_op).region.expect("a region");
+    let perms: Vec<Vec<i64>> = fused
+        .block(region)
+        .ops
+        .iter()
+        .filter_map(|&o| fused.op(o).attrs.ints("perm").map(<[i64]>::to_vec))
+        .collect();
+    assert!(
+        !perms.iter().any(|p| p.len() == 6),
+        "no space-to-depth transpose inside the convolution's kernel: {perms:?}"
+    );
+    let x = fused.params()[0];
+    assert!(
+        !fused.op(conv_op).operands.contains(&x),
+        "the convolution reads the stored space-to-depth image, not the image"
+    );
+}

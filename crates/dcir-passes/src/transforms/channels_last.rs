@@ -64,10 +64,7 @@ impl Pass for ChannelsLast {
     }
 }
 
-/// NCHW → NHWC.
-const TO_NHWC: [i64; 4] = [0, 2, 3, 1];
-/// NHWC → NCHW.
-const TO_NCHW: [i64; 4] = [0, 3, 1, 2];
+use super::{TO_NCHW, TO_NHWC};
 /// Where NCHW dim `d` lies in NHWC.
 const NHWC_POSITION: [i64; 4] = [0, 3, 1, 2];
 

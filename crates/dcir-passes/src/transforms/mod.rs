@@ -17,6 +17,17 @@ mod to_half;
 
 use crate::registry::PassDef;
 
+/// The transpose that stores an NCHW tensor NHWC (a KCRS filter KRSC): the
+/// layout passes' `T`, a store the planner keeps (not a view it copies into
+/// readers).
+pub const TO_NHWC: [i64; 4] = [0, 2, 3, 1];
+/// NHWC → NCHW: `T⁻¹`, the view convolutions read a stored NHWC value by.
+pub const TO_NCHW: [i64; 4] = [0, 3, 1, 2];
+/// The transpose that stores a tensor space-to-depth: `[N, C, H/s, s, W/s,
+/// s]` → `[N, H/s, W/s, s, s, C]` (`nhwc-inputs`' stems), a store as
+/// [`TO_NHWC`] is.
+pub const SPACE_TO_DEPTH: [i64; 6] = [0, 2, 4, 3, 5, 1];
+
 /// Every built-in pass, sorted by name (the order `--list-passes` documents them).
 pub const BUILTIN_PASSES: &[PassDef] = &[
     canonicalize::DEF,

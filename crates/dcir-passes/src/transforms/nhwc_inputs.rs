@@ -38,6 +38,7 @@
 
 use dcir_ir::{Attr, Attrs, DType, Graph, Module, OpId, OpKind, TensorType, ValueDef, ValueId};
 
+use super::{SPACE_TO_DEPTH, TO_NCHW, TO_NHWC};
 use crate::analysis::AnalysisManager;
 use crate::pass::{Pass, PassError, PassResult};
 use crate::registry::{PassDef, PassOptions};
@@ -134,9 +135,6 @@ fn is_nchw_view(graph: &Graph, v: ValueId) -> bool {
     d.kind == OpKind::Transpose
         && matches!(d.attrs.get("perm"), Some(Attr::Ints(p)) if p.as_slice() == TO_NCHW)
 }
-
-const TO_NHWC: [i64; 4] = [0, 2, 3, 1];
-const TO_NCHW: [i64; 4] = [0, 3, 1, 2];
 
 /// Rewrites the body of `graph`; true when anything changed.
 fn rewrite(graph: &mut Graph) -> Result<bool, String> {
@@ -351,7 +349,7 @@ impl SpaceToDepth {
                 &format!("{name}.blocks"),
             )
             .map_err(|e| e.to_string())?;
-        let blocks_last = Attrs::new().with("perm", Attr::Ints(vec![0, 2, 4, 3, 5, 1]));
+        let blocks_last = Attrs::new().with("perm", Attr::Ints(SPACE_TO_DEPTH.to_vec()));
         let moved = r
             .op(
                 OpKind::Transpose,
