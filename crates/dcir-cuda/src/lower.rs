@@ -2513,6 +2513,87 @@ mod tests {
         assert_eq!(printed(&rows[1]), "col");
     }
 
+    /// `e`, an index expression, evaluated with `vars` bound.
+    fn eval(e: &Expr, vars: &[(String, i64)]) -> i64 {
+        use crate::kir::BinOp;
+        match e {
+            Expr::Int(v) => *v,
+            Expr::Var(n) => {
+                vars.iter()
+                    .find(|(m, _)| m == n)
+                    .expect("a bound variable")
+                    .1
+            }
+            Expr::Bin(op, a, b) => {
+                let (a, b) = (eval(a, vars), eval(b, vars));
+                match op {
+                    BinOp::Add => a + b,
+                    BinOp::Sub => a - b,
+                    BinOp::Mul => a * b,
+                    BinOp::Div => a / b,
+                    BinOp::Rem => a % b,
+                    other => panic!("{other:?} in an index"),
+                }
+            }
+            other => panic!("not an index expression: {other:?}"),
+        }
+    }
+
+    /// The row-major coordinates of element `linear` of `dims`.
+    fn row_major(dims: &[usize], linear: i64) -> Vec<i64> {
+        let mut rest = linear;
+        let mut coords = vec![0; dims.len()];
+        for d in (0..dims.len()).rev() {
+            coords[d] = rest % dims[d] as i64;
+            rest /= dims[d] as i64;
+        }
+        coords
+    }
+
+    proptest::proptest! {
+        #![proptest_config(dcir_testgen::proptest_config())]
+
+        /// Any reshape, from coordinates or a linear index, names the same
+        /// element: its linear index and row-major coordinates, there and
+        /// back again.
+        #[test]
+        fn a_reshape_names_the_same_element(
+            old in proptest::collection::vec(1usize..7, 1..5),
+            picks in proptest::collection::vec(0usize..64, 0..6),
+            element in 0u64..u64::MAX,
+        ) {
+            let total: usize = old.iter().product();
+            // New dims: divisors of what is left, picked by `picks` (a 1 now and then).
+            let mut new = Vec::new();
+            let mut rest = total;
+            for &p in &picks {
+                let divisors: Vec<usize> = (1..=rest).filter(|&d| rest.is_multiple_of(d)).collect();
+                let d = divisors[p % divisors.len()];
+                new.push(d);
+                rest /= d;
+            }
+            new.push(rest);
+            let linear = (element % total as u64) as i64;
+            let coords = row_major(&old, linear);
+            let vars: Vec<(String, i64)> = coords
+                .iter()
+                .enumerate()
+                .map(|(i, &c)| (format!("c{i}"), c))
+                .chain(std::iter::once(("l".to_string(), linear)))
+                .collect();
+            let at = Index::coords(&old, (0..old.len()).map(|i| var(format!("c{i}"))).collect());
+            let there = at.reshaped(&new);
+            proptest::prop_assert_eq!(eval(&there.get_linear(), &vars), linear);
+            let got: Vec<i64> = there.get_coords().iter().map(|e| eval(e, &vars)).collect();
+            proptest::prop_assert_eq!(&got, &row_major(&new, linear));
+            let back: Vec<i64> = there.reshaped(&old).get_coords().iter().map(|e| eval(e, &vars)).collect();
+            proptest::prop_assert_eq!(&back, &coords);
+            let from_linear = Index::linear(&old, var("l")).reshaped(&new);
+            let got: Vec<i64> = from_linear.get_coords().iter().map(|e| eval(e, &vars)).collect();
+            proptest::prop_assert_eq!(&got, &row_major(&new, linear));
+        }
+    }
+
     #[test]
     fn reshape_groups_pair_the_runs_of_equal_size() {
         let g = |a: &[usize], b: &[usize]| super::reshape_groups(a, b);
