@@ -28,6 +28,11 @@
 //! - after the last step `O / l` is bound to the second matmul's value and
 //!   the epilogue stores through the views.
 //!
+//! Only the last key step, when N is not a multiple of `bn`, masks keys past
+//! N, and it computes whole 16-key chunks up to N, not `bn` keys (ViT's 197
+//! keys: 208 computed, not 224 or 256). Warps whose 16 query rows all lie
+//! past M copy and wait with their block but skip the math.
+//!
 //! Shared rows are padded by 16 bytes, so the 8 rows an `ldmatrix` reads
 //! fall in 8 different bank groups. One stage: a step's loads and its math
 //! do not overlap within a block (other blocks on the SM fill the gaps).
@@ -57,6 +62,12 @@ const NAMES: [&str; 40] = [
     "alpha", "p", "s_val", "row", "col", "n0", "kk", "j", "jp", "e", "h", "c", "cp", "i", "Qs",
     "Ks", "Vs", "buf",
 ];
+
+/// Registers beyond the fragments a thread keeps: softmax state, loop
+/// indices and shared addresses (ViT-B/16's [64, 32] blocks take 96, five
+/// blocks of 128 threads per SM; [64, 64] takes 158, and a promise of four
+/// blocks spills and is relaxed).
+const STATE_REGISTERS: usize = 24;
 
 /// The shared arrays' row padding, in elements (16 bytes).
 const PAD: usize = 8;
@@ -137,7 +148,6 @@ pub(super) fn attention(l: &mut Lower, op: OpId) -> Result<Kernel> {
         d,
         dv,
         bm,
-        bn,
         dp,
         dvp,
         k_base: q_bytes,
@@ -293,47 +303,91 @@ pub(super) fn attention(l: &mut Lower, op: OpId) -> Result<Kernel> {
         )?;
         Ok((vec![stage_k, stage_v], k_async || v_async))
     };
-    let mut step = Vec::new();
+    // One key step: its copies (the next step's in flight where pipelined),
+    // then `keys` keys of math (fewer than `bn` on the last, partial step:
+    // whole 16-key chunks up to N, the only step that masks keys past N).
+    // Warps whose 16 query rows all lie past M copy and wait with the block
+    // but skip the math.
+    let key_step = |l: &mut Lower, keys: Keys| -> Result<Vec<Stmt>> {
+        let mut step = Vec::new();
+        if pipelined {
+            step.push(let_int("buf", rem(div(var("n0"), bn as i64), 2)));
+            let (next, _) = stage_kv(
+                l,
+                add(var("n0"), int(bn as i64)),
+                bin(BinOp::Sub, int(1), var("buf")),
+            )?;
+            step.push(Stmt::Comment(
+                "the next step's K and V into the other buffer (past the last, an empty group), then wait for this step's".into(),
+            ));
+            step.push(Stmt::If(
+                lt(add(var("n0"), int(bn as i64)), int(n as i64)),
+                next,
+            ));
+            step.extend([
+                Stmt::Call("dcir_cp_async_commit".into(), vec![]),
+                Stmt::Call("dcir_cp_async_wait<1>".into(), vec![]),
+            ]);
+        } else {
+            let (copies, asynchronous) = stage_kv(l, var("n0"), int(0))?;
+            step.extend(copies);
+            if asynchronous {
+                step.extend(wait_copies());
+            }
+        }
+        step.push(Stmt::Barrier);
+        let mut math = shape.scores(keys);
+        math.extend(shape.score_epilogue(l, &parts, &batch_coords, keys)?);
+        math.push(unrolled("h", 2, shape.online_softmax(keys)));
+        math.extend(shape.accumulate_pv(keys));
+        match crossing(m, bm, true) {
+            Some(m) => step.push(Stmt::If(lt(add(var("m0"), var("w0")), int(m as i64)), math)),
+            None => step.extend(math),
+        }
+        step.push(Stmt::Barrier);
+        Ok(step)
+    };
     if pipelined {
         body.push(Stmt::Comment(
             "the first key step's K and V in flight".into(),
         ));
         body.extend(stage_kv(l, int(0), int(0))?.0);
         body.push(Stmt::Call("dcir_cp_async_commit".into(), vec![]));
-        step.push(let_int("buf", rem(div(var("n0"), bn as i64), 2)));
-        let (next, _) = stage_kv(
-            l,
-            add(var("n0"), int(bn as i64)),
-            bin(BinOp::Sub, int(1), var("buf")),
-        )?;
-        step.push(Stmt::Comment(
-            "the next step's K and V into the other buffer (past the last, an empty group), then wait for this step's".into(),
-        ));
-        step.push(Stmt::If(
-            lt(add(var("n0"), int(bn as i64)), int(n as i64)),
-            next,
-        ));
-        step.extend([
-            Stmt::Call("dcir_cp_async_commit".into(), vec![]),
-            Stmt::Call("dcir_cp_async_wait<1>".into(), vec![]),
-        ]);
-    } else {
-        let (copies, asynchronous) = stage_kv(l, var("n0"), int(0))?;
-        step.extend(copies);
-        if asynchronous {
-            step.extend(wait_copies());
-        }
     }
-    step.push(Stmt::Barrier);
-    step.extend(shape.scores());
-    step.extend(shape.score_epilogue(l, &parts, &batch_coords)?);
-    step.push(unrolled("h", 2, shape.online_softmax()));
-    step.extend(shape.accumulate_pv());
-    step.push(Stmt::Barrier);
     body.push(Stmt::Comment(
         "online softmax over the key steps, O += P·V".into(),
     ));
-    body.push(counted("n0", int(0), int(n as i64), bn, step));
+    let full_steps = n / bn * bn;
+    if full_steps > 0 {
+        let step = key_step(
+            l,
+            Keys {
+                count: bn,
+                masked: false,
+            },
+        )?;
+        body.push(counted("n0", int(0), int(full_steps as i64), bn, step));
+    }
+    if full_steps < n {
+        body.push(Stmt::Comment(format!(
+            "the last, partial key step: whole chunks of 16 keys, those past {n} masked"
+        )));
+        let count = (n - full_steps).next_multiple_of(16);
+        let step = key_step(
+            l,
+            Keys {
+                count,
+                masked: true,
+            },
+        )?;
+        body.push(counted(
+            "n0",
+            int(full_steps as i64),
+            int(n as i64),
+            bn,
+            step,
+        ));
+    }
     body.push(Stmt::Comment("O / l through the epilogue".into()));
     body.push(shape.store_output(l, &parts, pv, &batch_coords)?);
     body.extend(store_independent(l, &parts.independent)?);
@@ -342,11 +396,26 @@ pub(super) fn attention(l: &mut Lower, op: OpId) -> Result<Kernel> {
         "attention (gemm -> softmax -> gemm, {}): {batch} x [{m} queries x {n} keys], head dims {d}/{dv}, block [{bm}, {bn}], {threads} threads, online softmax, tensor cores",
         dtype.name(),
     );
+    // Registers: the O and score accumulators, Q's fragments, K's, V's and
+    // P's, and the softmax state and addresses; ptxas's report has the last
+    // word (a spilling promise is relaxed).
+    let registers = dv / 2 + bn / 2 + d / 4 + 12 + STATE_REGISTERS;
+    let by_registers = 65536 / (threads * registers);
+    let by_shared = super::chain::MAX_SHARED / shared_bytes;
+    let blocks = by_registers.min(by_shared).clamp(1, 32) as u32;
     Ok(Kernel {
         dynamic_shared: shared_bytes,
-        min_blocks_per_sm: 1,
+        min_blocks_per_sm: super::gemm::occupancy_promise(blocks, batch * grid_m),
         ..l.kernel(op, summary, params, body, [threads, batch * grid_m])
     })
+}
+
+/// The keys one step computes: `count` (a multiple of 16, at most the
+/// block's `bn`) from `n0`, masked past N when `masked`.
+#[derive(Clone, Copy)]
+struct Keys {
+    count: usize,
+    masked: bool,
 }
 
 /// Extents and layout of one kernel.
@@ -356,7 +425,6 @@ struct Shape {
     d: usize,
     dv: usize,
     bm: usize,
-    bn: usize,
     /// Row pitches of Q and K, and of V, in elements.
     dp: usize,
     dvp: usize,
@@ -394,9 +462,9 @@ impl Shape {
         crossing(self.m, self.bm, true).map(|m| lt(var("row"), int(m as i64)))
     }
 
-    /// `col < N` for a key, unless the key steps cover N exactly.
-    fn key_in_range(&self) -> Option<Expr> {
-        crossing(self.n, self.bn, true).map(|n| lt(var("col"), int(n as i64)))
+    /// `col < N` for a key of a masked step.
+    fn key_in_range(&self, keys: Keys) -> Option<Expr> {
+        keys.masked.then(|| lt(var("col"), int(self.n as i64)))
     }
 
     /// `row` of fragment element `e` of this lane (`grp`, `grp + 8`).
@@ -410,11 +478,11 @@ impl Shape {
         )
     }
 
-    /// The warp's `16 × bn` scores: `sacc[j·4 + e]` of n8 tile `j`.
-    fn scores(&self) -> Vec<Stmt> {
+    /// The warp's `16 × keys` scores: `sacc[j·4 + e]` of n8 tile `j`.
+    fn scores(&self, keys: Keys) -> Vec<Stmt> {
         let zero = unrolled(
             "i",
-            self.bn / 2,
+            keys.count / 2,
             vec![Stmt::Store(f32_array("sacc"), var("i"), Expr::F32(0.0))],
         );
         // Lane l reads key row (l/16)·8 + l%8 and k chunk (l/8)%2 of a 16-key pair.
@@ -452,7 +520,11 @@ impl Shape {
         ];
         vec![
             zero,
-            unrolled("kk", self.d / 16, vec![unrolled("jp", self.bn / 16, pair)]),
+            unrolled(
+                "kk",
+                self.d / 16,
+                vec![unrolled("jp", keys.count / 16, pair)],
+            ),
         ]
     }
 
@@ -467,10 +539,16 @@ impl Shape {
     }
 
     /// The group's ops up to the softmax per score, `-inf` past M or N.
-    fn score_epilogue(&self, l: &mut Lower, parts: &Parts, batch: &[Expr]) -> Result<Vec<Stmt>> {
+    fn score_epilogue(
+        &self,
+        l: &mut Lower,
+        parts: &Parts,
+        batch: &[Expr],
+        keys: Keys,
+    ) -> Result<Vec<Stmt>> {
         let qk = parts.qk.as_ref().expect("a whole attention group");
         let slot = add(mul(var("j"), int(4)), var("e"));
-        let conds = vec![self.row_in_range(), self.key_in_range()];
+        let conds = vec![self.row_in_range(), self.key_in_range(keys)];
         let in_range = conds.iter().any(Option::is_some);
         let each = l.scoped(|l| {
             l.reduced = Some((qk.result, Reduced::Row(at("sacc", slot.clone())), 0));
@@ -501,7 +579,7 @@ impl Shape {
         ];
         Ok(vec![unrolled(
             "j",
-            self.bn / 8,
+            keys.count / 8,
             vec![unrolled("e", 4, with_lets(lets, per_score))],
         )])
     }
@@ -509,9 +587,9 @@ impl Shape {
     /// The online softmax update of this lane's row half `h` (elements
     /// `2h`, `2h + 1` of each score tile); rescales its outputs and leaves
     /// `p` in the scores.
-    fn online_softmax(&self) -> Vec<Stmt> {
+    fn online_softmax(&self, keys: Keys) -> Vec<Stmt> {
         let max = |a: Expr, b: Expr| call("dcir_max", vec![a, b]);
-        let (tiles, outs) = (self.bn / 8, self.dv / 8);
+        let (tiles, outs) = (keys.count / 8, self.dv / 8);
         let elem = |tile: &str| add(add(mul(var(tile), int(4)), mul(var("h"), int(2))), var("e"));
         let mut out = vec![
             let_float("tile_max", Expr::F32(f32::NEG_INFINITY), false),
@@ -597,7 +675,7 @@ impl Shape {
 
     /// `O += P·V` over the step's keys: P's A fragments packed from the
     /// scores of each 16 keys, V's B fragments by `ldmatrix.trans`.
-    fn accumulate_pv(&self) -> Vec<Stmt> {
+    fn accumulate_pv(&self, keys: Keys) -> Vec<Stmt> {
         let word = |tile: Expr, e: i64| {
             let lane = |k: i64| {
                 Expr::Cast(
@@ -642,7 +720,7 @@ impl Shape {
                 ),
             ],
         ));
-        vec![unrolled("kk", self.bn / 16, per_kk)]
+        vec![unrolled("kk", keys.count / 16, per_kk)]
     }
 
     /// After the last step: `O / l` bound to `P·V`'s value, through the epilogue.
@@ -862,9 +940,39 @@ mod tests {
             s.contains("dcir_mma_f16(") && s.contains("dcir_ldmatrix_x4_trans("),
             "{s}"
         );
-        // Q once, K and V per step: all three copied 16 bytes at a time.
-        assert_eq!(s.matches("dcir_cp_async16(smem").count(), 5, "{s}");
+        // Q once, K and V ahead of the first step and of each next one (in
+        // the full steps' loop and the last step's): 16 bytes at a time.
+        assert_eq!(s.matches("dcir_cp_async16(smem").count(), 7, "{s}");
         assert!(s.contains("tensor cores"), "{s}");
+    }
+
+    /// 197 keys in steps of 32: six full steps with no key mask, then the
+    /// last 5 keys as one chunk of 16, the only step that masks; the warps
+    /// of the last query tile whose rows all lie past 197 skip the math.
+    #[test]
+    fn the_last_partial_key_step_computes_whole_chunks_and_alone_masks() {
+        let s = attention("f16", 197, 64, [64, 32], 2, false).expect("lowers");
+        let (full, last) = s
+            .split_once("the last, partial key step")
+            .expect("a partial step");
+        assert!(full.contains("for (int n0 = 0; n0 < 192; n0 += 32)"), "{s}");
+        assert!(!full.contains("col < 197"), "{s}");
+        assert!(
+            last.contains("for (int n0 = 192; n0 < 197; n0 += 32)"),
+            "{s}"
+        );
+        assert!(last.contains("row < 197 && col < 197"), "{s}");
+        // One 16-key chunk: two n8 score tiles, one k16 slice of P·V.
+        assert!(last.contains("for (int j = 0; j < 2; j += 1)"), "{s}");
+        assert!(last.contains("for (int jp = 0; jp < 1; jp += 1)"), "{s}");
+        assert_eq!(s.matches("if (m0 + w0 < 197)").count(), 2, "{s}");
+        // Keys and queries that fill their steps: one loop, no masks.
+        let s = attention("f16", 128, 64, [64, 32], 2, false).expect("lowers");
+        assert!(
+            !s.contains("partial key step") && !s.contains("m0 + w0 <"),
+            "{s}"
+        );
+        assert!(!s.contains("< 128 &&") && !s.contains("row < 128"), "{s}");
     }
 
     #[test]
