@@ -429,7 +429,7 @@ fn fusion_is_a_pass_to_every_instrumentation_flag() {
     let _ = std::fs::remove_dir_all(&dir);
     let out = dcir_opt(&["--fuse", "--dump-dir", dir.to_str().unwrap(), file], None);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let fused = std::fs::read_to_string(dir.join("06-fuse.dcir")).expect("the fused IR is dumped");
+    let fused = std::fs::read_to_string(dir.join("07-fuse.dcir")).expect("the fused IR is dumped");
     assert!(fused.contains("= fused @g0("));
     let _ = std::fs::remove_dir_all(&dir);
 

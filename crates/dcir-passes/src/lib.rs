@@ -32,4 +32,4 @@ pub use registry::{
 /// without `--pipeline`, `dcir-run`): local cleanups, and scale factors
 /// moved off matmul operands so the operands stay views (whose transposes
 /// the second `canonicalize` folds into the matmul).
-pub const FUSION_PIPELINE: &str = "canonicalize,fold-matmul-scale,canonicalize,cse,dce";
+pub const FUSION_PIPELINE: &str = "canonicalize,fold-matmul-scale,fold-gelu,canonicalize,cse,dce";

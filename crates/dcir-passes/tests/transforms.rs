@@ -536,6 +536,99 @@ fn fold_matmul_scale_drops_a_unit_product() {
 }
 
 #[test]
+fn fold_gelu_finds_the_exact_gelu_as_exporters_write_it() {
+    // torch.onnx.export's nn.GELU (full-shape splat constants), HF's
+    // `x * 0.5 * (1 + erf(x / sqrt(2)))` (broadcast scalars, 1 + erf), and
+    // x · (1/√2) with the factors grouped as x · (0.5 · a); in f16, whose
+    // √2 is 1.4140625.
+    let before = parse(
+        "graph @g(%x: f32[4,8], %y: f32[4,8], %z: f16[4,8]) -> (f32[4,8], f32[4,8], f16[4,8]) {
+          %r2 = constant {value = 1.4142135381698608} : f32[4,8]
+          %d = div %x, %r2 : f32[4,8]
+          %e = erf %d : f32[4,8]
+          %one = constant {value = 1.0} : f32[4,8]
+          %a = add %e, %one : f32[4,8]
+          %m = mul %x, %a : f32[4,8]
+          %half = constant {value = 0.5} : f32[4,8]
+          %gx = mul %m, %half : f32[4,8]
+          %h = constant {value = 0.5} : f32[]
+          %hb = broadcast %h {dims = []} : f32[4,8]
+          %yh = mul %y, %hb : f32[4,8]
+          %s = constant {value = 1.4142135623730951} : f32[]
+          %sb = broadcast %s {dims = []} : f32[4,8]
+          %yd = div %y, %sb : f32[4,8]
+          %ye = erf %yd : f32[4,8]
+          %o = constant {value = 1.0} : f32[]
+          %ob = broadcast %o {dims = []} : f32[4,8]
+          %ya = add %ob, %ye : f32[4,8]
+          %gy = mul %yh, %ya : f32[4,8]
+          %ir2 = constant {value = 0.7071067811865476} : f16[4,8]
+          %zd = mul %ir2, %z : f16[4,8]
+          %ze = erf %zd : f16[4,8]
+          %one16 = constant {value = 1.0} : f16[4,8]
+          %za = add %ze, %one16 : f16[4,8]
+          %half16 = constant {value = 0.5} : f16[4,8]
+          %zh = mul %half16, %za : f16[4,8]
+          %gz = mul %z, %zh : f16[4,8]
+          return %gx, %gy, %gz
+        }",
+    );
+    let after = run("fold-gelu,dce", &before);
+    let g = &after.graphs[0];
+    assert_eq!(count(g, OpKind::Gelu), 3, "{}", print_module(&after));
+    for kind in [OpKind::Erf, OpKind::Mul, OpKind::Div, OpKind::Add] {
+        assert_eq!(
+            count(g, kind),
+            0,
+            "{kind:?} left:\n{}",
+            print_module(&after)
+        );
+    }
+    assert_same_results(&before, &after, None);
+}
+
+#[test]
+fn fold_gelu_leaves_what_is_not_the_exact_gelu() {
+    // √3 for √2, 2 + erf, a factor of 0.25, and the product of erf's
+    // argument with another value: unchanged. A shared `1 + erf` stays for
+    // its other use while its product folds.
+    let before = parse(
+        "graph @g(%x: f32[4,8], %w: f32[4,8]) -> (f32[4,8], f32[4,8], f32[4,8], f32[4,8], f32[4,8], f32[4,8]) {
+          %r3 = constant {value = 1.7320508075688772} : f32[4,8]
+          %r2 = constant {value = 1.4142135381698608} : f32[4,8]
+          %one = constant {value = 1.0} : f32[4,8]
+          %two = constant {value = 2.0} : f32[4,8]
+          %half = constant {value = 0.5} : f32[4,8]
+          %quarter = constant {value = 0.25} : f32[4,8]
+          %d3 = div %x, %r3 : f32[4,8]
+          %e3 = erf %d3 : f32[4,8]
+          %a3 = add %e3, %one : f32[4,8]
+          %m3 = mul %x, %a3 : f32[4,8]
+          %g3 = mul %m3, %half : f32[4,8]
+          %d = div %x, %r2 : f32[4,8]
+          %e = erf %d : f32[4,8]
+          %a2 = add %e, %two : f32[4,8]
+          %m2 = mul %x, %a2 : f32[4,8]
+          %g2 = mul %m2, %half : f32[4,8]
+          %a = add %e, %one : f32[4,8]
+          %mq = mul %x, %a : f32[4,8]
+          %gq = mul %mq, %quarter : f32[4,8]
+          %mw = mul %w, %a : f32[4,8]
+          %gw = mul %mw, %half : f32[4,8]
+          %m = mul %x, %a : f32[4,8]
+          %g = mul %m, %half : f32[4,8]
+          return %g3, %g2, %gq, %gw, %g, %a
+        }",
+    );
+    let after = run("fold-gelu,dce", &before);
+    let g = &after.graphs[0];
+    assert_eq!(count(g, OpKind::Gelu), 1, "{}", print_module(&after));
+    assert_eq!(count(g, OpKind::Erf), 2, "{}", print_module(&after));
+    assert_eq!(outputs(g)[5], "a");
+    assert_same_results(&before, &after, None);
+}
+
+#[test]
 fn decompositions_on_ln_gelu_and_a_small_attention() {
     let before = parse(
         "graph @attn(%x: f32[8,16], %wq: f32[16,16], %wk: f32[16,16], %s: f32[16], %b: f32[16]) -> (f32[8,16]) {

@@ -10,6 +10,7 @@ mod decompose_layernorm;
 mod decompose_softmax;
 mod fold_batchnorm;
 mod fold_constants;
+mod fold_gelu;
 mod fold_matmul_scale;
 mod hoist_weights;
 mod nhwc_inputs;
@@ -39,6 +40,7 @@ pub const BUILTIN_PASSES: &[PassDef] = &[
     decompose_softmax::DEF,
     fold_batchnorm::DEF,
     fold_constants::DEF,
+    fold_gelu::DEF,
     fold_matmul_scale::DEF,
     hoist_weights::DEF,
     nhwc_inputs::DEF,
