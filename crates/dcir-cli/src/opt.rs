@@ -38,7 +38,7 @@ pub struct OptArgs {
     /// Passes to run, comma-separated, options in braces: 'cse,fold-constants{max-elems=64}'.
     #[arg(long, value_name = "PIPELINE")]
     pub pipeline: Option<String>,
-    /// Fuse ops into kernels after the pipeline (default pipeline: canonicalize,fold-matmul-scale,canonicalize,cse,dce).
+    /// Fuse ops into kernels after the pipeline (default pipeline: canonicalize,fold-matmul-scale,fold-gelu,canonicalize,cse,dce).
     #[arg(long)]
     pub fuse: bool,
     /// Plan every op as its own kernel (the unfused baseline); implies --fuse.
@@ -50,7 +50,9 @@ pub struct OptArgs {
     pub no_library: bool,
     /// The layout CNN activations run in: `auto` plans the graph as written and in its
     /// channels-last form (the `channels-last` pass) and keeps channels-last where the cost
-    /// model prices it at least 1.1x faster; `as-written` and `channels-last` force one. `--emit plan` shows both estimates.
+    /// model prices it at least 1.1x faster, or its groups that differ from the plan as written
+    /// at least 1.5x faster than those they replace; `as-written` and `channels-last` force one.
+    /// `--emit plan` shows both estimates.
     #[arg(long, value_name = "MODE", default_value = "auto", value_parser = crate::parse_layout)]
     pub layout: LayoutMode,
     /// What to print: the IR, the fusion plan (a table per graph), Graphviz of the plan, or CUDA.
@@ -380,6 +382,7 @@ fn fuse(args: &OptArgs, model: &CostModel, module: &mut Module) -> Result<Option
                         channels_last: false,
                         as_written: Some(plan.total_time()),
                         channels_last_time: None,
+                        shared_time: None,
                     };
                     plans.push(show_plan(args, model, &flat, &plan, &layout));
                 }

@@ -65,8 +65,9 @@ pub struct RunArgs {
     #[arg(long)]
     pub no_library: bool,
     /// With the cuda backend, the layout CNN activations run in: `auto` keeps the channels-last
-    /// form where the cost model prices it at least 1.1x faster, else the graph as written; `as-written`
-    /// and `channels-last` force one (dcir-opt --emit plan shows both estimates).
+    /// form where the cost model prices it at least 1.1x faster (or its groups that differ from
+    /// the plan as written at least 1.5x faster), else the graph as written; `as-written` and
+    /// `channels-last` force one (dcir-opt --emit plan shows both estimates).
     #[arg(long, value_name = "MODE", default_value = "auto", value_parser = crate::parse_layout)]
     pub layout: dcir_fusion::LayoutMode,
     /// The graph to run, when the module has several (default: the first); `main` or `@main`.

@@ -39,8 +39,8 @@ pub mod explain;
 mod layout;
 
 pub use layout::{
-    CHANNELS_LAST_MARGIN, CHANNELS_LAST_PIPELINE, LayoutChoice, LayoutMode, channels_last_form,
-    plan_layout, unshare_views,
+    CHANNELS_LAST_MARGIN, CHANNELS_LAST_PART_MARGIN, CHANNELS_LAST_PIPELINE, LayoutChoice,
+    LayoutMode, channels_last_form, plan_layout, unshare_views,
 };
 mod replan;
 
