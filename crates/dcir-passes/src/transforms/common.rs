@@ -35,19 +35,61 @@ impl Pass for RewriteEach {
         module: &mut Module,
         _: &mut AnalysisManager,
     ) -> Result<PassResult, PassError> {
-        let mut changed = false;
-        for graph in &mut module.graphs {
-            for block in all_blocks(graph) {
-                for op in graph.block(block).ops.clone() {
-                    if graph.op(op).kind == self.kind {
-                        (self.rewrite)(graph, op)?;
-                        changed = true;
-                    }
-                }
+        each_op(module, true, |graph, op| {
+            let ours = graph.op(op).kind == self.kind;
+            if ours {
+                (self.rewrite)(graph, op)?;
+            }
+            Ok(ours)
+        })
+    }
+}
+
+/// A pass that offers every op of each graph's body (not `fused` regions),
+/// in order, to one function, which rewrites it and returns true, or
+/// returns false: the shape of the folding passes.
+pub(crate) struct FoldEach {
+    /// The registered name.
+    pub name: &'static str,
+    /// Folds one op, or leaves it.
+    pub fold: fn(&mut Graph, OpId) -> Result<bool, PassError>,
+}
+
+impl Pass for FoldEach {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn run(
+        &mut self,
+        module: &mut Module,
+        _: &mut AnalysisManager,
+    ) -> Result<PassResult, PassError> {
+        each_op(module, false, self.fold)
+    }
+}
+
+/// Offers every op of each graph's body (and, with `regions`, of every
+/// `fused` region) to `visit`, in order; changed when any visit says so.
+fn each_op(
+    module: &mut Module,
+    regions: bool,
+    mut visit: impl FnMut(&mut Graph, OpId) -> Result<bool, PassError>,
+) -> Result<PassResult, PassError> {
+    let mut changed = false;
+    for graph in &mut module.graphs {
+        let blocks = if regions {
+            all_blocks(graph)
+        } else {
+            vec![graph.body()]
+        };
+        for block in blocks {
+            for op in graph.block(block).ops.clone() {
+                changed |= visit(graph, op)?;
             }
         }
-        Ok(PassResult::from_changed(changed))
     }
+    Ok(PassResult::from_changed(changed))
 }
 
 pub(crate) fn all_blocks(graph: &Graph) -> Vec<BlockId> {

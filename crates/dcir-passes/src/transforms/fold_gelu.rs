@@ -20,11 +20,10 @@
 use std::f64::consts::{FRAC_1_SQRT_2, SQRT_2};
 
 use dcir_interp::TensorData;
-use dcir_ir::{Attrs, DType, Graph, Module, OpId, OpKind, Rewriter, ValueId};
+use dcir_ir::{Attrs, DType, Graph, OpId, OpKind, Rewriter, ValueId};
 
-use super::common::{def_op, replace_op, splat_value};
-use crate::analysis::AnalysisManager;
-use crate::pass::{Pass, PassError, PassResult};
+use super::common::{FoldEach, def_op, replace_op, splat_value};
+use crate::pass::PassError;
 use crate::registry::{PassDef, PassOptions};
 
 /// The registry entry.
@@ -33,37 +32,24 @@ pub const DEF: PassDef = PassDef {
     summary: "x · (1 + erf(x / √2)) · 0.5, in any order and grouping → gelu(x) (changes \
               rounding: the intermediates are not rounded to the dtype)",
     options: &[],
-    create: |_: &PassOptions| Ok(Box::new(FoldGelu)),
+    create: |_: &PassOptions| {
+        Ok(Box::new(FoldEach {
+            name: DEF.name,
+            fold,
+        }))
+    },
 };
 
-struct FoldGelu;
-
-impl Pass for FoldGelu {
-    fn name(&self) -> &'static str {
-        DEF.name
-    }
-
-    fn run(
-        &mut self,
-        module: &mut Module,
-        _: &mut AnalysisManager,
-    ) -> Result<PassResult, PassError> {
-        let mut changed = false;
-        for graph in &mut module.graphs {
-            let body = graph.body();
-            for op in graph.block(body).ops.clone() {
-                if let Some(x) = gelu_input(graph, op) {
-                    let d = graph.op(op);
-                    let hint = format!("{}.gelu", graph.value(d.results[0]).name);
-                    let mut rw = Rewriter::before(graph, op);
-                    let y = rw.op(OpKind::Gelu, &[x], Attrs::new(), &hint)?;
-                    replace_op(graph, op, y);
-                    changed = true;
-                }
-            }
-        }
-        Ok(PassResult::from_changed(changed))
-    }
+/// Replaces `op` by `gelu(x)` where it computes that written out.
+fn fold(graph: &mut Graph, op: OpId) -> Result<bool, PassError> {
+    let Some(x) = gelu_input(graph, op) else {
+        return Ok(false);
+    };
+    let hint = format!("{}.gelu", graph.value(graph.op(op).results[0]).name);
+    let mut rw = Rewriter::before(graph, op);
+    let y = rw.op(OpKind::Gelu, &[x], Attrs::new(), &hint)?;
+    replace_op(graph, op, y);
+    Ok(true)
 }
 
 /// `x` when `op` computes `gelu(x)` written out, its factors grouped any

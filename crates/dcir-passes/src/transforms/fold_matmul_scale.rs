@@ -16,11 +16,10 @@
 //! anything else uses it.
 
 use dcir_interp::TensorData;
-use dcir_ir::{Attrs, Graph, Module, OpId, OpKind, Rewriter, ValueId};
+use dcir_ir::{Attrs, Graph, OpId, OpKind, Rewriter, ValueId};
 
-use super::common::{def_op, replace_op, splat_value};
-use crate::analysis::AnalysisManager;
-use crate::pass::{Pass, PassError, PassResult};
+use super::common::{FoldEach, def_op, replace_op, splat_value};
+use crate::pass::PassError;
 use crate::registry::{PassDef, PassOptions};
 
 /// The registry entry.
@@ -30,31 +29,13 @@ pub const DEF: PassDef = PassDef {
               be absent): the factor becomes the contraction's epilogue and its operands views \
               (changes rounding)",
     options: &[],
-    create: |_: &PassOptions| Ok(Box::new(FoldMatmulScale)),
+    create: |_: &PassOptions| {
+        Ok(Box::new(FoldEach {
+            name: DEF.name,
+            fold,
+        }))
+    },
 };
-
-struct FoldMatmulScale;
-
-impl Pass for FoldMatmulScale {
-    fn name(&self) -> &'static str {
-        DEF.name
-    }
-
-    fn run(
-        &mut self,
-        module: &mut Module,
-        _: &mut AnalysisManager,
-    ) -> Result<PassResult, PassError> {
-        let mut changed = false;
-        for graph in &mut module.graphs {
-            let body = graph.body();
-            for op in graph.block(body).ops.clone() {
-                changed |= fold(graph, op)?;
-            }
-        }
-        Ok(PassResult::from_changed(changed))
-    }
-}
 
 /// `(x, c)` when `v = x * c` or `c * x` for a splat constant `c` of `v`'s
 /// type, finite and non-zero, as `v`'s dtype rounds it.
