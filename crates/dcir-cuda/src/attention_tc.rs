@@ -46,7 +46,8 @@ use super::chain::{
     with_lets,
 };
 use super::epilogue::{store_derived, store_independent};
-use super::gemm_tc::{Strided, matmul_operand};
+use super::gemm::{Lanes, lanes_stay_together, store_result_vectors};
+use super::gemm_tc::{Chunk, Strided, copy_chunks, matmul_operand};
 use super::{EmitError, Index, Lower, Reduced, attr_int, params};
 use crate::kir::{
     ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Stmt, Ty, add, bin, call, div, guarded, int,
@@ -56,11 +57,11 @@ use crate::kir::{
 type Result<T> = std::result::Result<T, EmitError>;
 
 /// Locals of the kernel, reserved before the parameters are named.
-const NAMES: [&str; 40] = [
+const NAMES: [&str; 43] = [
     "tile_m", "bz", "m0", "warp", "lane", "grp", "quad", "w0", "smem", "qf", "kf", "vf", "pa",
     "sacc", "out_acc", "row_max", "row_sum", "tile_max", "tile_sum", "m_new", "m_use", "m_log2",
     "alpha", "p", "s_val", "row", "col", "n0", "kk", "j", "jp", "e", "h", "c", "cp", "i", "Qs",
-    "Ks", "Vs", "buf",
+    "Ks", "Vs", "buf", "row_inv", "vidx", "s",
 ];
 
 /// Registers beyond the fragments a thread keeps: softmax state, loop
@@ -131,14 +132,20 @@ pub(super) fn attention(l: &mut Lower, op: OpId) -> Result<Kernel> {
     let v_op = matmul_operand(l, pv.b, pv.transposes_b(), dv, &batch_coords);
     let k_copy = k_op.k_inner.then_some(k_op.strided.as_ref()).flatten();
     let v_copy = (!v_op.k_inner).then_some(v_op.strided.as_ref()).flatten();
-    // Two K/V buffers (the next step's copies in flight during this one's
-    // math) where both copy asynchronously and `stages` asks for them.
-    let pipelined = attr_int(g, op, "stages", 1) >= 2 && k_copy.is_some() && v_copy.is_some();
+    // A ring of `stages` K/V buffers (up to one per key step; the next
+    // steps' copies in flight during this one's math) where both copy
+    // asynchronously and `stages` asks for two or more.
+    let stages = attr_int(g, op, "stages", 1).max(1) as usize;
+    let pipelined = stages >= 2 && k_copy.is_some() && v_copy.is_some();
     let (dp, dvp) = (d + PAD, dv + PAD);
     let q_bytes = bm * dp * 2;
     let k_bytes = bn * dp * 2;
     let v_bytes = bn * dvp * 2;
-    let buffers = if pipelined { 2 } else { 1 };
+    let buffers = if pipelined {
+        stages.min(n.div_ceil(bn)).max(2)
+    } else {
+        1
+    };
     let shared_bytes = q_bytes + buffers * (k_bytes + v_bytes);
     let grid_m = m.div_ceil(bm);
 
@@ -233,12 +240,12 @@ pub(super) fn attention(l: &mut Lower, op: OpId) -> Result<Kernel> {
         threads,
         stored,
     )?;
-    body.push(stage_q);
-    if q_async {
-        body.extend(wait_copies());
-    }
-    body.push(Stmt::Barrier);
-    body.push(unrolled(
+    body.extend(stage_q);
+    // The warps' Q fragments once Q is in: where Q and K/V copy
+    // asynchronously, after the first key steps' copies are issued too (its
+    // group first, so waiting for it leaves theirs in flight).
+    let mut q_frags = vec![Stmt::Barrier];
+    q_frags.push(unrolled(
         "kk",
         d / 16,
         vec![ldmatrix(
@@ -301,41 +308,49 @@ pub(super) fn attention(l: &mut Lower, op: OpId) -> Result<Kernel> {
             threads,
             stored,
         )?;
-        Ok((vec![stage_k, stage_v], k_async || v_async))
+        Ok(([stage_k, stage_v].concat(), k_async || v_async))
     };
-    // One key step: its copies (the next step's in flight where pipelined),
-    // then `keys` keys of math (fewer than `bn` on the last, partial step:
-    // whole 16-key chunks up to N, the only step that masks keys past N).
-    // Warps whose 16 query rows all lie past M copy and wait with the block
-    // but skip the math.
+    // One key step: where pipelined, wait for its K and V, a barrier (every
+    // warp is past the previous step's math), then the copies of the step
+    // `buffers − 1` ahead into the buffer that step read; else its copies
+    // and a barrier. Then `keys` keys of math (fewer than `bn` on the last,
+    // partial step: whole 16-key chunks up to N, the only step that masks
+    // keys past N). Warps whose 16 query rows all lie past M copy and wait
+    // with the block but skip the math.
     let key_step = |l: &mut Lower, keys: Keys| -> Result<Vec<Stmt>> {
         let mut step = Vec::new();
         if pipelined {
-            step.push(let_int("buf", rem(div(var("n0"), bn as i64), 2)));
+            step.push(let_int(
+                "buf",
+                rem(div(var("n0"), bn as i64), buffers as i64),
+            ));
+            step.push(Stmt::Call(
+                format!("dcir_cp_async_wait<{}>", buffers - 2),
+                vec![],
+            ));
+            step.push(Stmt::Barrier);
+            let ahead = ((buffers - 1) * bn) as i64;
             let (next, _) = stage_kv(
                 l,
-                add(var("n0"), int(bn as i64)),
-                bin(BinOp::Sub, int(1), var("buf")),
+                add(var("n0"), int(ahead)),
+                rem(add(var("buf"), int(buffers as i64 - 1)), buffers as i64),
             )?;
-            step.push(Stmt::Comment(
-                "the next step's K and V into the other buffer (past the last, an empty group), then wait for this step's".into(),
-            ));
+            step.push(Stmt::Comment(format!(
+                "the K and V {ahead} keys on into the buffer the step before read (past the last key, an empty group)"
+            )));
             step.push(Stmt::If(
-                lt(add(var("n0"), int(bn as i64)), int(n as i64)),
+                lt(add(var("n0"), int(ahead)), int(n as i64)),
                 next,
             ));
-            step.extend([
-                Stmt::Call("dcir_cp_async_commit".into(), vec![]),
-                Stmt::Call("dcir_cp_async_wait<1>".into(), vec![]),
-            ]);
+            step.push(Stmt::Call("dcir_cp_async_commit".into(), vec![]));
         } else {
             let (copies, asynchronous) = stage_kv(l, var("n0"), int(0))?;
             step.extend(copies);
             if asynchronous {
                 step.extend(wait_copies());
             }
+            step.push(Stmt::Barrier);
         }
-        step.push(Stmt::Barrier);
         let mut math = shape.scores(keys);
         math.extend(shape.score_epilogue(l, &parts, &batch_coords, keys)?);
         math.push(unrolled("h", 2, shape.online_softmax(keys)));
@@ -344,15 +359,42 @@ pub(super) fn attention(l: &mut Lower, op: OpId) -> Result<Kernel> {
             Some(m) => step.push(Stmt::If(lt(add(var("m0"), var("w0")), int(m as i64)), math)),
             None => step.extend(math),
         }
-        step.push(Stmt::Barrier);
+        if !pipelined {
+            step.push(Stmt::Barrier);
+        }
         Ok(step)
     };
-    if pipelined {
-        body.push(Stmt::Comment(
-            "the first key step's K and V in flight".into(),
-        ));
-        body.extend(stage_kv(l, int(0), int(0))?.0);
-        body.push(Stmt::Call("dcir_cp_async_commit".into(), vec![]));
+    match (q_async, pipelined) {
+        (true, true) => {
+            body.push(Stmt::Call("dcir_cp_async_commit".into(), vec![]));
+            body.push(Stmt::Comment(format!(
+                "{}, then wait for Q's",
+                first_steps(buffers - 1)
+            )));
+            for s in 0..buffers - 1 {
+                body.extend(stage_kv(l, int((s * bn) as i64), int(s as i64))?.0);
+                body.push(Stmt::Call("dcir_cp_async_commit".into(), vec![]));
+            }
+            body.push(Stmt::Call(
+                format!("dcir_cp_async_wait<{}>", buffers - 1),
+                vec![],
+            ));
+            body.extend(q_frags);
+        }
+        (_, true) => {
+            // Q staged element by element: in place at the barrier.
+            body.extend(q_frags);
+            body.push(Stmt::Comment(first_steps(buffers - 1)));
+            for s in 0..buffers - 1 {
+                body.extend(stage_kv(l, int((s * bn) as i64), int(s as i64))?.0);
+                body.push(Stmt::Call("dcir_cp_async_commit".into(), vec![]));
+            }
+        }
+        (true, false) => {
+            body.extend(wait_copies());
+            body.extend(q_frags);
+        }
+        (false, false) => body.extend(q_frags),
     }
     body.push(Stmt::Comment(
         "online softmax over the key steps, O += P·V".into(),
@@ -388,8 +430,8 @@ pub(super) fn attention(l: &mut Lower, op: OpId) -> Result<Kernel> {
             step,
         ));
     }
-    body.push(Stmt::Comment("O / l through the epilogue".into()));
-    body.push(shape.store_output(l, &parts, pv, &batch_coords)?);
+    body.push(Stmt::Comment("O · (1 / l) through the epilogue, adjacent columns paired where the results keep them together".into()));
+    body.extend(shape.store_output(l, &parts, pv, &batch_coords)?);
     body.extend(store_independent(l, &parts.independent)?);
 
     let summary = format!(
@@ -723,43 +765,95 @@ impl Shape {
         vec![unrolled("kk", keys.count / 16, per_kk)]
     }
 
-    /// After the last step: `O / l` bound to `P·V`'s value, through the epilogue.
+    /// After the last step: `O · (1 / l)` bound to `P·V`'s value, through
+    /// the epilogue; a fragment's two adjacent columns as one 4-byte store
+    /// where every stored result is 16-bit and keeps them together.
     fn store_output(
         &self,
         l: &mut Lower,
         parts: &Parts,
         pv: &Contraction,
         batch: &[Expr],
-    ) -> Result<Stmt> {
+    ) -> Result<Vec<Stmt>> {
         let g = l.g;
-        let value = bin(
-            BinOp::Div,
-            at("out_acc", add(mul(var("c"), int(4)), var("e"))),
-            at("row_sum", div(var("e"), 2)),
-        );
+        let mut out = vec![local("row_inv", Ty::F32, 2)];
+        out.push(unrolled(
+            "h",
+            2,
+            vec![Stmt::Store(
+                f32_array("row_inv"),
+                var("h"),
+                bin(BinOp::Div, Expr::F32(1.0), at("row_sum", var("h"))),
+            )],
+        ));
+        let acc = |e: Expr| {
+            bin(
+                BinOp::Mul,
+                at("out_acc", add(mul(var("c"), int(4)), e.clone())),
+                at("row_inv", div(e, 2)),
+            )
+        };
+        let col_axis = g.ty(pv.result).dims().len() - 1;
+        let pairs = pv.is_matmul()
+            && parts.stored.iter().all(|o| {
+                matches!(o.dtype, DType::F16 | DType::BF16)
+                    && lanes_stay_together(
+                        g,
+                        &parts.last,
+                        (pv.result, Lanes::Along(col_axis)),
+                        o.value,
+                        2,
+                    )
+            });
+        let col = add(mul(var("c"), int(8)), mul(var("quad"), int(2)));
+        if pairs {
+            let stores = l.scoped(|l| {
+                let lanes: Vec<(Vec<Expr>, Expr)> = (0..2)
+                    .map(|j| {
+                        let mut coords = batch.to_vec();
+                        coords.extend([var("row"), add(var("col"), int(j))]);
+                        (coords, acc(add(mul(var("h"), int(2)), int(j))))
+                    })
+                    .collect();
+                let params: Vec<&super::Param> = parts.stored.iter().map(|o| &o.param).collect();
+                let ys: Vec<_> = parts.stored.iter().map(|o| o.value).collect();
+                let result = store_result_vectors(
+                    l,
+                    &parts.last,
+                    pv.result,
+                    "vidx",
+                    &lanes,
+                    &params,
+                    &ys,
+                    &ys,
+                );
+                l.reduced = None;
+                result
+            })?;
+            let row = add(
+                add(var("m0"), var("w0")),
+                add(var("grp"), mul(var("h"), int(8))),
+            );
+            let lets = vec![let_int("row", row), let_int("col", col)];
+            let per_pair = with_lets(lets, guarded(vec![self.row_in_range()], stores));
+            out.push(unrolled("c", self.dv / 8, vec![unrolled("h", 2, per_pair)]));
+            return Ok(out);
+        }
         let stores = l.scoped(|l| {
-            l.reduced = Some((pv.result, Reduced::Row(value), 0));
+            l.reduced = Some((pv.result, Reduced::Row(acc(var("e"))), 0));
             let idx = pv.out_index(g, batch, var("row"), var("col"));
             let result = store_derived(l, &parts.last, pv.result, &idx, &parts.stored);
             l.reduced = None;
             result
         })?;
-        let lets = vec![
-            self.row(),
-            let_int(
-                "col",
-                add(
-                    mul(var("c"), int(8)),
-                    add(mul(var("quad"), int(2)), rem(var("e"), 2)),
-                ),
-            ),
-        ];
+        let lets = vec![self.row(), let_int("col", add(col, rem(var("e"), 2)))];
         let per_output = with_lets(lets, guarded(vec![self.row_in_range()], stores));
-        Ok(unrolled(
+        out.push(unrolled(
             "c",
             self.dv / 8,
             vec![unrolled("e", 4, per_output)],
-        ))
+        ));
+        Ok(out)
     }
 }
 
@@ -773,8 +867,8 @@ struct Shared {
 /// shared array at `at`: with `copy` — a strided view of a kernel parameter
 /// contiguous along the tile's columns in aligned runs of 8, whose (r, k)
 /// are the tile's (row, column), or (column, row) when flagged — as 16-byte
-/// `cp.async` copies (zeros past the row bound; true is returned: the
-/// caller commits and waits), else
+/// `cp.async` copies ([`copy_chunks`]; zeros past the row bound; true is
+/// returned: the caller commits and waits), else
 /// element by element through the index maps ([`stage_as`]).
 fn stage_operand(
     l: &mut Lower,
@@ -783,9 +877,9 @@ fn stage_operand(
     copy: Option<(&Strided, bool)>,
     threads: usize,
     stored: Ty,
-) -> Result<(Stmt, bool)> {
+) -> Result<(Vec<Stmt>, bool)> {
     let Some((sv, swapped)) = copy else {
-        return Ok((stage_as(l, t, threads, stored)?, false));
+        return Ok((vec![stage_as(l, t, threads, stored)?], false));
     };
     let s = t.shared;
     let name = |x: &str| format!("{s}_{x}");
@@ -794,49 +888,47 @@ fn stage_operand(
     }
     let chunks = t.cols / 8;
     let total = t.rows * chunks;
-    let row = add(t.origin[0].clone(), var(name("r")));
-    let full = t.bounds[0].map(|b| lt(var(name("row")), int(b as i64)));
-    let col = add(t.origin[1].clone(), var(name("c")));
-    let src = if swapped {
-        sv.at(col, var(name("row")))
-    } else {
-        sv.at(var(name("row")), col)
-    };
-    let src = match &full {
-        Some(f) => select(f.clone(), src, int(0)),
-        None => src,
-    };
-    let dst = add(
-        add(var("smem"), at.base),
-        mul(
-            add(mul(var(name("r")), int(at.pitch as i64)), var(name("c"))),
-            int(2),
-        ),
-    );
-    let body = vec![
-        let_int(&name("r"), div(var(name("i")), chunks as i64)),
-        let_int(&name("c"), mul(rem(var(name("i")), chunks as i64), int(8))),
-        let_int(&name("row"), row),
-        Stmt::Call(
-            "dcir_cp_async16".into(),
-            vec![
-                dst,
-                add(var(sv.param.clone()), src),
-                full.unwrap_or(Expr::Bool(true)),
+    let copies = copy_chunks(&sv.param, total.div_ceil(threads), |step| {
+        let i = add(
+            Expr::Builtin(Builtin::ThreadX),
+            mul(step, int(threads as i64)),
+        );
+        let col = add(t.origin[1].clone(), var(name("c")));
+        let src = if swapped {
+            sv.at(col, var(name("row")))
+        } else {
+            sv.at(var(name("row")), col)
+        };
+        let dst = add(
+            add(var("smem"), at.base.clone()),
+            mul(
+                add(mul(var(name("r")), int(at.pitch as i64)), var(name("c"))),
+                int(2),
+            ),
+        );
+        Chunk {
+            lets: vec![
+                let_int(&name("i"), i),
+                let_int(&name("r"), div(var(name("i")), chunks as i64)),
+                let_int(&name("c"), mul(rem(var(name("i")), chunks as i64), int(8))),
+                let_int(&name("row"), add(t.origin[0].clone(), var(name("r")))),
             ],
-        ),
-    ];
-    Ok((
-        Stmt::For {
-            var: name("i"),
-            start: Expr::Builtin(Builtin::ThreadX),
-            end: int(total as i64),
-            step: int(threads as i64),
-            unroll: total.is_multiple_of(threads) && total / threads <= 32,
-            body,
-        },
-        true,
-    ))
+            dst,
+            src,
+            full: t.bounds[0].map(|b| lt(var(name("row")), int(b as i64))),
+            present: (!total.is_multiple_of(threads))
+                .then(|| lt(var(name("i")), int(total as i64))),
+        }
+    });
+    Ok((copies, true))
+}
+
+/// What the copies ahead of the first key step are, in a comment.
+fn first_steps(count: usize) -> String {
+    match count {
+        1 => "the first key step's K and V in flight".into(),
+        _ => format!("the first {count} key steps' K and V in flight, a group each"),
+    }
 }
 
 /// Commits this thread's copies and waits for them (a barrier follows).
@@ -944,6 +1036,45 @@ mod tests {
         // the full steps' loop and the last step's): 16 bytes at a time.
         assert_eq!(s.matches("dcir_cp_async16(smem").count(), 7, "{s}");
         assert!(s.contains("tensor cores"), "{s}");
+    }
+
+    /// A ring of four K/V buffers: Q's copies, then three key steps' in
+    /// flight before Q is waited for; each step waits for its own group,
+    /// passes one barrier and refills the buffer the step before it read.
+    /// More stages than key steps take one buffer per step.
+    #[test]
+    fn a_ring_of_stages_keeps_key_steps_in_flight_with_one_barrier_a_step() {
+        let s = attention("f16", 197, 64, [64, 32], 4, false).expect("lowers");
+        assert!(s.contains("const int buf = n0 / 32 % 4;"), "{s}");
+        let (prologue, steps) = s
+            .split_once("// online softmax over the key steps")
+            .expect("steps");
+        assert_eq!(
+            prologue.matches("dcir_cp_async_commit();").count(),
+            4,
+            "{s}"
+        );
+        assert!(prologue.contains("dcir_cp_async_wait<3>();"), "{s}");
+        assert!(steps.contains("dcir_cp_async_wait<2>();"), "{s}");
+        assert!(steps.contains("if (n0 + 96 < 197)"), "{s}");
+        assert!(steps.contains("(buf + 3) % 4 * "), "{s}");
+        // Q's barrier, then one in each of the two step loops.
+        assert_eq!(s.matches("__syncthreads();").count(), 3, "{s}");
+        let s = attention("f16", 64, 64, [64, 32], 4, false).expect("lowers");
+        assert!(s.contains("const int buf = n0 / 32 % 2;"), "{s}");
+    }
+
+    /// f16 results that keep a fragment's two adjacent columns together
+    /// store them as one 4-byte word, scaled by `1 / l` taken once a row.
+    #[test]
+    fn adjacent_output_columns_store_as_one_word() {
+        let s = attention("f16", 197, 64, [64, 32], 2, false).expect("lowers");
+        assert!(s.contains("row_inv[h] = 1.0f / row_sum[h];"), "{s}");
+        assert!(
+            s.contains("reinterpret_cast<unsigned int*>(r_out)[vidx] ="),
+            "{s}"
+        );
+        assert!(!s.contains("] / row_sum"), "{s}");
     }
 
     /// 197 keys in steps of 32: six full steps with no key mask, then the

@@ -611,6 +611,47 @@ fn unrolled(v: &str, n: usize, body: impl Fn(Expr) -> Vec<Stmt>) -> Vec<Stmt> {
     }]
 }
 
+/// One 16-byte chunk of a tile a thread copies with `cp.async`: the
+/// statements that name its place, its shared byte address, its element
+/// offset in the source parameter, whether it is in range (zeros and no
+/// read where not) and whether this thread has it at all (threads past a
+/// tile smaller than the block).
+pub(super) struct Chunk {
+    pub lets: Vec<Stmt>,
+    pub dst: Expr,
+    pub src: Expr,
+    pub full: Option<Expr>,
+    pub present: Option<Expr>,
+}
+
+/// The `cp.async` copy of a tile from a strided view, the one every
+/// tensor-core family issues: each thread's `per_thread` chunks `s`
+/// (unrolled), `chunk(s)` saying where each goes and comes from in
+/// `param`.
+pub(super) fn copy_chunks(
+    param: &str,
+    per_thread: usize,
+    chunk: impl Fn(Expr) -> Chunk,
+) -> Vec<Stmt> {
+    unrolled("s", per_thread, |s| {
+        let c = chunk(s);
+        let (src, full) = match c.full {
+            Some(full) => (select(full.clone(), c.src, int(0)), full),
+            None => (c.src, Expr::Bool(true)),
+        };
+        let copy = Stmt::Call(
+            "dcir_cp_async16".into(),
+            vec![c.dst, add(var(param), src), full],
+        );
+        let mut out = c.lets;
+        match c.present {
+            Some(present) => out.push(Stmt::If(present, vec![copy])),
+            None => out.push(copy),
+        }
+        out
+    })
+}
+
 /// Where one operand's tiles live in shared memory and which chunks each thread copies.
 struct TileLayout {
     /// Operand prefix: `a` or `b`.
@@ -1130,7 +1171,7 @@ fn copy_tile(
         });
     }
     if let Some(sv) = &op.strided {
-        let issue = unrolled("s", t.per_thread, |s| {
+        let issue = copy_chunks(&sv.param, t.per_thread, |s| {
             let (r, k) = first(&s);
             let full = in_range(r.clone(), k.clone());
             let src = match sv.linear() {
@@ -1148,17 +1189,13 @@ fn copy_tile(
                 // A dim of several modes: each chunk's offset through them.
                 None => sv.at(r, k),
             };
-            guard(
-                &s,
-                vec![Stmt::Call(
-                    "dcir_cp_async16".into(),
-                    vec![
-                        dst_of(&s),
-                        add(var(sv.param.clone()), select(full.clone(), src, int(0))),
-                        full,
-                    ],
-                )],
-            )
+            Chunk {
+                lets: Vec::new(),
+                dst: dst_of(&s),
+                src,
+                full: Some(full),
+                present: t.guard.then(|| lt(row_of(&s), int(t.stored_rows as i64))),
+            }
         });
         return Ok(TileCopy {
             wtile,

@@ -1112,11 +1112,7 @@ fn wide_vector(params: &[Param], len: usize) -> usize {
         return 1;
     }
     let widest = params.iter().map(|p| ty_bytes(p.ty)).max().unwrap_or(4);
-    let mut width = 16 / widest;
-    while !len.is_multiple_of(width) {
-        width /= 2;
-    }
-    width
+    dcir_fusion::vector_access_width(widest, len)
 }
 
 /// The vector type of `width` elements of `dtype`.

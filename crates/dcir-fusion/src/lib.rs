@@ -27,7 +27,7 @@ pub use library::{GemmCall, Libraries};
 pub use storage::{ConcatStorage, Slot, concat_storage};
 pub use target::{
     AnyGroup, HopperConvSteps, Reason, Refusal, Target, attention_tensor_core, hopper_conv_steps,
-    pool_walks_nhwc,
+    pool_walks_nhwc, vector_access_width,
 };
 pub mod planner;
 

@@ -197,6 +197,19 @@ pub fn hopper_conv_steps(channels: usize, taps: usize) -> HopperConvSteps {
     }
 }
 
+/// Elements one vector access of a reduction row moves, stated once for the
+/// cost model, which counts a row's lanes with it, and the CUDA emitter,
+/// which loads and stores that many where `vector > 1`: 16 bytes of the
+/// kernel's widest element (`widest_bytes`; 8 f16, 4 f32), halved until it
+/// divides the row's length `len`.
+pub fn vector_access_width(widest_bytes: usize, len: usize) -> usize {
+    let mut width = 16 / widest_bytes.clamp(1, 16);
+    while width > 1 && !len.is_multiple_of(width) {
+        width /= 2;
+    }
+    width
+}
+
 /// Whether the pool kernel walks a pool's output in NHWC order, stated
 /// once for the cost model, which prices the pool's reads in that order,
 /// and the CUDA emitter: where the group does not store the pooled value
