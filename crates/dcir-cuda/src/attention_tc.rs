@@ -48,7 +48,7 @@ use super::chain::{
 use super::epilogue::{store_derived, store_independent};
 use super::gemm::{Lanes, lanes_stay_together, store_result_vectors};
 use super::gemm_tc::{Chunk, Strided, copy_chunks, matmul_operand};
-use super::{EmitError, Index, Lower, Reduced, attr_int, params};
+use super::{EmitError, Index, Lower, Reduced, attr_int, params, vector_lane};
 use crate::kir::{
     ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Stmt, Ty, add, bin, call, div, guarded, int,
     let_int, lt, mul, rem, select, unrolled, var,
@@ -57,11 +57,11 @@ use crate::kir::{
 type Result<T> = std::result::Result<T, EmitError>;
 
 /// Locals of the kernel, reserved before the parameters are named.
-const NAMES: [&str; 43] = [
+const NAMES: [&str; 46] = [
     "tile_m", "bz", "m0", "warp", "lane", "grp", "quad", "w0", "smem", "qf", "kf", "vf", "pa",
     "sacc", "out_acc", "row_max", "row_sum", "tile_max", "tile_sum", "m_new", "m_use", "m_log2",
     "alpha", "p", "s_val", "row", "col", "n0", "kk", "j", "jp", "e", "h", "c", "cp", "i", "Qs",
-    "Ks", "Vs", "buf", "row_inv", "vidx", "s",
+    "Ks", "Vs", "buf", "row_inv", "vidx", "s", "lr", "lc", "staged_v",
 ];
 
 /// Registers beyond the fragments a thread keeps: softmax state, loop
@@ -69,6 +69,10 @@ const NAMES: [&str; 43] = [
 /// blocks of 128 threads per SM; [64, 64] takes 158, and a promise of four
 /// blocks spills and is relaxed).
 const STATE_REGISTERS: usize = 24;
+
+/// Output columns a lane stores at once where the results keep them
+/// together (16 bytes of 16-bit results), staged through Q's array.
+const STAGED_COLUMNS: usize = 8;
 
 /// The shared arrays' row padding, in elements (16 bytes).
 const PAD: usize = 8;
@@ -794,29 +798,36 @@ impl Shape {
             )
         };
         let col_axis = g.ty(pv.result).dims().len() - 1;
-        let pairs = pv.is_matmul()
-            && parts.stored.iter().all(|o| {
-                matches!(o.dtype, DType::F16 | DType::BF16)
-                    && lanes_stay_together(
-                        g,
-                        &parts.last,
-                        (pv.result, Lanes::Along(col_axis)),
-                        o.value,
-                        2,
-                    )
-            });
-        let col = add(mul(var("c"), int(8)), mul(var("quad"), int(2)));
-        if pairs {
-            let stores = l.scoped(|l| {
-                let lanes: Vec<(Vec<Expr>, Expr)> = (0..2)
+        let together = |width: usize| {
+            pv.is_matmul()
+                && parts.stored.iter().all(|o| {
+                    matches!(o.dtype, DType::F16 | DType::BF16)
+                        && lanes_stay_together(
+                            g,
+                            &parts.last,
+                            (pv.result, Lanes::Along(col_axis)),
+                            o.value,
+                            width,
+                        )
+                })
+        };
+        let params: Vec<&super::Param> = parts.stored.iter().map(|o| &o.param).collect();
+        let ys: Vec<_> = parts.stored.iter().map(|o| o.value).collect();
+        // One vector store per result of `width` consecutive columns of
+        // `row`: lane `j`'s column and value from `lane`.
+        let store_lanes = |l: &mut Lower,
+                           width: usize,
+                           lane: &dyn Fn(&mut Lower, usize) -> (Expr, Expr)|
+         -> Result<Vec<Stmt>> {
+            l.scoped(|l| {
+                let lanes: Vec<(Vec<Expr>, Expr)> = (0..width)
                     .map(|j| {
+                        let (col, value) = lane(l, j);
                         let mut coords = batch.to_vec();
-                        coords.extend([var("row"), add(var("col"), int(j))]);
-                        (coords, acc(add(mul(var("h"), int(2)), int(j))))
+                        coords.extend([var("row"), col]);
+                        (coords, value)
                     })
                     .collect();
-                let params: Vec<&super::Param> = parts.stored.iter().map(|o| &o.param).collect();
-                let ys: Vec<_> = parts.stored.iter().map(|o| o.value).collect();
                 let result = store_result_vectors(
                     l,
                     &parts.last,
@@ -829,6 +840,98 @@ impl Shape {
                 );
                 l.reduced = None;
                 result
+            })
+        };
+        let col = add(mul(var("c"), int(8)), mul(var("quad"), int(2)));
+        if self.dv <= self.dp && together(STAGED_COLUMNS) {
+            // The warp's 16 rows, rounded to the product's dtype, into its own
+            // rows of Q's array (Q is in its registers), two columns a word.
+            let dtype = g.ty(pv.result).dtype;
+            let (lo, hi) = (
+                l.narrow(dtype, acc(mul(var("h"), int(2)))),
+                l.narrow(dtype, acc(add(mul(var("h"), int(2)), int(1)))),
+            );
+            let word = bin(
+                BinOp::BitOr,
+                Expr::Cast(Ty::U32, Box::new(lo)),
+                bin(BinOp::Shl, Expr::Cast(Ty::U32, Box::new(hi)), int(16)),
+            );
+            let staged_row = add(var("w0"), add(var("grp"), mul(var("h"), int(8))));
+            let q_words = ArrayRef {
+                name: "Qs".into(),
+                ty: Ty::U32,
+                reinterpret: true,
+            };
+            out.push(unrolled(
+                "c",
+                self.dv / 8,
+                vec![unrolled(
+                    "h",
+                    2,
+                    vec![Stmt::Store(
+                        q_words,
+                        div(add(mul(staged_row, int(self.dp as i64)), col), 2),
+                        word,
+                    )],
+                )],
+            ));
+            out.push(Stmt::Call("__syncwarp".into(), vec![]));
+            // Then each lane 8 columns at a time, the rows' vectors in order.
+            let per_row = (self.dv / STAGED_COLUMNS) as i64;
+            let vector = add(mul(var("i"), int(32)), var("lane"));
+            let staged_v = Expr::Load(
+                ArrayRef {
+                    name: "Qs".into(),
+                    ty: Ty::Uint4,
+                    reinterpret: true,
+                },
+                Box::new(div(
+                    add(
+                        mul(add(var("w0"), var("lr")), int(self.dp as i64)),
+                        var("lc"),
+                    ),
+                    STAGED_COLUMNS as i64,
+                )),
+            );
+            let stores = store_lanes(l, STAGED_COLUMNS, &|l, j| {
+                let value = vector_lane("staged_v".into(), dtype, STAGED_COLUMNS, j);
+                (add(var("lc"), int(j as i64)), l.widen(dtype, value))
+            })?;
+            let lets = vec![
+                let_int("lr", div(vector.clone(), per_row)),
+                let_int("lc", mul(rem(vector, per_row), int(STAGED_COLUMNS as i64))),
+                let_int("row", add(add(var("m0"), var("w0")), var("lr"))),
+            ];
+            let load = Stmt::Let {
+                name: "staged_v".into(),
+                ty: Ty::Uint4,
+                value: staged_v,
+                constant: true,
+            };
+            let per_vector = with_lets(
+                lets,
+                guarded(
+                    vec![self.row_in_range()],
+                    std::iter::once(load).chain(stores).collect(),
+                ),
+            );
+            out.push(Stmt::For {
+                var: "i".into(),
+                start: int(0),
+                end: int(16 * per_row / 32),
+                step: int(1),
+                unroll: true,
+                body: per_vector,
+            });
+            return Ok(out);
+        }
+        if together(2) {
+            let stores = store_lanes(l, 2, &|_, j| {
+                let j = j as i64;
+                (
+                    add(var("col"), int(j)),
+                    acc(add(mul(var("h"), int(2)), int(j))),
+                )
             })?;
             let row = add(
                 add(var("m0"), var("w0")),
@@ -1064,17 +1167,34 @@ mod tests {
         assert!(s.contains("const int buf = n0 / 32 % 2;"), "{s}");
     }
 
-    /// f16 results that keep a fragment's two adjacent columns together
-    /// store them as one 4-byte word, scaled by `1 / l` taken once a row.
+    /// f16 results that keep 8 output columns together: `O · (1/l)` taken
+    /// once a row, rounded into the warp's own rows of Q's array, then 16
+    /// bytes a store; a V wider than Q's rows (no room to stage) stores a
+    /// fragment's two adjacent columns as one word.
     #[test]
-    fn adjacent_output_columns_store_as_one_word() {
+    fn output_columns_store_staged_in_vectors_or_in_pairs() {
         let s = attention("f16", 197, 64, [64, 32], 2, false).expect("lowers");
         assert!(s.contains("row_inv[h] = 1.0f / row_sum[h];"), "{s}");
+        assert!(!s.contains("] / row_sum"), "{s}");
+        assert!(s.contains("reinterpret_cast<unsigned int*>(Qs)["), "{s}");
+        assert!(s.contains("__syncwarp();"), "{s}");
+        assert!(s.contains("reinterpret_cast<uint4*>(r_out)[vidx] ="), "{s}");
+        let src = "graph @g(%q: f16[2,40,16], %k: f16[2,40,16], %v: f16[2,40,32]) -> (f16[2,40,32]) {\n\
+                   \x20 %r = fused @g0(%q.in = %q, %k.in = %k, %v.in = %v) {block = [64, 32], kind = \"attention\", level = \"shared\", math = \"tensor_core\", stages = 2, threads = 128} : f16[2,40,32] {\n\
+                   \x20   %s = matmul %q.in, %k.in {transpose_b = true} : f16[2,40,40]\n\
+                   \x20   %p = softmax %s {axis = 2} : f16[2,40,40]\n\
+                   \x20   %o = matmul %p, %v.in : f16[2,40,32]\n\
+                   \x20   yield %o\n\
+                   \x20 }\n\
+                   \x20 return %r\n\
+                   }\n";
+        let module = dcir_reader::parse_module(src).expect("parses");
+        let s = emit_module_source(&module).expect("lowers");
+        assert!(!s.contains("__syncwarp();"), "{s}");
         assert!(
             s.contains("reinterpret_cast<unsigned int*>(r_out)[vidx] ="),
             "{s}"
         );
-        assert!(!s.contains("] / row_sum"), "{s}");
     }
 
     /// 197 keys in steps of 32: six full steps with no key mask, then the
