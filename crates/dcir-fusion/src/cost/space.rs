@@ -32,7 +32,9 @@ const STAGES: [u32; 4] = [1, 2, 3, 4];
 /// 15 % (f16) faster at 32 per thread than at 64 (more resident warps), and
 /// with f32 intermediates f16 rows ran 2-4 % faster at 16 than at 32 (29.3
 /// against 30.0 µs; f32 tied at 52.4; docs/cost-model.md, "Parameter spaces").
-const ROW_REGISTER_CACHE: f64 = 16.0;
+/// 24 admits three 8-wide reads: ViT-B/16's f16 rows of 768 at 32 threads a
+/// row ran 8 % faster than at 64 with 16 held (an H100, 2026-12-07).
+const ROW_REGISTER_CACHE: f64 = 24.0;
 /// Registers every thread needs besides its data (indices, addresses, loop state).
 const BASE_REGISTERS: f64 = 24.0;
 /// Registers a SIMT conv thread holds per im2col element it stages: the
@@ -428,8 +430,17 @@ pub(crate) fn for_each(dev: &DeviceSpec, info: &GroupInfo, out: &mut dyn FnMut(C
             // Contiguous rows: a row over one or more warps, in vectors.
             // Interleaved rows (the innermost dim kept): a thread per row,
             // the block's threads on consecutive rows. Strided rows: scalar.
+            // Contiguous rows are read in vectors of
+            // `vector_access_width` elements wherever that width is above 1
+            // (the emitter's rule; `vector > 1` asks for it), else scalars:
+            // at ViT-B/16's layernorms (f16 rows of 768) scalar reads were
+            // 11-29 % slower than 8-wide ones (an H100, 2026-12-07).
+            let width = crate::target::vector_access_width(info.elem as usize, len as usize);
+            let contiguous: &[u32] = if width > 1 { &[4] } else { &[1] };
             let (tprs, rpbs, vectors): (&[u32], &[u32], &[u32]) = match layout {
-                RowLayout::Contiguous => (&[32, 64, 128, 256, 512, 1024], &[1, 2, 4, 8], &VECTORS),
+                RowLayout::Contiguous => {
+                    (&[32, 64, 128, 256, 512, 1024], &[1, 2, 4, 8], contiguous)
+                }
                 RowLayout::Interleaved => (&[1], &[32, 64, 128, 256], &[1]),
                 RowLayout::Strided => (&[32, 64, 128, 256, 512, 1024], &[1, 2, 4, 8], &[1]),
             };
@@ -439,13 +450,12 @@ pub(crate) fn for_each(dev: &DeviceSpec, info: &GroupInfo, out: &mut dyn FnMut(C
                         continue;
                     }
                     for &vector in vectors {
-                        if len % vector as f64 != 0.0 {
-                            continue;
-                        }
-                        let lanes = (tpr * vector) as f64;
+                        // Elements per access, as the emitter reads them.
+                        let access = if vector > 1 { width as u32 } else { 1 };
+                        let lanes = (tpr * access) as f64;
                         let items = ceil_div(len, lanes);
                         let blocks = ceil_div(rows, rpb as f64);
-                        let held = items * vector as f64;
+                        let held = items * access as f64;
                         let row_bytes = rpb as f64 * len * info.elem;
                         let cache = if passes <= 1.0 || held <= ROW_REGISTER_CACHE {
                             RowCache::Registers
@@ -460,7 +470,7 @@ pub(crate) fn for_each(dev: &DeviceSpec, info: &GroupInfo, out: &mut dyn FnMut(C
                                 (partials, BASE_REGISTERS + 8.0 + held)
                             }
                             RowCache::Shared => (partials + row_bytes, BASE_REGISTERS + 8.0),
-                            _ => (partials, BASE_REGISTERS + 8.0 + vector as f64),
+                            _ => (partials, BASE_REGISTERS + 8.0 + access as f64),
                         };
                         let extra =
                             if cache == RowCache::None && input_bytes > dev.l2_bytes as f64 / 2.0 {
@@ -627,7 +637,10 @@ pub(crate) fn for_each(dev: &DeviceSpec, info: &GroupInfo, out: &mut dyn FnMut(C
                     let rate = dev.matrix_rate(info.dtype);
                     let block_flops = 2.0 * bmf * nk * (d + dv);
                     let block_bytes = (bmf * d + nk * (d + dv) + bmf * dv) * info.elem;
-                    let padded = blocks * bmf * ceil_div(nk, bnf) * bnf * 2.0 * (d + dv);
+                    // The last key step computes whole 16-key chunks up to
+                    // N, not `bn` keys.
+                    let keys = ceil_div(nk, 16.0) * 16.0;
+                    let padded = blocks * bmf * keys * 2.0 * (d + dv);
                     out(Cand {
                         params: P::Attention {
                             block: [bm, bn],
@@ -647,7 +660,7 @@ pub(crate) fn for_each(dev: &DeviceSpec, info: &GroupInfo, out: &mut dyn FnMut(C
                         oi: block_flops / block_bytes,
                         rate,
                         comp_per_load: Some(tile_comp_per_load(dev, bmf, bnf, threads, true, rate)),
-                        lane_util: (m / (grid * bmf)) * (nk / (ceil_div(nk, bnf) * bnf)),
+                        lane_util: (m / (grid * bmf)) * (nk / keys),
                         matrix_flops: padded,
                         scalar_flops: info.scalar_flops,
                         extra_dram: kv_extra(grid),
