@@ -833,6 +833,7 @@ impl Shape {
                     &parts.last,
                     pv.result,
                     "vidx",
+                    None,
                     &lanes,
                     &params,
                     &ys,

@@ -610,13 +610,17 @@ pub(super) fn store_results(
 /// elements are consecutive in every result ([`lanes_stay_together`]).
 /// The vector index of the first result is bound to `step` (a name the
 /// kernel reserved), others to fresh names; the inputs read at the lanes'
-/// own linear indices are read as vectors too.
+/// own linear indices are read as vectors too, and so, where the caller
+/// keeps `aligned` a multiple of the lanes' count (the first lane's column),
+/// are inputs read at `e + j` for lane `j` with `e` built of it (a bias read
+/// at the column: one 16-byte load, not eight).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn store_result_vectors(
     l: &mut Lower,
     tainted: &BTreeSet<ValueId>,
     result: ValueId,
     step: &str,
+    aligned: Option<&Expr>,
     lanes: &[(Vec<Expr>, Expr)],
     outputs: &[&Param],
     ys: &[ValueId],
@@ -663,6 +667,7 @@ pub(super) fn store_result_vectors(
             step: step.clone(),
             width,
             bases: vec![(int(0), var(&step))],
+            aligned: aligned.cloned(),
         });
         let dtype = g.ty(res).dtype;
         let mut values = Vec::new();
@@ -1453,7 +1458,7 @@ fn epilogue(
             .collect();
         l.scoped(|l| {
             store_result_vectors(
-                l, tainted, c.result, "vidx", &lanes, &outputs, &ys, &results,
+                l, tainted, c.result, "vidx", None, &lanes, &outputs, &ys, &results,
             )
         })?
     } else {

@@ -513,7 +513,9 @@ impl Problem<'_> {
 }
 
 /// Emits the stores of output element `(row, col)` of batch entry `bz`
-/// (both in range) whose f32 accumulator is the given expression.
+/// (both in range) whose f32 accumulator is the given expression; given
+/// several, of as many consecutive columns from `col`, which is then a
+/// multiple of their count.
 pub(super) type EpilogueFn<'a> = dyn Fn(&mut Lower, Expr, Expr, &[Expr]) -> Result<()> + 'a;
 
 /// Names the kernel body declares; reserved before the parameters are named.
@@ -2062,7 +2064,18 @@ fn lower_problem(
                 )
             })
             .collect();
-        store_result_vectors(l, derived, result, "vidx", &lanes, &outputs, &ys, &results)
+        // The lanes start at a multiple of their count (EpilogueFn).
+        store_result_vectors(
+            l,
+            derived,
+            result,
+            "vidx",
+            Some(&col),
+            &lanes,
+            &outputs,
+            &ys,
+            &results,
+        )
     };
     // Columns one store of the Hopper epilogue may take: 16 bytes of 16-bit
     // results where every result keeps them together.
@@ -2463,6 +2476,7 @@ mod tests {
             args.join(", ")
         );
         let module = dcir_reader::parse_module(&src).expect("parses");
+        dcir_ir::verify_module(&module).expect("verifies");
         emit_module_source(&module).expect("lowers")
     }
 
@@ -2551,6 +2565,35 @@ mod tests {
         // One tile per block: nothing to overlap with.
         let one_wave = wgmma_tail(128, "    %y.r = tanh %mm : f16[128,768]");
         assert!(!one_wave.contains(overlapped), "{one_wave}");
+    }
+
+    #[test]
+    fn wgmma_reads_a_bias_at_the_column_as_one_vector() {
+        let bias = |n: usize| {
+            fused_source(
+                &[
+                    ("a", "f16[8192,768]"),
+                    ("b", "f16[768,768]"),
+                    ("c", &format!("f16[{n}]")),
+                ],
+                "f16[8192,768]",
+                "kind = \"gemm\", level = \"register\", mainloop = \"wgmma\", math = \"tensor_core\", stages = 4, threads = 384, tile = [128, 128, 64]",
+                "    %mm = matmul %a.in, %b.in : f16[8192,768]\n    %cb = broadcast %c.in {dims = [1]} : f16[8192,768]\n    %y.r = add %mm, %cb : f16[8192,768]",
+            )
+        };
+        // Eight columns from a multiple of 8: one 16-byte load of the bias.
+        let per_column = bias(768);
+        assert!(
+            per_column.contains("reinterpret_cast<const uint4*>(c_in)[col / 8]"),
+            "{per_column}"
+        );
+        assert!(!per_column.contains("c_in[col + 1]"), "{per_column}");
+        // One element broadcast everywhere: no vector past its end.
+        let scalar = bias(1);
+        assert!(
+            !scalar.contains("reinterpret_cast<const uint4*>(c_in)"),
+            "{scalar}"
+        );
     }
 
     #[test]

@@ -323,24 +323,65 @@ struct Lower<'g> {
 }
 
 /// The vector access of a loop body: element `base + step * width + l` of
-/// an array is lane `l` of its vector at `index`, for each `(base, index)`.
+/// an array is lane `l` of its vector at `index`, for each `(base, index)`;
+/// and where `aligned` (an expression the loop keeps a multiple of `width`)
+/// is set, element `e + l` for any `e` built of it, multiples of `width`,
+/// sums and products is lane `l` of the vector at `e / width`.
 #[derive(Clone, Debug)]
 struct Vectors {
     step: String,
     width: usize,
     bases: Vec<(Expr, Expr)>,
+    aligned: Option<Expr>,
 }
 
 impl Vectors {
     /// The vector index and lane of the element at `linear`, if it is one.
     fn lane_of(&self, linear: &Expr) -> Option<(Expr, usize)> {
         let w = self.width as i64;
-        self.bases.iter().find_map(|(base, index)| {
+        let based = self.bases.iter().find_map(|(base, index)| {
             let step = mul(var(&self.step), int(w));
             (0..self.width)
                 .find(|&l| *linear == add(base.clone(), add(step.clone(), int(l as i64))))
                 .map(|l| (index.clone(), l))
+        });
+        based.or_else(|| {
+            let aligned = self.aligned.as_ref()?;
+            let (start, lane) = split_offset(linear);
+            (0..w)
+                .contains(&lane)
+                .then_some(())
+                .filter(|()| multiple_of(&start, w, aligned))
+                .map(|()| (div(start, w), lane as usize))
         })
+    }
+}
+
+/// `e` as `start + offset`, the offset the literal added last (0 if none),
+/// looking through the right operand of sums: `a + (b + 3)` is `a + b` and 3.
+fn split_offset(e: &Expr) -> (Expr, i64) {
+    match e {
+        Expr::Int(c) => (int(0), *c),
+        Expr::Bin(BinOp::Add, a, b) => {
+            let (rest, c) = split_offset(b);
+            (add((**a).clone(), rest), c)
+        }
+        _ => (e.clone(), 0),
+    }
+}
+
+/// Whether `e` is a multiple of `w` for every value of its variables, given
+/// that `aligned` is: literal multiples, `aligned` itself, sums of
+/// multiples and products with a multiple.
+fn multiple_of(e: &Expr, w: i64, aligned: &Expr) -> bool {
+    if e == aligned {
+        return true;
+    }
+    match e {
+        Expr::Int(c) => c % w == 0,
+        Expr::Bin(BinOp::Add, a, b) => multiple_of(a, w, aligned) && multiple_of(b, w, aligned),
+        Expr::Bin(BinOp::Mul, a, b) => multiple_of(a, w, aligned) || multiple_of(b, w, aligned),
+        _ => false,
     }
 }
 
@@ -804,10 +845,13 @@ impl<'g> Lower<'g> {
         let ty = self.g.ty(v).clone();
         let param = self.inputs[&v].clone();
         let linear = idx.get_linear();
+        // A vector never reads past the tensor: its elements are a multiple
+        // of the width, so a vector holding one of them lies inside it.
         if let Some(vectors) = self.vector.clone()
             && let Some((index, lane)) = vectors.lane_of(&linear)
             && ty.dtype.is_float()
             && ty.dtype.size_bytes() * vectors.width <= 16
+            && ty.num_elements().is_some_and(|n| n % vectors.width == 0)
         {
             let width = vectors.width;
             let vec_var = self.vector_load(&param, ty.dtype, index, width);
@@ -1406,6 +1450,7 @@ fn elementwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
             step: "i".into(),
             width,
             bases: vec![(int(0), var("i"))],
+            aligned: None,
         });
         let mut lanes: Vec<Vec<Expr>> = vec![Vec::new(); outputs.len()];
         for lane in 0..width {
@@ -2127,6 +2172,7 @@ impl RowPlan {
                 ),
                 (int(0), var("j")),
             ],
+            aligned: None,
         }
     }
 
