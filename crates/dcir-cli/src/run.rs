@@ -103,7 +103,7 @@ pub struct RunArgs {
     /// (cuda) Time N forward passes (CUDA-graph replay, after 10 warm-up): median, min, max, peak memory.
     #[arg(long, value_name = "N")]
     pub bench: Option<usize>,
-    /// (cuda) With --bench, also time every launch on its own (median per kernel).
+    /// (cuda) With --bench, also time every launch on its own (median per kernel), launched by the host one at a time: a library call's time there includes the host's work for it (cuDNN's fused convolution several times its time in the CUDA graph)
     #[arg(long)]
     pub per_kernel: bool,
     /// (cuda) Run the artifact in DIR (from `dcir-opt --emit artifact -o DIR`) instead of compiling FILE's graph.
