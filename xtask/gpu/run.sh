@@ -23,6 +23,13 @@
 #   zoo-timed the zoo (ZOO_BATCH, ZOO_DTYPES, ZOO_ONLY) timed one model at a time
 #             (--bench ZOO_BENCH, 20; no --check) after a parallel pass (ZOO_JOBS)
 #             that fills the NVRTC cache; zoo.log as `zoo` writes it, for zoo_table.py
+#   tune-share the tuner's library share: each zoo model of ZOO_ONLY (default
+#             six: ResNet-50, EfficientNet-B0, DenseNet-121, RegNet-Y-1.6GF,
+#             MobileNetV2, Inception-v3) at ZOO_BATCH (32: run zoo-export
+#             first) in f16 through dcir-run --tune (candidates timed as
+#             CUDA-graph replays; one cache for all), TUNE_TIMEOUT (300 s) a
+#             model; the reports under $OUT/tune/, one line a model and the
+#             total in tune_share.log
 #   zoo-peers PyTorch eager (or torch.compile with ZOO_COMPILE=1, ZOO_PEERS_JOBS
 #             compiling at once, 8) on the zoo models, batch ZOO_BATCH (1), f32 and f16
 #             (ZOO_PEERS_DTYPES), ZOO_ONLY for some (zoo_peers.py) into zoo_peers.log
@@ -203,6 +210,27 @@ zoo_export() {
         ${ZOO_ONLY:+--only "${ZOO_ONLY// /,}"} >"$OUT/zoo_export.log" 2>&1 || status=1
     tar czf "$OUT/zoo_b$n.tgz" -C "$B/zoo_b$n" .
     summary+=("zoo-export: $(tail -1 "$OUT/zoo_export.log")")
+}
+
+tune_share() {
+    mkdir -p /tmp/zoo "$OUT/tune"
+    local dir m src ours=0 lib=0 line
+    dir=$(ZOO_BATCH=${ZOO_BATCH:-32} zoo_dir)
+    : >"$OUT/tune_share.log"
+    for m in ${ZOO_ONLY:-resnet50 efficientnet_b0 densenet121 regnet_y_1_6gf mobilenet_v2 inception_v3}; do
+        src=/tmp/zoo/${m}_b${ZOO_BATCH:-32}_f16.dcir
+        "$B/dcir-import" "$dir/$m.onnx" -o "/tmp/zoo/$m.b.dcir" --no-weights >/dev/null 2>&1 &&
+            to_f16 "/tmp/zoo/$m.b.dcir" "$src" || { echo "$m import FAIL" >>"$OUT/tune_share.log"; status=1; continue; }
+        timeout "${TUNE_TIMEOUT:-300}" "$B/dcir-run" "$src" --backend cuda --tune --tune-cache "$OUT/tune/cache.json" \
+            --tune-report "$OUT/tune/$m.json" >"$OUT/tune/$m.log" 2>&1 || status=1
+        line=$(grep -m1 'GEMM and convolution groups' "$OUT/tune/$m.log")
+        echo "$m ${line:-FAIL (tune/$m.log)}" >>"$OUT/tune_share.log"
+        ours=$((ours + $(echo "$line" | sed -n 's/.*groups: \([0-9]*\) on.*/\1/p' | grep . || echo 0)))
+        lib=$((lib + $(echo "$line" | sed -n 's/.*kernels, \([0-9]*\) on a.*/\1/p' | grep . || echo 0)))
+    done
+    echo "total: $ours on dcir's kernels, $lib on a library" >>"$OUT/tune_share.log"
+    cat "$OUT/tune_share.log"
+    summary+=("tune-share: $ours ours, $lib library (tune_share.log)")
 }
 
 zoo_peers() {
@@ -502,6 +530,7 @@ for step in "$@"; do
         zoo-peers) zoo_peers ;;
         zoo-export) zoo_export ;;
         zoo-timed) zoo_timed ;;
+        tune-share) tune_share ;;
         onnx-node) onnx_node ;;
         *) echo "unknown step $step"; exit 2 ;;
     esac
