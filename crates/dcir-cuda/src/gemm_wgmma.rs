@@ -57,7 +57,9 @@
 //! buffers; the kernel needs sm_90a and says so (`Kernel::requires_arch`).
 
 use dcir_artifact::{Im2col, TensorMap};
-use dcir_fusion::{HopperConvSteps, Reason, hopper_conv_steps};
+use dcir_fusion::{
+    HOPPER_RING_ALIGN, HOPPER_TK, HopperBlocking, HopperConvSteps, Reason, hopper_conv_steps,
+};
 use dcir_ir::{DType, Graph, OpId};
 
 use super::chain::crossing;
@@ -74,14 +76,14 @@ type Result<T> = std::result::Result<T, EmitError>;
 
 /// Blocks of the persistent grid: the SMs of an H100 SXM and an H200.
 pub(super) const PERSISTENT_BLOCKS: usize = 132;
-/// The k extent of a stage: one 128-byte swizzle row of 16-bit elements.
-const TK: usize = 64;
+/// The k extent of a stage (the blocking's, [`HopperBlocking`]).
+const TK: usize = HOPPER_TK;
 /// Bytes of one 16-bit element.
 const ELEM: usize = 2;
 /// Shared memory a block may use on sm_90.
 const MAX_SHARED: usize = 227 * 1024;
 /// Slack for aligning the ring to the swizzle's 1024-byte repeat.
-const ALIGN: usize = 1024;
+const ALIGN: usize = HOPPER_RING_ALIGN;
 /// Bytes of one 64-row, 64-wide box (an M- or N-major operand's unit).
 const BOX_BYTES: usize = 64 * TK * ELEM;
 
@@ -121,75 +123,6 @@ pub(super) fn asked(g: &Graph, op: OpId) -> bool {
         .get("mainloop")
         .and_then(dcir_ir::Attr::as_str)
         == Some("wgmma")
-}
-
-/// The blocking: `tm` (64 or 128: one or two consumers) × `tn` (64 to 256, a
-/// multiple of 64) output tiles, `stages` buffers of 64-wide k.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Config {
-    tm: usize,
-    tn: usize,
-    stages: usize,
-    /// Split-K: a word of shared memory per consumer for its arrival.
-    split: bool,
-}
-
-impl Config {
-    /// The blocking for attributes `tile` (`[tm, tn, _]`) and `stages`: `tm`
-    /// 128 unless it asks for 64 or less, `tn` rounded up to a multiple of 64
-    /// in 64..=256, `stages` clamped to 2..=6 and lowered while the ring
-    /// exceeds 227 KiB (with `split`, a word per consumer more).
-    pub(super) fn new(tile: [i64; 3], stages: i64, split: bool) -> Config {
-        let tm = if tile[0] <= 64 { 64 } else { 128 };
-        let tn = (tile[1].clamp(64, 256) as usize).div_ceil(64) * 64;
-        let mut stages = stages.clamp(2, 6) as usize;
-        let cfg = |stages| Config {
-            tm,
-            tn,
-            stages,
-            split,
-        };
-        while stages > 2 && cfg(stages).shared_bytes() > MAX_SHARED {
-            stages -= 1;
-        }
-        cfg(stages)
-    }
-
-    fn consumers(&self) -> usize {
-        self.tm / 64
-    }
-
-    fn threads(&self) -> usize {
-        128 * (1 + self.consumers())
-    }
-
-    fn stage_bytes(&self) -> usize {
-        (self.tm + self.tn) * TK * ELEM
-    }
-
-    /// Elements of a row of the epilogue's staging tile: `tn` and 8 of
-    /// padding, so the 8 rows a warp's fragment stores touch differ in bank.
-    fn staged_row_elems(&self) -> usize {
-        self.tn + 8
-    }
-
-    /// Where the staging tile starts in dynamic shared memory: past the ring
-    /// and its barriers wherever the alignment puts them.
-    fn staging_offset(&self) -> usize {
-        ALIGN + self.stages * self.stage_bytes() + 16 * self.stages
-    }
-
-    /// Where the consumers' split-K arrival words start: past the staging
-    /// tile (`tm` rows of the product's 16-bit elements).
-    fn flags_offset(&self) -> usize {
-        self.staging_offset() + self.tm * self.staged_row_elems() * ELEM
-    }
-
-    /// The ring, its barriers, the alignment slack, the staging tile and
-    /// with split-K the arrival words.
-    fn shared_bytes(&self) -> usize {
-        self.flags_offset() + if self.split { 4 * self.consumers() } else { 0 }
-    }
 }
 
 /// How an operand's tiles are copied.
@@ -621,7 +554,7 @@ impl Split {
 
     /// The `dcir_partials` slot of accumulator `i` of this thread in split
     /// `split` of the work item's tile.
-    fn slot(&self, c: &Config, split: Expr, i: Expr) -> Expr {
+    fn slot(&self, c: &HopperBlocking, split: Expr, i: Expr) -> Expr {
         let unit = add(mul(var("tw"), int(self.splits as i64)), split);
         let row = add(
             mul(unit, int(c.consumers() as i64)),
@@ -637,7 +570,7 @@ impl Split {
     /// split the sum of the splits' partial sums in split order (read
     /// there, not added into the registers first: an instruction other than
     /// `wgmma` defining them would make ptxas serialize the `wgmma`s).
-    fn accumulator(&self, c: &Config, i: Expr) -> Expr {
+    fn accumulator(&self, c: &HopperBlocking, i: Expr) -> Expr {
         if self.splits == 1 {
             return Expr::Load(array("acc", Ty::F32), Box::new(i));
         }
@@ -659,7 +592,7 @@ impl Split {
     /// `params`, their sizes returned.
     fn finish(
         &self,
-        c: &Config,
+        c: &HopperBlocking,
         params: &mut Vec<Param>,
         helpers: &mut std::collections::BTreeSet<Helper>,
         epilogue: Vec<Stmt>,
@@ -775,7 +708,7 @@ fn operands(p: &Problem) -> std::result::Result<([TmaOperand; 2], KSteps), Strin
 }
 
 /// Lowers `problem` on the Hopper mainloop (module doc): blocking from the
-/// group's `tile` and `stages` ([`Config::new`]), its k steps split
+/// group's `tile` and `stages` ([`HopperBlocking::new`]), its k steps split
 /// `split_k` ways ([`Split`]), the epilogue as in [`super::gemm_tc`].
 pub(super) fn lower(
     l: &mut Lower,
@@ -807,7 +740,7 @@ pub(super) fn lower(
             && g.ty(v).num_elements().unwrap_or(0) > p.n
     });
     let splits = Split::count(attr_int(g, op, "split_k", 1), steps.count());
-    let c = Config::new(tile, attr_int(g, op, "stages", 4), splits > 1);
+    let c = HopperBlocking::new(tile, attr_int(g, op, "stages", 4), splits > 1, MAX_SHARED);
     a.set_rows(c.tm);
     b.set_rows(c.tn);
     let shape = WgmmaShape {

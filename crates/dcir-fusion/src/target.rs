@@ -158,6 +158,103 @@ pub fn attention_tensor_core(
     Ok(())
 }
 
+/// The k extent of one stage of the Hopper mainloop: one 128-byte swizzle
+/// row of 16-bit elements.
+pub const HOPPER_TK: usize = 64;
+
+/// The Hopper mainloop's blocking, stated once for the cost model, which
+/// offers and prices it, and the CUDA emitter, which lays its shared memory
+/// out by it: `tm` (64 or 128: one or two consumer warpgroups) × `tn` (a
+/// multiple of 64 up to 256) output tiles, a ring of `stages` buffers of
+/// [`HOPPER_TK`]-wide k, each an A and a B tile of 16-bit elements.
+///
+/// Dynamic shared memory, in order: 1024 bytes of slack to align the ring
+/// to the swizzle's repeat, the ring, a full and an empty `mbarrier` per
+/// stage, the epilogue's staging tile (`tm` rows of `tn + 8` elements), and
+/// with split-K an arrival word per consumer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HopperBlocking {
+    /// Rows of the output tile.
+    pub tm: usize,
+    /// Columns of the output tile.
+    pub tn: usize,
+    /// Buffers of the ring.
+    pub stages: usize,
+    /// Whether the k steps are split (the arrival words).
+    pub split: bool,
+}
+
+/// Bytes of one element the Hopper mainloop multiplies (f16 or bf16).
+const HOPPER_ELEM: usize = 2;
+
+/// Slack before the ring, which aligns it to the swizzle's 1024-byte repeat.
+pub const HOPPER_RING_ALIGN: usize = 1024;
+
+impl HopperBlocking {
+    /// The blocking for attributes `tile` (`[tm, tn, _]`) and `stages` within
+    /// `shared_limit` bytes of shared memory a block: `tm` 128 unless it asks
+    /// for 64 or less, `tn` rounded up to a multiple of 64 in 64..=256,
+    /// `stages` clamped to 2..=6 and lowered while the blocking needs more
+    /// than `shared_limit` (two stages may still: see [`Self::fits`]).
+    pub fn new(tile: [i64; 3], stages: i64, split: bool, shared_limit: usize) -> HopperBlocking {
+        let tm = if tile[0] <= 64 { 64 } else { 128 };
+        let tn = (tile[1].clamp(64, 256) as usize).div_ceil(64) * 64;
+        let mut blocking = HopperBlocking {
+            tm,
+            tn,
+            stages: stages.clamp(2, 6) as usize,
+            split,
+        };
+        while blocking.stages > 2 && !blocking.fits(shared_limit) {
+            blocking.stages -= 1;
+        }
+        blocking
+    }
+
+    /// Whether the blocking's shared memory fits `shared_limit` bytes.
+    pub fn fits(&self, shared_limit: usize) -> bool {
+        self.shared_bytes() <= shared_limit
+    }
+
+    /// Consumer warpgroups: one per 64 rows.
+    pub fn consumers(&self) -> usize {
+        self.tm / 64
+    }
+
+    /// Threads of a block: the producer warpgroup and the consumers.
+    pub fn threads(&self) -> usize {
+        128 * (1 + self.consumers())
+    }
+
+    /// Bytes of one stage of the ring: an A and a B tile.
+    pub fn stage_bytes(&self) -> usize {
+        (self.tm + self.tn) * HOPPER_TK * HOPPER_ELEM
+    }
+
+    /// Elements of a row of the epilogue's staging tile: `tn` and 8 of
+    /// padding, so the 8 rows a warp's fragment stores touch differ in bank.
+    pub fn staged_row_elems(&self) -> usize {
+        self.tn + 8
+    }
+
+    /// Where the staging tile starts in dynamic shared memory: past the ring
+    /// and its barriers wherever the alignment puts them.
+    pub fn staging_offset(&self) -> usize {
+        HOPPER_RING_ALIGN + self.stages * self.stage_bytes() + 16 * self.stages
+    }
+
+    /// Where the consumers' split-K arrival words start: past the staging
+    /// tile.
+    pub fn flags_offset(&self) -> usize {
+        self.staging_offset() + self.tm * self.staged_row_elems() * HOPPER_ELEM
+    }
+
+    /// Bytes of dynamic shared memory a block takes.
+    pub fn shared_bytes(&self) -> usize {
+        self.flags_offset() + if self.split { 4 * self.consumers() } else { 0 }
+    }
+}
+
 /// How the Hopper mainloop's implicit GEMM walks a convolution's k in its
 /// 64-wide steps ([`hopper_conv_steps`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,7 +5,9 @@
 use std::fmt::Write;
 
 use dcir_fusion::cost::{Candidate, wave_efficiency};
-use dcir_fusion::{Bound, CostModel, DeviceSpec, Estimator, Group, GroupKind, Level, group_kind};
+use dcir_fusion::{
+    Bound, CostModel, DeviceSpec, Estimator, Group, GroupKind, HopperBlocking, Level, group_kind,
+};
 use dcir_ir::{Attr, Graph, OpId, OpKind, verify_module};
 
 fn graph(text: &str) -> Graph {
@@ -787,6 +789,53 @@ fn a_channels_last_convolution_gets_the_hopper_mainloop() {
     assert!(offered.contains(&(vec![128, 192, 64], 2)), "{offered:?}");
     assert!(offered.iter().any(|(_, split)| *split > 1), "{offered:?}");
     assert!(wgmma(&nchw, &["c"]).is_empty());
+}
+
+/// Every Hopper candidate is a blocking the emitter runs as written: the
+/// stages, threads and shared memory the model prices are
+/// [`HopperBlocking`]'s for the candidate's tile, stages and split (the
+/// emitter lowers the stages it is given only where they overflow shared
+/// memory, so a candidate whose stages it would lower is never offered).
+#[test]
+fn hopper_candidates_are_blockings_the_emitter_honours() {
+    let g = graph(
+        "graph @mm(%a: f16[6304,768], %b: f16[768,3072]) -> (f16[6304,3072]) {\n  \
+         %y = matmul %a, %b : f16[6304,3072]\n  return %y\n}",
+    );
+    let device = DeviceSpec::h100();
+    let limit = device.shared_per_block as usize;
+    let model = CostModel::kernels_only(device);
+    let hopper: Vec<_> = model
+        .candidates(&g, &group(&g, &["y"], GroupKind::Gemm, Level::Register))
+        .unwrap()
+        .into_iter()
+        .filter(|c| attr_str(c.params.get("mainloop")) == Some("wgmma"))
+        .collect();
+    assert!(hopper.len() >= 2, "{} Hopper candidates", hopper.len());
+    for c in hopper {
+        let tile = c.params.get("tile").and_then(|a| a.as_ints()).unwrap();
+        let stages = c.params.get("stages").and_then(|a| a.as_int()).unwrap();
+        let split = c
+            .params
+            .get("split_k")
+            .and_then(|a| a.as_int())
+            .unwrap_or(1);
+        let blocking = HopperBlocking::new([tile[0], tile[1], tile[2]], stages, split > 1, limit);
+        let what = c.params.describe();
+        assert_eq!(blocking.stages as i64, stages, "{what}");
+        assert_eq!(
+            [blocking.tm, blocking.tn].map(|x| x as i64),
+            [tile[0], tile[1]],
+            "{what}"
+        );
+        assert!(blocking.fits(limit), "{what}");
+        assert_eq!(c.launch.threads as usize, blocking.threads(), "{what}");
+        assert_eq!(
+            c.launch.shared_bytes as usize,
+            blocking.shared_bytes(),
+            "{what}"
+        );
+    }
 }
 
 #[test]

@@ -9,6 +9,7 @@ use dcir_ir::{Attr, DType};
 use super::KernelParams;
 use super::shape::{Body, Depthwise, GemmShape, GroupInfo, RowLayout};
 use crate::device::DeviceSpec;
+use crate::target::{HOPPER_TK, HopperBlocking};
 
 /// The memory system's access granule (an L2 sector), bytes.
 const SECTOR_BYTES: f64 = 32.0;
@@ -841,8 +842,8 @@ fn gemm(dev: &DeviceSpec, info: &GroupInfo, g: &GemmShape, conv: bool, out: &mut
 /// consumer warpgroups; 64 and one where M is at most 64, and beside 128
 /// where 128-row tiles leave SMs idle) × 64 (where N is at most 64), 128 or
 /// 192 columns, k in 64-wide stages, as many stages as
-/// fit beside the epilogue's staging tile (the emitter's blocking rule,
-/// `gemm_wgmma::Config`), a persistent grid that walks the work items in
+/// fit beside the epilogue's staging tile ([`HopperBlocking`], the emitter's
+/// blocking), a persistent grid that walks the work items in
 /// waves (one latency chain per CTA: its producer loads ahead across
 /// items), the k steps split where the tiles alone leave SMs idle. 192
 /// columns ran fastest on the f16 GEMMs 4096×3072×768, 4096×768×3072 and
@@ -872,18 +873,7 @@ fn wgmma_gemm(
             (false, false) => &[128],
         };
         for &tm in tms {
-            let (tmf, tnf, tkf) = (tm as f64, tn as f64, WGMMA_TK as f64);
-            let stage = (tmf + tnf) * tkf * 2.0;
-            let staging = tmf * (tnf + 8.0) * 2.0;
-            let fixed = 1024.0 + staging + 16.0;
-            let shared = |stages: u32| fixed + stages as f64 * (stage + 16.0);
-            let Some(stages) = (2..=6u32)
-                .rev()
-                .find(|&s| shared(s) <= dev.shared_per_block as f64)
-            else {
-                continue;
-            };
-            let threads = 128 * (1 + tm / 64);
+            let (tmf, tnf, tkf) = (tm as f64, tn as f64, HOPPER_TK as f64);
             // A conv's steps hold whole taps: channels short of a step's
             // are zeros, multiplied all the same.
             let (gm, gn, gk) = (ceil_div(g.m, tmf), ceil_div(g.n, tnf), g.hopper_k_steps());
@@ -896,11 +886,19 @@ fn wgmma_gemm(
                 if split > 1 && (sf > gk || tiles * sf > SPLIT_BLOCKS * dev.sm_count as f64) {
                     continue;
                 }
+                // As many stages as fit beside the epilogue's staging tile.
+                let limit = dev.shared_per_block as usize;
+                let tile = [tm, tn, HOPPER_TK as u32].map(i64::from);
+                let blocking = HopperBlocking::new(tile, 6, split > 1, limit);
+                if !blocking.fits(limit) {
+                    continue;
+                }
+                let (stages, threads) = (blocking.stages as u32, blocking.threads() as u32);
                 let units = tiles * sf;
                 out(Cand {
                     params: P::Gemm {
                         conv,
-                        tile: [tm, tn, WGMMA_TK],
+                        tile: [tm, tn, HOPPER_TK as u32],
                         threads,
                         stages,
                         split,
@@ -909,7 +907,7 @@ fn wgmma_gemm(
                     },
                     blocks: units,
                     threads,
-                    smem: shared(stages),
+                    smem: blocking.shared_bytes() as f64,
                     regs: if tm == 64 { 232.0 } else { 168.0 },
                     oi: block_flops / block_bytes,
                     rate,
@@ -937,10 +935,6 @@ fn wgmma_gemm(
         }
     }
 }
-
-/// The k extent of a stage of the Hopper mainloop (one 128-byte swizzled row
-/// of 16-bit elements).
-const WGMMA_TK: u32 = 64;
 
 /// Split-K splits a contraction may take.
 const SPLITS: [u32; 5] = [1, 2, 4, 8, 16];
