@@ -541,6 +541,7 @@ fn plan_json(graph: &dcir_ir::Graph, plan: &dcir_fusion::Plan) -> serde_json::Va
                 "estimate_us": r.time * 1e6,
                 "unfused_us": r.unfused_time * 1e6,
                 "saved_bytes": r.saved,
+                "adapted": r.adapted,
             })
         })
         .collect();

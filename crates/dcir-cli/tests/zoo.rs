@@ -29,6 +29,9 @@ struct Row {
     unfused_us: f64,
     /// The layout the plan runs in (`--layout auto`'s choice).
     layout: &'static str,
+    /// Kernels that do not run the parameters their estimate priced
+    /// (`PlannedGroup::adapted`).
+    adapted: usize,
 }
 
 /// A kernel to compile: the kernel, its source, the model's name and its summary.
@@ -51,6 +54,7 @@ fn compile_model(path: &Path) -> Result<(Row, Vec<Pending>), String> {
         planned_us: 0.0,
         unfused_us: 0.0,
         layout: "as written",
+        adapted: 0,
     };
     let mut kernels = Vec::new();
     for graph in &imported.module.graphs {
@@ -69,6 +73,7 @@ fn compile_model(path: &Path) -> Result<(Row, Vec<Pending>), String> {
         }
         row.planned_us += plan.total_time() * 1e6;
         row.unfused_us += plan.unfused_time() * 1e6;
+        row.adapted += plan.groups.iter().filter(|g| !g.adapted.is_empty()).count();
         let fused = apply_plan(&laid_out, &plan).map_err(|e| format!("fuse: {e}"))?;
         // The artifact (launches, buffers, views, constants) builds and validates.
         let source_only = dcir_cuda::BuildOptions {
@@ -183,18 +188,21 @@ fn render(rows: &[Row], distinct: usize) -> String {
          PyTorch are in [benchmarks.md](benchmarks.md). Ops are the imported graph's (constants \
          left out); the estimates are the cost model's (H200), in µs, for the plan and for every \
          op its own kernel; the layout is the one `--layout auto` keeps (as written, or the \
-         `channels-last` pass's form where the cost model prices it faster).\n\n\
-         | model | ops | kernels | planned (µs) | unfused (µs) | layout |\n|---|---:|---:|---:|---:|---|\n",
+         `channels-last` pass's form where the cost model prices it faster). Adapted counts the \
+         kernels that run otherwise than the parameters their estimate priced (the notes of \
+         `dcir-opt --emit plan`).\n\n\
+         | model | ops | kernels | planned (µs) | unfused (µs) | layout | adapted |\n|---|---:|---:|---:|---:|---|---:|\n",
     );
     for r in rows {
         out.push_str(&format!(
-            "| {} | {} | {} | {:.1} | {:.1} | {} |\n",
-            r.name, r.ops, r.kernels, r.planned_us, r.unfused_us, r.layout
+            "| {} | {} | {} | {:.1} | {:.1} | {} | {} |\n",
+            r.name, r.ops, r.kernels, r.planned_us, r.unfused_us, r.layout, r.adapted
         ));
     }
     let kernels: usize = rows.iter().map(|r| r.kernels).sum();
+    let adapted: usize = rows.iter().map(|r| r.adapted).sum();
     out.push_str(&format!(
-        "\n{} models, {kernels} kernels, {distinct} distinct kernel texts; no model is refused.\n",
+        "\n{} models, {kernels} kernels ({adapted} adapted), {distinct} distinct kernel texts; no model is refused.\n",
         rows.len()
     ));
     out

@@ -369,6 +369,7 @@ pub(super) fn attention(l: &mut Lower, op: OpId) -> Result<Kernel> {
     Ok(Kernel {
         dynamic_shared: shared_bytes,
         min_blocks_per_sm: 1,
+        adapted: super::adapted_single_stage(g, op, "FMA attention"),
         ..l.kernel(op, summary, params, body, [threads, batch * grid_m])
     })
 }

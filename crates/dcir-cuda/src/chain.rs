@@ -389,6 +389,7 @@ pub(super) fn chain(l: &mut Lower, op: OpId) -> Result<Kernel> {
     Ok(Kernel {
         dynamic_shared: shared_bytes,
         min_blocks_per_sm: 1,
+        adapted: super::adapted_single_stage(l.g, op, "contraction chain"),
         ..l.kernel(op, summary, params, body, [threads, batch * grid_r * split])
     })
 }

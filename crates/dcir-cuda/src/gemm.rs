@@ -904,6 +904,28 @@ impl Tiling {
         Ok((t, None))
     }
 
+    /// The planned parameters of group `op` this tiling does not run as
+    /// written (`Kernel::adapted`), `halved` the reason [`Tiling::of`] gave.
+    fn adapted(&self, g: &Graph, op: OpId, halved: Option<&str>) -> Vec<String> {
+        let mut adapted = Vec::new();
+        let runs = [self.tm, self.tn, self.tk];
+        if let Some(planned) = g.op(op).attrs.ints("tile")
+            && planned.iter().map(|&x| x as usize).ne(runs)
+        {
+            let why = halved.unwrap_or(
+                "k narrowed while the prefetch exceeds 32 elements a thread or the buffers 48 KiB",
+            );
+            adapted.push(format!("tile = {planned:?} runs as {runs:?} ({why})"));
+        }
+        let stages = attr_int(g, op, "stages", 1);
+        if stages > 2 {
+            adapted.push(format!(
+                "stages = {stages} runs as 2 (the FMA mainloop double-buffers at most)"
+            ));
+        }
+        adapted
+    }
+
     fn mt(&self) -> usize {
         self.tm / self.threads_m
     }
@@ -1601,7 +1623,10 @@ fn lower_contraction(l: &mut Lower, op: OpId, c: &Contraction) -> Result<Kernel>
         t.tm,
         t.tn,
         t.tk,
-        fallback.map(|why| format!(" ({why})")).unwrap_or_default(),
+        fallback
+            .as_ref()
+            .map(|why| format!(" ({why})"))
+            .unwrap_or_default(),
         t.threads,
         t.buffers,
         if split.is_split() {
@@ -1624,6 +1649,7 @@ fn lower_contraction(l: &mut Lower, op: OpId, c: &Contraction) -> Result<Kernel>
             split.blocks(),
         ),
         scratch,
+        adapted: t.adapted(g, op, fallback.as_deref()),
         ..l.kernel(op, summary, params, body, [t.threads, split.blocks()])
     })
 }

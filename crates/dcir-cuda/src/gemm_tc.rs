@@ -2164,12 +2164,53 @@ fn lower_problem(
         path(&problem.a),
         path(&problem.b),
     );
+    let mut adapted = adapted_blocking(
+        g,
+        op,
+        [cfg.tm, cfg.tn, cfg.tk],
+        cfg.stages,
+        Some(cfg.threads()),
+    );
+    adapted.extend(
+        not_honoured
+            .strip_prefix("; ")
+            .map(|why| format!("{why} (runs on mma.sync)")),
+    );
     Ok(Kernel {
         dynamic_shared: cfg.shared_bytes(),
         min_blocks_per_sm: super::gemm::occupancy_promise(cfg.min_blocks_per_sm(), split.blocks()),
         scratch,
+        adapted,
         ..l.kernel(op, summary, params, body, [cfg.threads(), split.blocks()])
     })
+}
+
+/// The planned `tile`, `stages` and `threads` of group `op` that a
+/// tensor-core blocking does not run as written (`Kernel::adapted`): it runs
+/// `tile`, `stages` and (where the family takes them from the plan)
+/// `threads`.
+pub(super) fn adapted_blocking(
+    g: &Graph,
+    op: OpId,
+    tile: [usize; 3],
+    stages: usize,
+    threads: Option<usize>,
+) -> Vec<String> {
+    let attrs = &g.op(op).attrs;
+    let mut adapted = Vec::new();
+    if let Some(planned) = attrs.ints("tile")
+        && planned.iter().map(|&x| x as usize).ne(tile)
+    {
+        adapted.push(format!("tile = {planned:?} runs as {tile:?}"));
+    }
+    for (name, runs) in [("stages", Some(stages)), ("threads", threads)] {
+        if let (Some(planned), Some(runs)) = (attrs.get(name).and_then(Attr::as_int), runs)
+            && planned as usize != runs
+        {
+            adapted.push(format!("{name} = {planned} runs as {runs}"));
+        }
+    }
+    adapted
 }
 
 /// Operand `v` of the matmul (`rows` × k per batch entry; its dim `rank - 2`

@@ -1257,6 +1257,13 @@ pub(super) fn lower(
         min_blocks_per_sm: 1,
         scratch,
         requires_arch: Some("sm_90a"),
+        adapted: super::gemm_tc::adapted_blocking(
+            g,
+            op,
+            [c.tm, c.tn, TK],
+            c.stages,
+            Some(c.threads()),
+        ),
         ..l.kernel(
             op,
             summary,

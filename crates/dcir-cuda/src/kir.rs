@@ -506,6 +506,11 @@ pub struct Kernel {
     /// The architecture-specific target the kernel needs (`sm_90a` for
     /// `wgmma` and `setmaxnreg`), compiled for and recorded in the artifact.
     pub requires_arch: Option<&'static str>,
+    /// The group's planned parameters this kernel does not run as written,
+    /// each in words (what was planned, what runs, why); empty when it runs
+    /// the plan the cost model priced. The planner's [`dcir_fusion::Target`]
+    /// answer carries them.
+    pub adapted: Vec<String>,
 }
 
 /// A scratch buffer a kernel needs besides its operands and results.
@@ -873,6 +878,7 @@ mod tests {
             min_blocks_per_sm: 0,
             scratch: Vec::new(),
             requires_arch: None,
+            adapted: Vec::new(),
         };
         let limited = kernel.with_unroll_limit(4);
         let loops: Vec<(&str, bool)> = limited

@@ -411,6 +411,7 @@ impl<'g> Lower<'g> {
             min_blocks_per_sm: 0,
             scratch: Vec::new(),
             requires_arch: None,
+            adapted: Vec::new(),
         }
     }
 
@@ -1254,6 +1255,25 @@ fn attr_int(g: &Graph, op: OpId, name: &str, default: i64) -> i64 {
         .get(name)
         .and_then(Attr::as_int)
         .unwrap_or(default)
+}
+
+/// The planned `stages` of group `op` a single-stage FMA kernel (`family`)
+/// does not run as written, and its `math = "tensor_core"`
+/// (`Kernel::adapted`).
+fn adapted_single_stage(g: &Graph, op: OpId, family: &str) -> Vec<String> {
+    let mut adapted = Vec::new();
+    let stages = attr_int(g, op, "stages", 1);
+    if stages > 1 {
+        adapted.push(format!(
+            "stages = {stages} runs as 1 (the {family} kernel is single-stage)"
+        ));
+    }
+    if g.op(op).attrs.get("math").and_then(Attr::as_str) == Some("tensor_core") {
+        adapted.push(format!(
+            "math = \"tensor_core\" runs on FMA (the {family} kernel's only math)"
+        ));
+    }
+    adapted
 }
 
 /// Splits `threads` into `threads_m × threads_n` dividing `tm × tn`, the

@@ -70,6 +70,8 @@ pub struct PlanRow {
     pub unfused_time: f64,
     /// Device-memory bytes fusion saves (the ops' traffic apart, less the group's).
     pub saved: u64,
+    /// The planned parameters the target runs otherwise ([`crate::Accepted`]).
+    pub adapted: Vec<String>,
 }
 
 /// The rows of `plan` over `graph`, in plan order.
@@ -116,6 +118,7 @@ pub fn plan_rows(graph: &Graph, plan: &Plan) -> Vec<PlanRow> {
                 time: g.estimate.time,
                 unfused_time: g.unfused_time,
                 saved: unfused_bytes.saturating_sub(bytes_in + bytes_out),
+                adapted: g.adapted.clone(),
             }
         })
         .collect()
@@ -124,7 +127,8 @@ pub fn plan_rows(graph: &Graph, plan: &Plan) -> Vec<PlanRow> {
 /// One row per group and a totals row, under a title naming the graph and
 /// the device (`device`) the estimates are for: ops, kind, level, flops,
 /// bytes in/out, intensity, bound, estimated time, the unfused estimate, and
-/// the bytes fusion keeps out of device memory.
+/// the bytes fusion keeps out of device memory; then a note for each planned
+/// parameter a kernel does not run as written.
 pub fn plan_table(graph: &Graph, plan: &Plan, device: &str) -> String {
     let rows = plan_rows(graph, plan);
     let mut out = format!("plan for @{} on {device}\n", graph.name());
@@ -175,6 +179,12 @@ pub fn plan_table(graph: &Graph, plan: &Plan, device: &str) -> String {
         plan.unfused_time() * 1e6,
         human_bytes(rows.iter().map(|r| r.saved).sum()),
     );
+    // A kernel that does not run the parameters its estimate priced.
+    for r in &rows {
+        for adapted in &r.adapted {
+            let _ = writeln!(out, "note: @{}: {adapted}", r.symbol);
+        }
+    }
     out
 }
 

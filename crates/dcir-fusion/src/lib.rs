@@ -26,8 +26,9 @@ pub use legality::{EdgeRule, GroupKind, Level, check_group, edge_rule, group_kin
 pub use library::{GemmCall, Libraries};
 pub use storage::{ConcatStorage, Slot, concat_storage};
 pub use target::{
-    AnyGroup, HOPPER_RING_ALIGN, HOPPER_TK, HopperBlocking, HopperConvSteps, Reason, Refusal,
-    Target, attention_tensor_core, hopper_conv_steps, pool_walks_nhwc, vector_access_width,
+    Accepted, AnyGroup, HOPPER_RING_ALIGN, HOPPER_TK, HopperBlocking, HopperConvSteps, Reason,
+    Refusal, Target, attention_tensor_core, hopper_conv_steps, pool_walks_nhwc,
+    vector_access_width,
 };
 pub mod planner;
 

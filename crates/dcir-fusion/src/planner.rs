@@ -45,6 +45,10 @@ pub struct PlannedGroup {
     pub estimate: Estimate,
     /// Sum of the estimates of its ops run one kernel each, seconds.
     pub unfused_time: f64,
+    /// The estimate's parameters the target does not run as written
+    /// ([`crate::Accepted`]): where any are, the estimate priced a kernel
+    /// other than the one that runs.
+    pub adapted: Vec<String>,
 }
 
 /// A merge the planner considered and did not make.
@@ -218,6 +222,7 @@ impl State<'_> {
             group: self.form(merged)?,
             estimate: self.estimate(model, merged)?,
             unfused_time: 0.0,
+            adapted: Vec::new(),
         };
         // The partition with the merge made (a lone reshape is no group).
         let group_of = |op: OpId| {
@@ -246,7 +251,7 @@ impl State<'_> {
             &stored_reader,
         )?;
         let verdict = match alone {
-            Some((alone, fused)) => target.accept(&alone, fused),
+            Some((alone, fused)) => target.accept(&alone, fused).map(|_| ()),
             None => Ok(()),
         };
         self.verdicts.insert(merged.to_vec(), verdict.clone());
@@ -315,17 +320,20 @@ fn plan_with(
         }
     }
     for _ in 0..MAX_SEARCHES {
-        let plan = search(&mut state, model, target, merge)?;
+        let mut plan = search(&mut state, model, target, merge)?;
         let (fused, groups) = apply_plan_indexed(graph, &plan)?;
         let mut refused = false;
         for (op, index) in groups {
-            if let Err(refusal) = target.accept(&fused, op) {
-                let ops = &plan.groups[index].group.ops;
-                if let [single] = ops.as_slice() {
-                    return Err(no_kernel(graph, *single, &refusal));
+            match target.accept(&fused, op) {
+                Ok(accepted) => plan.groups[index].adapted = accepted.adapted,
+                Err(refusal) => {
+                    let ops = &plan.groups[index].group.ops;
+                    if let [single] = ops.as_slice() {
+                        return Err(no_kernel(graph, *single, &refusal));
+                    }
+                    state.verdicts.insert(ops.clone(), Err(refusal));
+                    refused = true;
                 }
-                state.verdicts.insert(ops.clone(), Err(refusal));
-                refused = true;
             }
         }
         if !refused {
@@ -769,6 +777,7 @@ fn finish(
             group,
             estimate,
             unfused_time,
+            adapted: Vec::new(),
         });
     }
     Ok(Plan { groups, rejections })

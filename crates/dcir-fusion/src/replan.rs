@@ -97,6 +97,7 @@ pub fn fused_plan(graph: &Graph, model: &CostModel) -> Result<(Graph, Plan), Str
             group,
             estimate,
             unfused_time,
+            adapted: Vec::new(),
         });
     }
     Ok((

@@ -100,10 +100,21 @@ impl From<String> for Reason {
     }
 }
 
+/// A backend's answer for a group it lowers: which of the planned
+/// parameters it runs otherwise than written.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Accepted {
+    /// Each planned parameter the kernel does not run as written, in words
+    /// (`tile = [128, 64, 32] runs as [128, 64, 16]`); empty when it runs
+    /// the parameters the cost model priced.
+    pub adapted: Vec<String>,
+}
+
 /// A backend the planner plans for.
 pub trait Target {
-    /// `Ok` when the backend lowers `fused`, a `fused` op of `graph`.
-    fn accept(&self, graph: &Graph, fused: OpId) -> Result<(), Refusal>;
+    /// What the backend makes of `fused`, a `fused` op of `graph`: the
+    /// parameters it honours, or why it does not lower the group.
+    fn accept(&self, graph: &Graph, fused: OpId) -> Result<Accepted, Refusal>;
 }
 
 /// A target that accepts every group the legality rules form: for testing
@@ -112,8 +123,8 @@ pub trait Target {
 pub struct AnyGroup;
 
 impl Target for AnyGroup {
-    fn accept(&self, _: &Graph, _: OpId) -> Result<(), Refusal> {
-        Ok(())
+    fn accept(&self, _: &Graph, _: OpId) -> Result<Accepted, Refusal> {
+        Ok(Accepted::default())
     }
 }
 

@@ -7,7 +7,7 @@ mod common;
 use std::cell::RefCell;
 
 use common::{Roofline, fuse_and_check, read};
-use dcir_fusion::{Estimate, Estimator, Group, GroupKind, plan_graph};
+use dcir_fusion::{Accepted, Estimate, Estimator, Group, GroupKind, Refusal, plan_graph};
 use dcir_ir::{Graph, Module, OpKind};
 
 fn kinds(module: &Module) -> Vec<String> {
@@ -112,6 +112,41 @@ fn the_planner_asks_for_each_rounds_groups_at_once_and_plans_alike() {
             "{path}: {batches:?}"
         );
     }
+}
+
+/// A target that lowers every group but runs each conv group's parameters
+/// otherwise than planned.
+struct AdaptsConvs;
+
+impl dcir_fusion::Target for AdaptsConvs {
+    fn accept(&self, graph: &Graph, fused: dcir_ir::OpId) -> Result<Accepted, Refusal> {
+        let conv = graph.op(fused).attrs.str("kind") == Some("conv");
+        Ok(Accepted {
+            adapted: if conv {
+                vec!["stages = 4 runs as 2".to_string()]
+            } else {
+                Vec::new()
+            },
+        })
+    }
+}
+
+#[test]
+fn the_plan_keeps_what_the_target_says_it_runs_otherwise() {
+    let module = read("ir-examples/resnet50_bottleneck.dcir");
+    let graph = &module.graphs[0];
+    let plan = plan_graph(graph, &Roofline, &AdaptsConvs).expect("plans");
+    assert_eq!(plan.groups.len(), 3);
+    for g in &plan.groups {
+        assert_eq!(g.adapted, ["stages = 4 runs as 2"]);
+    }
+    let table = dcir_fusion::explain::plan_table(graph, &plan, "test");
+    assert!(
+        table.contains("note: @g0: stages = 4 runs as 2\n"),
+        "{table}"
+    );
+    let rows = dcir_fusion::explain::plan_rows(graph, &plan);
+    assert_eq!(rows[2].adapted, ["stages = 4 runs as 2"]);
 }
 
 #[test]

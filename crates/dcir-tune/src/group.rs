@@ -151,6 +151,7 @@ pub fn planned_standalone(
             group: Group { ops, kind, level },
             estimate: estimate.clone(),
             unfused_time: estimate.time,
+            adapted: Vec::new(),
         }],
         rejections: Vec::new(),
     };
