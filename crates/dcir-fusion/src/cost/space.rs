@@ -26,8 +26,14 @@ const TILES_MN: [u32; 4] = [32, 64, 128, 256];
 const TILES_K: [u32; 4] = [8, 16, 32, 64];
 /// Threads of a contraction block.
 const THREADS_GEMM: [u32; 3] = [64, 128, 256];
-/// Shared-memory pipeline depths.
-const STAGES: [u32; 4] = [1, 2, 3, 4];
+/// Pipeline depths offered to the SIMT contraction mainloop. The emitter
+/// double-buffers at most, so 3 and 4 run as 2 (`--emit plan` notes each
+/// such kernel); offering only 1 and 2 changes most f32 plans' tiles (36 of
+/// ResNet-50's 55 kernels at batch 32), which waits for an A/B run on a GPU.
+const STAGES_FMA: [u32; 4] = [1, 2, 3, 4];
+/// Pipeline depths of the `mma.sync` mainloop: 2 to 4 `cp.async` stages
+/// (the emitter's blocking clamps to those).
+const STAGES_TENSOR_CORE: [u32; 3] = [2, 3, 4];
 /// Values a reduction thread may keep in registers across passes. The
 /// emitter takes up to 64, but on the H200 rows of 4096 ran 5 % (f32) and
 /// 15 % (f16) faster at 32 per thread than at 64 (more resident warps), and
@@ -800,7 +806,8 @@ fn gemm(dev: &DeviceSpec, info: &GroupInfo, g: &GemmShape, conv: bool, out: &mut
                         } else {
                             0.0
                         };
-                        for stages in STAGES {
+                        let depths: &[u32] = if tc { &STAGES_TENSOR_CORE } else { &STAGES_FMA };
+                        for &stages in depths {
                             out(Cand {
                                 params: P::Gemm {
                                     conv,
