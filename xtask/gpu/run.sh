@@ -214,7 +214,7 @@ zoo_export() {
 
 tune_share() {
     mkdir -p /tmp/zoo "$OUT/tune"
-    local dir m src ours=0 lib=0 line
+    local dir m src ours=0 lib=0 o l n
     dir=$(ZOO_BATCH=${ZOO_BATCH:-32} zoo_dir)
     : >"$OUT/tune_share.log"
     for m in ${ZOO_ONLY:-resnet50 efficientnet_b0 densenet121 regnet_y_1_6gf mobilenet_v2 inception_v3}; do
@@ -223,10 +223,14 @@ tune_share() {
             to_f16 "/tmp/zoo/$m.b.dcir" "$src" || { echo "$m import FAIL" >>"$OUT/tune_share.log"; status=1; continue; }
         timeout "${TUNE_TIMEOUT:-300}" "$B/dcir-run" "$src" --backend cuda --tune --tune-cache "$OUT/tune/cache.json" \
             --tune-report "$OUT/tune/$m.json" >"$OUT/tune/$m.log" 2>&1 || status=1
-        line=$(grep -m1 'GEMM and convolution groups' "$OUT/tune/$m.log")
-        echo "$m ${line:-FAIL (tune/$m.log)}" >>"$OUT/tune_share.log"
-        ours=$((ours + $(echo "$line" | sed -n 's/.*groups: \([0-9]*\) on.*/\1/p' | grep . || echo 0)))
-        lib=$((lib + $(echo "$line" | sed -n 's/.*kernels, \([0-9]*\) on a.*/\1/p' | grep . || echo 0)))
+        # Counted from the per-group lines, so a model cut off by the
+        # timeout still counts the groups it tuned.
+        o=$(grep -cE '^tune: \[.*\((gemm|conv)\):.* on dcir$' "$OUT/tune/$m.log")
+        l=$(grep -cE '^tune: \[.*\((gemm|conv)\):.* on (cublaslt|cudnn)$' "$OUT/tune/$m.log")
+        n=$(grep -m1 -o 'tune: \[[0-9]*/[0-9]*\]' "$OUT/tune/$m.log" | sed 's/.*\///; s/\]//')
+        echo "$m: $o on dcir's kernels, $l on a library; $(grep -c '^tune: \[' "$OUT/tune/$m.log") of ${n:-?} groups tuned$(grep -q 'GEMM and convolution groups' "$OUT/tune/$m.log" || echo ' (cut off)')" >>"$OUT/tune_share.log"
+        ours=$((ours + o))
+        lib=$((lib + l))
     done
     echo "total: $ours on dcir's kernels, $lib on a library" >>"$OUT/tune_share.log"
     cat "$OUT/tune_share.log"

@@ -339,7 +339,11 @@ impl TuneSession {
                         g.measured,
                         g.chosen
                             .as_ref()
-                            .map_or("none matched".to_string(), |c| format!("{:.4} ms", c.ms))
+                            .map_or("none matched".to_string(), |c| format!(
+                                "{:.4} ms on {}",
+                                c.ms,
+                                c.library.as_deref().unwrap_or("dcir")
+                            ))
                     ));
                 }
                 self.display.hear(p);
