@@ -41,17 +41,17 @@ use dcir_fusion::Reason;
 use dcir_ir::{OpId, OpKind, ValueId};
 
 use super::chain::{
-    Contraction, SharedLayout, Tile, at, batch_coords, counted, crossing, f32_array, filled,
-    fma_tile, is_anchor, let_float, stage, thread_coords, with_lets,
+    Contraction, SharedLayout, batch_coords, filled, is_anchor, thread_coords, with_lets,
 };
 use super::epilogue::{
     self, Output, check_elementwise_path, classify_outputs, derived, store_derived,
     store_independent,
 };
+use super::simt::{Fragment, Tile, crossing, rank1_update, stage};
 use super::{EmitError, Index, Lower, Reduced, attr_int, params};
 use crate::kir::{
-    BinOp, Builtin, Expr, Helper, Kernel, Shuffle, Stmt, Ty, add, bin, call, div, guarded, int,
-    let_int, lt, mul, rem, select, unrolled, var,
+    BinOp, Builtin, Expr, Helper, Kernel, Shuffle, Stmt, Ty, add, at, bin, call, counted, div,
+    f32_array, guarded, int, let_float, let_int, lt, mul, rem, select, unrolled, var,
 };
 
 type Result<T> = std::result::Result<T, EmitError>;
@@ -481,16 +481,20 @@ impl Plan<'_> {
                 int(0),
                 int(self.d as i64),
                 1,
-                fma_tile(
+                rank1_update(
                     "score",
-                    "Qs",
-                    add(mul(var("d"), int((self.bm + 1) as i64)), var("ty")),
-                    self.tm_t,
-                    mt,
-                    "Ks",
-                    add(mul(var("d"), int((self.bn + 1) as i64)), var("tx")),
-                    self.tn_t,
-                    nt,
+                    &Fragment::scalar(
+                        "Qs",
+                        add(mul(var("d"), int((self.bm + 1) as i64)), var("ty")),
+                        self.tm_t,
+                        mt,
+                    ),
+                    &Fragment::scalar(
+                        "Ks",
+                        add(mul(var("d"), int((self.bn + 1) as i64)), var("tx")),
+                        self.tn_t,
+                        nt,
+                    ),
                 ),
             ));
         }
@@ -625,16 +629,20 @@ impl Plan<'_> {
             int(0),
             int(self.bn as i64),
             1,
-            fma_tile(
+            rank1_update(
                 "out_acc",
-                "Ps",
-                add(mul(var("key"), int((self.bm + 1) as i64)), var("ty")),
-                self.tm_t,
-                self.mt,
-                "Vs",
-                add(mul(var("key"), int(self.dvp as i64)), var("tx")),
-                self.tn_t,
-                self.nv,
+                &Fragment::scalar(
+                    "Ps",
+                    add(mul(var("key"), int((self.bm + 1) as i64)), var("ty")),
+                    self.tm_t,
+                    self.mt,
+                ),
+                &Fragment::scalar(
+                    "Vs",
+                    add(mul(var("key"), int(self.dvp as i64)), var("tx")),
+                    self.tn_t,
+                    self.nv,
+                ),
             ),
         )
     }

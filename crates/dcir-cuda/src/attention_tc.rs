@@ -41,17 +41,15 @@ use dcir_fusion::{Reason, attention_tensor_core};
 use dcir_ir::{DType, OpId};
 
 use super::attention::{Parts, shuffle_reduce};
-use super::chain::{
-    Contraction, Tile, at, batch_coords, counted, crossing, f32_array, filled, let_float, stage_as,
-    with_lets,
-};
+use super::chain::{Contraction, batch_coords, filled, with_lets};
 use super::epilogue::{store_derived, store_independent};
 use super::gemm::{Lanes, lanes_stay_together, store_result_vectors};
 use super::gemm_tc::{Chunk, Strided, copy_chunks, matmul_operand};
+use super::simt::{Tile, crossing, stage_as};
 use super::{EmitError, Index, Lower, Reduced, attr_int, params, vector_lane};
 use crate::kir::{
-    ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Stmt, Ty, add, bin, call, div, guarded, int,
-    let_int, lt, mul, rem, select, unrolled, var,
+    ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Stmt, Ty, add, at, bin, call, counted, div,
+    f32_array, guarded, int, let_float, let_int, lt, mul, rem, select, unrolled, var,
 };
 
 type Result<T> = std::result::Result<T, EmitError>;

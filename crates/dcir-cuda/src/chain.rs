@@ -1,7 +1,7 @@
 //! The `contraction_chain` family: GEMM → GEMM (or 1×1 conv → 1×1 conv) with
 //! the intermediate kept in shared memory; also the contraction helpers the
-//! `attention` family shares ([`Contraction`], [`stage`], [`fma_tile`], the
-//! epilogue checks and stores).
+//! `attention` family shares ([`Contraction`], the epilogue checks and
+//! stores). Staging and the rank-1 update are the SIMT kind's (`simt.rs`).
 //!
 //! Both contractions are seen as GEMMs over rows (matmul rows, or the pixels
 //! of every image for a 1×1 conv over NCHW). The second takes its rows from
@@ -38,10 +38,11 @@ use super::epilogue::{
     self, Output, check_elementwise_path, classify_outputs, derived, forward_index, store_derived,
     store_independent,
 };
+use super::simt::{Fragment, Tile, crossing, rank1_update, stage};
 use super::{EmitError, Index, Lower, Reduced, attr_int, params, thread_grid};
 use crate::kir::{
-    ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Param, Stmt, Ty, add, bin, call, div, guarded,
-    int, let_int, lt, mul, rem, unrolled, var,
+    BinOp, Builtin, Expr, Kernel, Param, Stmt, Ty, add, at, bin, call, counted, div, f32_array,
+    guarded, int, let_float, let_int, lt, mul, rem, unrolled, var,
 };
 
 type Result<T> = std::result::Result<T, EmitError>;
@@ -250,16 +251,20 @@ impl Plan {
         step.push(unrolled(
             "kk",
             self.tk,
-            fma_tile(
+            rank1_update(
                 "acc",
-                a,
-                add(mul(a_k, int(tm)), var("ty")),
-                self.threads_m,
-                self.mt,
-                "Bs",
-                add(mul(var("kk"), int(tn)), var("tx")),
-                self.threads_n,
-                self.nt,
+                &Fragment::scalar(
+                    a,
+                    add(mul(a_k, int(tm)), var("ty")),
+                    self.threads_m,
+                    self.mt,
+                ),
+                &Fragment::scalar(
+                    "Bs",
+                    add(mul(var("kk"), int(tn)), var("tx")),
+                    self.threads_n,
+                    self.nt,
+                ),
             ),
         ));
         step.push(Stmt::Barrier);
@@ -874,212 +879,6 @@ pub(super) fn with_lets(lets: Vec<Stmt>, body: Vec<Stmt>) -> Vec<Stmt> {
             out.insert(0, stmt);
         }
     }
-    out
-}
-
-/// `float name = value;` (`const` when `constant`).
-pub(super) fn let_float(name: &str, value: Expr, constant: bool) -> Stmt {
-    Stmt::Let {
-        name: name.into(),
-        ty: Ty::F32,
-        value,
-        constant,
-    }
-}
-
-/// An f32 array (shared or per-thread) by name.
-pub(super) fn f32_array(name: &str) -> ArrayRef {
-    ArrayRef {
-        name: name.into(),
-        ty: Ty::F32,
-        reinterpret: false,
-    }
-}
-
-/// `name[index]` of an f32 array.
-pub(super) fn at(name: &str, index: Expr) -> Expr {
-    Expr::Load(f32_array(name), Box::new(index))
-}
-
-/// `for (int var = start; var < end; var += step) { body }`, unroll left to the compiler.
-pub(super) fn counted(var: &str, start: Expr, end: Expr, step: usize, body: Vec<Stmt>) -> Stmt {
-    Stmt::For {
-        var: var.into(),
-        start,
-        end,
-        step: int(step as i64),
-        unroll: false,
-        body,
-    }
-}
-
-/// The bound a tile of `extent` starting at multiples of `extent` (when
-/// `aligned`) must check against `bound`: `None` when it never crosses it.
-pub(super) fn crossing(bound: usize, extent: usize, aligned: bool) -> Option<usize> {
-    (!aligned || !bound.is_multiple_of(extent)).then_some(bound)
-}
-
-/// A `rows × cols` tile of a value staged into a shared array through its
-/// index map: element `(r, c)` is the value at `index(origin[0] + r,
-/// origin[1] + c)`, stored at `slot(r, c)`; elements at or past `bounds` are
-/// stored as zero without being loaded (`None`: the tile never crosses it).
-pub(super) struct Tile<'a> {
-    /// The value read.
-    pub value: ValueId,
-    /// The shared array (also the prefix of the loop's locals).
-    pub shared: &'a str,
-    /// Tile extents.
-    pub rows: usize,
-    pub cols: usize,
-    /// Global row and column of the tile's first element.
-    pub origin: [Expr; 2],
-    /// Global row and column bounds.
-    pub bounds: [Option<usize>; 2],
-    /// The value's index at a global (row, column).
-    pub index: &'a dyn Fn(Expr, Expr) -> Index,
-    /// The shared position of a tile (row, column).
-    pub slot: &'a dyn Fn(Expr, Expr) -> Expr,
-    /// Walk columns fastest (when they are contiguous in memory), else rows.
-    pub cols_inner: bool,
-}
-
-/// The loop that stages `t` with `threads` threads, each element once.
-pub(super) fn stage(l: &mut Lower, t: &Tile, threads: usize) -> Result<Stmt> {
-    stage_as(l, t, threads, Ty::F32)
-}
-
-/// [`stage`] into a shared array of `stored` elements: f32, or the bits of
-/// an f16 or bf16 (each element rounded once, to nearest even).
-pub(super) fn stage_as(l: &mut Lower, t: &Tile, threads: usize, stored: Ty) -> Result<Stmt> {
-    let s = t.shared;
-    let convert = match stored {
-        Ty::F16Bits => Some((Helper::Half, "dcir_f2h")),
-        Ty::Bf16Bits => Some((Helper::Bfloat16, "dcir_f2bf")),
-        _ => None,
-    };
-    if let Some((helper, _)) = convert {
-        l.helpers.insert(helper);
-    }
-    let put = |index: Expr, v: Expr| {
-        let v = match convert {
-            Some((_, f)) => call(f, vec![v]),
-            None => v,
-        };
-        Stmt::Store(
-            ArrayRef {
-                name: s.into(),
-                ty: stored,
-                reinterpret: false,
-            },
-            index,
-            v,
-        )
-    };
-    let (i, r, c, row, col, val) = (
-        format!("{s}_i"),
-        format!("{s}_r"),
-        format!("{s}_c"),
-        format!("{s}_row"),
-        format!("{s}_col"),
-        format!("{s}_val"),
-    );
-    for n in [&i, &r, &c, &row, &col, &val] {
-        l.used_names.insert(n.clone());
-    }
-    let (r_of, c_of) = if t.cols_inner {
-        (div(var(&i), t.cols as i64), rem(var(&i), t.cols as i64))
-    } else {
-        (rem(var(&i), t.rows as i64), div(var(&i), t.rows as i64))
-    };
-    let conds = vec![
-        t.bounds[0].map(|b| lt(var(&row), int(b as i64))),
-        t.bounds[1].map(|b| lt(var(&col), int(b as i64))),
-    ];
-    let load = l.scoped(|l| {
-        let v = l.value_at(t.value, &(t.index)(var(&row), var(&col)))?;
-        l.body.push(Stmt::Assign(val.clone(), v));
-        Ok(())
-    })?;
-    let mut body = vec![
-        let_int(&r, r_of),
-        let_int(&c, c_of),
-        let_int(&row, add(t.origin[0].clone(), var(&r))),
-        let_int(&col, add(t.origin[1].clone(), var(&c))),
-    ];
-    if conds.iter().all(Option::is_none) {
-        body.extend(load);
-        let Some(Stmt::Assign(_, v)) = body.pop() else {
-            unreachable!("the load ends with its assignment")
-        };
-        body.push(put((t.slot)(var(&r), var(&c)), v));
-    } else {
-        body.push(let_float(&val, Expr::F32(0.0), false));
-        body.extend(guarded(conds, load));
-        body.push(put((t.slot)(var(&r), var(&c)), var(&val)));
-    }
-    let total = t.rows * t.cols;
-    Ok(Stmt::For {
-        var: i,
-        start: Expr::Builtin(Builtin::ThreadX),
-        end: int(total as i64),
-        step: int(threads as i64),
-        unroll: total.is_multiple_of(threads) && total / threads <= 32,
-        body,
-    })
-}
-
-/// One rank-1 update of a thread's micro-tile from two k-major shared
-/// arrays: `acc[i·cols + j] += a[a0 + i·a_step] · b[b0 + j·b_step]` for
-/// `i < rows`, `j < cols` (fragments loaded once into `a_frag`, `b_frag`).
-#[allow(clippy::too_many_arguments)]
-pub(super) fn fma_tile(
-    acc: &str,
-    a: &str,
-    a0: Expr,
-    a_step: usize,
-    rows: usize,
-    b: &str,
-    b0: Expr,
-    b_step: usize,
-    cols: usize,
-) -> Vec<Stmt> {
-    let frag = |name: &str, shared: &str, base: &Expr, step: usize, len: usize| {
-        vec![
-            Stmt::LocalArray {
-                name: name.into(),
-                ty: Ty::F32,
-                len,
-            },
-            unrolled(
-                "i",
-                len,
-                vec![Stmt::Store(
-                    f32_array(name),
-                    var("i"),
-                    at(shared, add(base.clone(), mul(var("i"), int(step as i64)))),
-                )],
-            ),
-        ]
-    };
-    let mut out = frag("a_frag", a, &a0, a_step, rows);
-    out.extend(frag("b_frag", b, &b0, b_step, cols));
-    let ij = add(mul(var("i"), int(cols as i64)), var("j"));
-    out.push(unrolled(
-        "i",
-        rows,
-        vec![unrolled(
-            "j",
-            cols,
-            vec![Stmt::Store(
-                f32_array(acc),
-                ij.clone(),
-                call(
-                    "fmaf",
-                    vec![at("a_frag", var("i")), at("b_frag", var("j")), at(acc, ij)],
-                ),
-            )],
-        )],
-    ));
     out
 }
 

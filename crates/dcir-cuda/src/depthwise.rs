@@ -44,16 +44,17 @@ use dcir_fusion::Reason;
 use dcir_ir::{DType, OpId, OpKind, ValueId};
 
 use super::pool::{
-    Window, and_opt, clamp_to, in_range, let_int, per_element_after, per_output_results,
+    Window, and_opt, bind_int, clamp_to, in_range, per_element_after, per_output_results,
     result_index,
 };
+use super::simt::{Fragment, rank1_update};
 use super::thread_grid;
 use super::{
     EmitError, Index, Lower, Reduced, attr_int, pack, params, store, vector_lane, vector_ty,
 };
 use crate::kir::{
-    ArrayRef, BinOp, Builtin, Expr, Kernel, Param, SharedArray, Shuffle, Stmt, Ty, add, bin, call,
-    div, int, mul, rem, select, sub, unrolled, var,
+    ArrayRef, BinOp, Builtin, Expr, Kernel, Param, SharedArray, Shuffle, Stmt, Ty, add, at, below,
+    bin, call, div, f32_array, int, mul, rem, select, sub, unrolled, var,
 };
 
 type Result<T> = std::result::Result<T, EmitError>;
@@ -160,22 +161,6 @@ fn tile_attr(l: &Lower, op: OpId, default: [usize; 2]) -> Result<[usize; 2]> {
     }
 }
 
-fn array(name: &str) -> ArrayRef {
-    ArrayRef {
-        name: name.into(),
-        ty: Ty::F32,
-        reinterpret: false,
-    }
-}
-
-fn load(name: &str, index: Expr) -> Expr {
-    Expr::Load(array(name), Box::new(index))
-}
-
-fn lt(a: Expr, b: usize) -> Expr {
-    bin(BinOp::Lt, a, int(b as i64))
-}
-
 /// `min(e, extent - 1)` where `e` may reach `extent`.
 fn clamp_high(e: Expr, extent: usize, may_leave: bool) -> Expr {
     if may_leave {
@@ -206,7 +191,7 @@ fn strided(index: &str, first: Expr, stride: usize, len: usize, body: Vec<Stmt>)
     if len.is_multiple_of(stride) {
         inner.extend(body);
     } else {
-        inner.push(Stmt::If(lt(var(index), len), body));
+        inner.push(Stmt::If(below(var(index), len), body));
     }
     Stmt::For {
         var: "u".into(),
@@ -256,17 +241,17 @@ fn block_tile(
         } else {
             rem(q, extent as i64)
         };
-        found.push((name, let_int(body, name, value)));
+        found.push((name, bind_int(body, name, value)));
         stride *= extent;
     }
     let get = |name: &str| {
         let (_, e) = found.iter().find(|(n, _)| *n == name).expect("bound");
         e.clone()
     };
-    let oy0 = let_int(body, "oy0", mul(get("tile_y"), int(tile[0] as i64)));
-    let ox0 = let_int(body, "ox0", mul(get("tile_x"), int(tile[1] as i64)));
-    let iy0 = let_int(body, "iy0", dw.win.tap(0, oy0.clone(), int(0)));
-    let ix0 = let_int(body, "ix0", dw.win.tap(1, ox0.clone(), int(0)));
+    let oy0 = bind_int(body, "oy0", mul(get("tile_y"), int(tile[0] as i64)));
+    let ox0 = bind_int(body, "ox0", mul(get("tile_x"), int(tile[1] as i64)));
+    let iy0 = bind_int(body, "iy0", dw.win.tap(0, oy0.clone(), int(0)));
+    let ix0 = bind_int(body, "ix0", dw.win.tap(1, ox0.clone(), int(0)));
     let block = Tile {
         size: tile,
         n: get("n"),
@@ -295,13 +280,13 @@ fn stage_patch(
     let [h, w] = dw.win.input;
     let body = l.scoped(|l| {
         let mut b = Vec::new();
-        let k = let_int(&mut b, "s_ch", div(var("s"), (ph * pw) as i64));
-        let iy = let_int(
+        let k = bind_int(&mut b, "s_ch", div(var("s"), (ph * pw) as i64));
+        let iy = bind_int(
             &mut b,
             "s_y",
             add(block.iy0.clone(), rem(div(var("s"), pw as i64), ph as i64)),
         );
-        let ix = let_int(
+        let ix = bind_int(
             &mut b,
             "s_x",
             add(block.ix0.clone(), rem(var("s"), pw as i64)),
@@ -441,23 +426,23 @@ pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
     // shuffles): past the last strip it redoes the last one and stores nothing.
     let partial = !total.is_multiple_of(threads);
     let t = if partial {
-        let_int(&mut body, "t_raw", raw_t);
-        let_int(
+        bind_int(&mut body, "t_raw", raw_t);
+        bind_int(
             &mut body,
             "t",
             call("min", vec![var("t_raw"), int(total as i64 - 1)]),
         )
     } else {
-        let_int(&mut body, "t", raw_t)
+        bind_int(&mut body, "t", raw_t)
     };
     let mut strip = Vec::new();
-    let cg = let_int(&mut strip, "cg", rem(t.clone(), col_groups as i64));
-    let st = let_int(
+    let cg = bind_int(&mut strip, "cg", rem(t.clone(), col_groups as i64));
+    let st = bind_int(
         &mut strip,
         "strip",
         rem(div(t.clone(), col_groups as i64), strips as i64),
     );
-    let oc = let_int(
+    let oc = bind_int(
         &mut strip,
         "oc",
         rem(
@@ -465,16 +450,16 @@ pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
             dw.channels as i64,
         ),
     );
-    let n = let_int(
+    let n = bind_int(
         &mut strip,
         "n",
         div(t, (col_groups * strips * dw.channels) as i64),
     );
-    let ic = let_int(&mut strip, "ic", div(oc.clone(), dw.mult as i64));
-    let ox0 = let_int(&mut strip, "ox0", mul(cg.clone(), int(cols as i64)));
-    let oy0 = let_int(&mut strip, "oy0", mul(st, int(rows as i64)));
-    let ix0 = let_int(&mut strip, "ix0", dw.win.tap(1, ox0.clone(), int(0)));
-    let iy0 = let_int(&mut strip, "iy0", dw.win.tap(0, oy0.clone(), int(0)));
+    let ic = bind_int(&mut strip, "ic", div(oc.clone(), dw.mult as i64));
+    let ox0 = bind_int(&mut strip, "ox0", mul(cg.clone(), int(cols as i64)));
+    let oy0 = bind_int(&mut strip, "oy0", mul(st, int(rows as i64)));
+    let ix0 = bind_int(&mut strip, "ix0", dw.win.tap(1, ox0.clone(), int(0)));
+    let iy0 = bind_int(&mut strip, "iy0", dw.win.tap(0, oy0.clone(), int(0)));
 
     // The channel's weights and the accumulators, in registers.
     let w_dims = g.ty(dw.w).dims().to_vec();
@@ -487,7 +472,7 @@ pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
         let idx = Index::coords(&w_dims, vec![oc.clone(), int(0), var("ki"), var("kj")]);
         let v = l.value_at(dw.w, &idx)?;
         let slot = add(mul(var("ki"), int(kw as i64)), var("kj"));
-        l.body.push(Stmt::Store(array("wk"), slot, v));
+        l.body.push(Stmt::Store(f32_array("wk"), slot, v));
         Ok(())
     })?;
     strip.push(unrolled("ki", kh, vec![unrolled("kj", kw, load_w)]));
@@ -498,11 +483,11 @@ pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
             len,
         });
     }
-    let zero = |name: &str| Stmt::Store(array(name), var("i"), Expr::F32(0.0));
+    let zero = |name: &str| Stmt::Store(f32_array(name), var("i"), Expr::F32(0.0));
     strip.push(unrolled("i", rows * cols, vec![zero("acc")]));
     if x_vector && kw > 1 {
         // The span's ends come from the neighbouring lanes.
-        let_int(&mut strip, "lane", rem(Expr::Builtin(Builtin::ThreadX), 32));
+        bind_int(&mut strip, "lane", rem(Expr::Builtin(Builtin::ThreadX), 32));
     }
 
     // Input rows in order; each adds into the output rows whose windows hold
@@ -513,7 +498,7 @@ pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
         let iy = add(iy0.clone(), int(r as i64));
         let name = l.fresh(&format!("row{r}"));
         let row = Row {
-            y: let_int(&mut strip, &name, clamp_to(iy.clone(), h, row_leaves)),
+            y: bind_int(&mut strip, &name, clamp_to(iy.clone(), h, row_leaves)),
             inside: in_range(&iy, h, row_leaves),
         };
         let loads = l.scoped(|l| {
@@ -543,16 +528,16 @@ pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
                 continue;
             }
             let slot = add(int(i * cols as i64), var("j"));
-            let x = load(
+            let x = at(
                 "xr",
                 add(
                     mul(var("j"), int(sw as i64)),
                     mul(var("kj"), int(dwl as i64)),
                 ),
             );
-            let wt = load("wk", add(int((ki * kw) as i64), var("kj")));
-            let fma = call("fmaf", vec![x, wt, load("acc", slot.clone())]);
-            let taps = unrolled("kj", kw, vec![Stmt::Store(array("acc"), slot, fma)]);
+            let wt = at("wk", add(int((ki * kw) as i64), var("kj")));
+            let fma = call("fmaf", vec![x, wt, at("acc", slot.clone())]);
+            let taps = unrolled("kj", kw, vec![Stmt::Store(f32_array("acc"), slot, fma)]);
             strip.push(unrolled("j", cols, vec![taps]));
         }
     }
@@ -570,7 +555,7 @@ pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
             let mut lanes: Vec<Vec<Expr>> = vec![Vec::new(); ys.len()];
             for j in 0..cols {
                 let ox = add(ox0.clone(), int(j as i64));
-                let acc = load("acc", int((i * cols + j) as i64));
+                let acc = at("acc", int((i * cols + j) as i64));
                 l.reduced = Some((dw.out, Reduced::Row(acc), 0));
                 let coords = vec![n.clone(), oc.clone(), oy.clone(), ox.clone()];
                 if y_vector {
@@ -585,7 +570,7 @@ pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
                     if ow.is_multiple_of(cols) {
                         l.body.extend(stores);
                     } else {
-                        l.body.push(Stmt::If(lt(ox, ow), stores));
+                        l.body.push(Stmt::If(below(ox, ow), stores));
                     }
                 }
             }
@@ -609,12 +594,12 @@ pub(super) fn direct(l: &mut Lower, op: OpId) -> Result<Kernel> {
         if oh.is_multiple_of(rows) {
             epilogue.extend(row);
         } else {
-            epilogue.push(Stmt::If(lt(oy, oh), row));
+            epilogue.push(Stmt::If(below(oy, oh), row));
         }
     }
     l.reduced = None;
     if partial {
-        strip.push(Stmt::If(lt(var("t_raw"), total), epilogue));
+        strip.push(Stmt::If(below(var("t_raw"), total), epilogue));
     } else {
         strip.extend(epilogue);
     }
@@ -686,7 +671,7 @@ fn set_span(body: &mut Vec<Stmt>, j: usize, inside: Option<Expr>, value: Expr) {
         Some(cond) => select(cond, value, Expr::F32(0.0)),
         None => value,
     };
-    body.push(Stmt::Store(array("xr"), int(j as i64), value));
+    body.push(Stmt::Store(f32_array("xr"), int(j as i64), value));
 }
 
 /// Loads span `xr[0 .. span)` of input `row` element by element through the
@@ -763,7 +748,7 @@ fn load_row_vectors(
         let col = add(ox0.clone(), int(q * cols_i));
         let low = (q < 0).then(|| bin(BinOp::Ge, col.clone(), int(0)));
         let last = (col_groups as i64 - 1 + q) * cols_i + cols_i;
-        let high = (last > w_i).then(|| lt(col, w));
+        let high = (last > w_i).then(|| below(col, w));
         // A vector of the input row, which may hold more vectors than there
         // are column groups (an input wider than the output).
         let group = clamp_to(add(cg.clone(), int(q)), w / cols, (q < 0, last > w_i));
@@ -794,7 +779,7 @@ fn load_row_vectors(
         // groups cover) and is loaded.
         let source = (j as i64 - pad).rem_euclid(cols_i) + pad;
         let (mode, past_warp) = if q < 0 {
-            (Shuffle::Up, lt(var("lane"), (-q) as usize))
+            (Shuffle::Up, below(var("lane"), (-q) as usize))
         } else {
             let past = bin(BinOp::Ge, var("lane"), int(32 - q));
             // The first column a lane of group `col_groups - q` would take.
@@ -810,7 +795,7 @@ fn load_row_vectors(
         let name = l.fresh("x_end");
         let shuffled = Expr::Shfl(
             mode,
-            Box::new(load("xr", int(source))),
+            Box::new(at("xr", int(source))),
             q.unsigned_abs() as u32,
         );
         l.body.push(Stmt::Let {
@@ -926,10 +911,10 @@ pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
         tile[0], tile[1]
     ))];
     let (block, chan_block) = block_tile(&mut body, &dw, tile, o_total.div_ceil(tile_n));
-    let o0 = let_int(&mut body, "o0", mul(chan_block, int(tile_n as i64)));
+    let o0 = bind_int(&mut body, "o0", mul(chan_block, int(tile_n as i64)));
     let tid = Expr::Builtin(Builtin::ThreadX);
-    let tp = let_int(&mut body, "tp", rem(tid.clone(), threads_p as i64));
-    let tn = let_int(&mut body, "tn", div(tid, threads_p as i64));
+    let tp = bind_int(&mut body, "tp", rem(tid.clone(), threads_p as i64));
+    let tn = bind_int(&mut body, "tn", div(tid, threads_p as i64));
     body.push(Stmt::LocalArray {
         name: "acc".into(),
         ty: Ty::F32,
@@ -938,7 +923,7 @@ pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
     body.push(unrolled(
         "i",
         mt * nt,
-        vec![Stmt::Store(array("acc"), var("i"), Expr::F32(0.0))],
+        vec![Stmt::Store(f32_array("acc"), var("i"), Expr::F32(0.0))],
     ));
 
     // One chunk: stage, depthwise into `mid`, accumulate the pointwise conv.
@@ -952,13 +937,13 @@ pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
         kc,
         threads,
         var("k0"),
-        &array("patch"),
+        &f32_array("patch"),
     )?);
     let dw_dims = g.ty(dw.w).dims().to_vec();
     let stage_dw = l.scoped(|l| {
         let mut b = Vec::new();
-        let k = let_int(&mut b, "s_k", div(var("s"), taps as i64));
-        let t = let_int(&mut b, "s_t", rem(var("s"), taps as i64));
+        let k = bind_int(&mut b, "s_k", div(var("s"), taps as i64));
+        let t = bind_int(&mut b, "s_t", rem(var("s"), taps as i64));
         l.body.extend(b);
         let ch = clamp_high(add(var("k0"), k), dw.channels, partial_k);
         let idx = Index::coords(
@@ -966,19 +951,19 @@ pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
             vec![ch, int(0), div(t.clone(), kw as i64), rem(t, kw as i64)],
         );
         let v = l.value_at(dw.w, &idx)?;
-        l.body.push(Stmt::Store(array("dw_w"), var("s"), v));
+        l.body.push(Stmt::Store(f32_array("dw_w"), var("s"), v));
         Ok(())
     })?;
     chunk.push(block_loop(kc * taps, threads, stage_dw));
     let stage_pw = l.scoped(|l| {
         let mut b = Vec::new();
-        let o = let_int(&mut b, "s_o", div(var("s"), kc as i64));
-        let k = let_int(&mut b, "s_k", rem(var("s"), kc as i64));
+        let o = bind_int(&mut b, "s_o", div(var("s"), kc as i64));
+        let k = bind_int(&mut b, "s_k", rem(var("s"), kc as i64));
         l.body.extend(b);
         let (o_g, k_g) = (add(o0.clone(), o.clone()), add(var("k0"), k.clone()));
         let guard = [
-            (partial_n, lt(o_g.clone(), o_total)),
-            (partial_k, lt(k_g.clone(), dw.channels)),
+            (partial_n, below(o_g.clone(), o_total)),
+            (partial_k, below(k_g.clone(), dw.channels)),
         ]
         .into_iter()
         .filter_map(|(needed, c)| needed.then_some(c))
@@ -1000,7 +985,8 @@ pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
             Some(cond) => l.body.push(Stmt::If(cond, value)),
             None => l.body.extend(value),
         }
-        l.body.push(Stmt::Store(array("pw_w"), slot, var("s_val")));
+        l.body
+            .push(Stmt::Store(f32_array("pw_w"), slot, var("s_val")));
         Ok(())
     })?;
     chunk.push(block_loop(kc * tile_n, threads, stage_pw));
@@ -1011,20 +997,20 @@ pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
     ));
     let mid_body = l.scoped(|l| {
         let mut b = Vec::new();
-        let kl = let_int(&mut b, "kl", div(var("s"), pixels as i64));
-        let p = let_int(&mut b, "p", rem(var("s"), pixels as i64));
-        let py = let_int(&mut b, "py", div(p.clone(), tile[1] as i64));
-        let px = let_int(&mut b, "px", rem(p, tile[1] as i64));
-        let kg = let_int(&mut b, "kg", add(var("k0"), kl.clone()));
+        let kl = bind_int(&mut b, "kl", div(var("s"), pixels as i64));
+        let p = bind_int(&mut b, "p", rem(var("s"), pixels as i64));
+        let py = bind_int(&mut b, "py", div(p.clone(), tile[1] as i64));
+        let px = bind_int(&mut b, "px", rem(p, tile[1] as i64));
+        let kg = bind_int(&mut b, "kg", add(var("k0"), kl.clone()));
         l.body.extend(b);
         let weight = |ki: Expr, kj: Expr| {
             let tap = add(mul(ki, int(kw as i64)), kj);
-            load("dw_w", add(mul(kl.clone(), int(taps as i64)), tap))
+            at("dw_w", add(mul(kl.clone(), int(taps as i64)), tap))
         };
         l.body.extend(depthwise_sum(
             &dw,
             tile,
-            &array("patch"),
+            &f32_array("patch"),
             "dw_acc",
             (kl.clone(), py.clone(), px.clone()),
             &weight,
@@ -1039,11 +1025,11 @@ pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
         ];
         let v = l.value_at(mid, &Index::coords(&[dw.n, dw.channels, oh, ow], coords))?;
         let v = if partial_k {
-            select(lt(kg, dw.channels), v, Expr::F32(0.0))
+            select(below(kg, dw.channels), v, Expr::F32(0.0))
         } else {
             v
         };
-        l.body.push(Stmt::Store(array("mid"), var("s"), v));
+        l.body.push(Stmt::Store(f32_array("mid"), var("s"), v));
         Ok(())
     })?;
     chunk.push(block_loop(kc * pixels, threads, mid_body));
@@ -1053,16 +1039,20 @@ pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
         "the pointwise conv: acc += mid^T . pw_w".into(),
     ));
     let acc_ij = add(mul(var("i"), int(nt as i64)), var("j"));
-    let inner = super::chain::fma_tile(
+    let inner = rank1_update(
         "acc",
-        "mid",
-        add(mul(var("kk"), int(pixels as i64)), tp.clone()),
-        threads_p,
-        mt,
-        "pw_w",
-        add(mul(var("kk"), int(tile_n as i64)), tn.clone()),
-        threads_n,
-        nt,
+        &Fragment::scalar(
+            "mid",
+            add(mul(var("kk"), int(pixels as i64)), tp.clone()),
+            threads_p,
+            mt,
+        ),
+        &Fragment::scalar(
+            "pw_w",
+            add(mul(var("kk"), int(tile_n as i64)), tn.clone()),
+            threads_n,
+            nt,
+        ),
     );
     chunk.push(unrolled("kk", kc, inner));
     chunk.push(Stmt::Barrier);
@@ -1077,23 +1067,23 @@ pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
 
     // Epilogue: each accumulator through the pointwise conv's elementwise tail.
     let mut pixel = Vec::new();
-    let p = let_int(
+    let p = bind_int(
         &mut pixel,
         "p",
         add(tp.clone(), mul(var("i"), int(threads_p as i64))),
     );
-    let oy = let_int(
+    let oy = bind_int(
         &mut pixel,
         "oy",
         add(block.oy0.clone(), div(p.clone(), tile[1] as i64)),
     );
-    let ox = let_int(
+    let ox = bind_int(
         &mut pixel,
         "ox",
         add(block.ox0.clone(), rem(p, tile[1] as i64)),
     );
     let stores = l.scoped(|l| {
-        let o = let_int(
+        let o = bind_int(
             &mut l.body,
             "o",
             add(
@@ -1102,15 +1092,15 @@ pub(super) fn depthwise_pointwise(l: &mut Lower, op: OpId) -> Result<Kernel> {
             ),
         );
         let guard = [
-            (!oh.is_multiple_of(tile[0]), lt(oy.clone(), oh)),
-            (!ow.is_multiple_of(tile[1]), lt(ox.clone(), ow)),
-            (partial_n, lt(o.clone(), o_total)),
+            (!oh.is_multiple_of(tile[0]), below(oy.clone(), oh)),
+            (!ow.is_multiple_of(tile[1]), below(ox.clone(), ow)),
+            (partial_n, below(o.clone(), o_total)),
         ]
         .into_iter()
         .filter_map(|(needed, c)| needed.then_some(c))
         .reduce(|a, b| bin(BinOp::And, a, b));
         let each = l.scoped(|l| {
-            l.reduced = Some((pw_out, Reduced::Row(load("acc", acc_ij.clone())), 0));
+            l.reduced = Some((pw_out, Reduced::Row(at("acc", acc_ij.clone())), 0));
             let coords = vec![block.n.clone(), o.clone(), oy.clone(), ox.clone()];
             store_outputs(l, &params, &ys, &out_dims, coords)
         })?;

@@ -53,17 +53,17 @@
 use std::collections::BTreeSet;
 
 use dcir_fusion::Reason;
-use dcir_ir::{Attr, DType, Graph, OpId, OpKind, ValueDef, ValueId};
+use dcir_ir::{Attr, Graph, OpId, OpKind, ValueDef, ValueId};
 
 use super::epilogue::{def_op, forward_index};
+use super::simt::{Fragment, Prefetch, rank1_update};
 use super::split_k::SplitK;
 use super::{
-    EmitError, Index, Lower, Reduced, Vectors, attr_int, pack, params, store, vector_lane,
-    vector_ty, yields,
+    EmitError, Index, Lower, Reduced, Vectors, attr_int, pack, params, store, vector_ty, yields,
 };
 use crate::kir::{
     ArrayRef, BinOp, Builtin, Expr, Kernel, Param, SharedArray, Stmt, Ty, add, all, array, bin,
-    call, div, guarded, int, let_int, lt, mul, rem, sub, unrolled, var,
+    div, guarded, int, let_int, lt, mul, rem, sub, unrolled, var,
 };
 
 type Result<T> = std::result::Result<T, EmitError>;
@@ -775,15 +775,6 @@ pub(super) fn lanes_stay_together(
     }
 }
 
-/// A shared array (declared as `float4`) accessed as `ty`.
-fn shared_as(name: &str, ty: Ty) -> ArrayRef {
-    ArrayRef {
-        name: name.into(),
-        ty,
-        reinterpret: ty != Ty::Float4,
-    }
-}
-
 /// The block's batch entry: `bz`, or 0 when there is one.
 fn batch_index(c: &Contraction) -> Expr {
     if c.batch == 1 { int(0) } else { var("bz") }
@@ -981,328 +972,60 @@ fn thread_position(t: &Tiling) -> (Expr, Expr) {
     )
 }
 
-/// How one operand's tile moves from global memory to registers (the
-/// prefetch) and from registers to its shared buffer.
-///
-/// The tile is `rows × tk` (`rows` along M for A, N for B), stored k-major:
-/// element `(r, k)` of buffer `buf` at `(buf·tk + k)·ld + r`. It is walked in
-/// units of `width` elements along the operand's contiguous dimension, unit
-/// `e` by thread `e mod threads` into its register slot `e / threads`.
-struct Stage<'c> {
-    /// Prefix of the locals (`a`, `b`).
-    name: &'static str,
-    /// The shared array (`As`, `Bs`).
-    shared: &'static str,
-    contraction: &'c Contraction,
-    operand: &'c Operand,
-    /// The operand's dtype.
-    dtype: DType,
-    /// Tile rows and the GEMM extent along them (M or N).
-    rows: usize,
-    extent: usize,
-    tk: usize,
-    threads: usize,
-    /// Elements per access: 4 (a vector) or 1.
-    width: usize,
-    /// Whether threads walk K fastest (the operand is contiguous along K).
-    k_inner: bool,
-    /// Shared row length: `rows`, plus 4 when `k_inner` (the stores
-    /// transpose; the padding spreads them over the banks).
-    ld: usize,
-}
-
-impl Stage<'_> {
-    fn new<'c>(l: &Lower, c: &'c Contraction, which: GemmDim, t: &Tiling) -> Stage<'c> {
-        let (name, shared, operand, rows, extent) = match which {
-            GemmDim::M => ("a", "As", &c.a, t.tm, c.m),
-            _ => ("b", "Bs", &c.b, t.tn, c.n),
-        };
-        let k_inner = operand.contiguous == GemmDim::K;
-        let fits = if k_inner {
-            t.tk.is_multiple_of(VECTOR)
-        } else {
-            rows.is_multiple_of(VECTOR)
-        };
-        let width = if operand.vector && fits { VECTOR } else { 1 };
-        Stage {
-            name,
-            shared,
-            contraction: c,
-            operand,
-            dtype: l.g.ty(operand.value).dtype,
-            rows,
-            extent,
-            tk: t.tk,
-            threads: t.threads,
-            width,
-            k_inner,
-            ld: rows + if k_inner { 4 } else { 0 },
-        }
-    }
-
-    fn local(&self, what: &str) -> String {
-        format!("{}_{what}", self.name)
-    }
-
-    /// Access units in the tile.
-    fn units(&self) -> usize {
-        self.rows * self.tk / self.width
-    }
-
-    /// Register slots per thread.
-    fn slots(&self) -> usize {
-        self.units().div_ceil(self.threads)
-    }
-
-    /// The register type of one slot.
-    fn slot_ty(&self) -> Ty {
-        if self.width == 1 {
-            Ty::F32
-        } else {
-            vector_ty(self.dtype, self.width)
-        }
-    }
-
-    /// `(lets, r, k)`: the tile row and k of slot `i`'s first element, and
-    /// the condition that the slot is used at all (when the units do not
-    /// divide among the threads).
-    fn slot(&self) -> (Vec<Stmt>, Expr, Expr, Option<Expr>) {
-        let (e, r, k) = (self.local("e"), self.local("r"), self.local("k"));
-        let unit = add(
-            Expr::Builtin(Builtin::ThreadX),
-            mul(var("i"), int(self.threads as i64)),
-        );
-        let (row, kk) = if self.k_inner {
-            let per_row = (self.tk / self.width) as i64;
-            (
-                div(var(&e), per_row),
-                mul(rem(var(&e), per_row), int(self.width as i64)),
-            )
-        } else {
-            let per_k = (self.rows / self.width) as i64;
-            (
-                mul(rem(var(&e), per_k), int(self.width as i64)),
-                div(var(&e), per_k),
-            )
-        };
-        let lets = vec![let_int(&e, unit), let_int(&r, row), let_int(&k, kk)];
-        let used = (!self.units().is_multiple_of(self.threads))
-            .then(|| lt(var(&e), int(self.units() as i64)));
-        (lets, var(&r), var(&k), used)
-    }
-
-    /// Element `(row, k)` of the operand (GEMM indices) in batch entry `bz`.
-    fn element(&self, l: &Lower, row: Expr, k: Expr) -> Element {
-        let bz = batch_index(self.contraction);
-        if self.name == "a" {
-            self.contraction.a_at(l, &bz, row, k)
-        } else {
-            self.contraction.b_at(l, &bz, k, row)
-        }
-    }
-
-    /// Loads this thread's share of the tile starting at `k0` (and at the
-    /// block's first row `row0`) into its registers, zero past the GEMM's
-    /// extents and outside the operand.
-    fn load(&self, l: &mut Lower, row0: &Expr, k0: Expr) -> Result<Stmt> {
-        let (mut body, r, k, used) = self.slot();
-        let (g_row, g_k) = (self.local("row"), self.local("kg"));
-        body.push(let_int(&g_row, add(row0.clone(), r)));
-        body.push(let_int(&g_k, add(k0, k)));
-        let element = self.element(l, var(&g_row), var(&g_k));
-        body.extend(element.lets.iter().map(|(n, e)| let_int(n, e.clone())));
-        let bounds = all([
-            (!self.extent.is_multiple_of(self.rows))
-                .then(|| lt(var(&g_row), int(self.extent as i64))),
-            (!self.contraction.k.is_multiple_of(self.tk))
-                .then(|| lt(var(&g_k), int(self.contraction.k as i64))),
-        ]
-        .into_iter()
-        .chain(element.inside.iter().cloned().map(Some)));
-        let slot = array(&self.local("ld"), self.slot_ty());
-        let zero = match self.slot_ty() {
-            Ty::Float4 => call("make_float4", vec![Expr::F32(0.0); 4]),
-            Ty::Uint2 => call("make_uint2", vec![int(0); 2]),
-            _ => Expr::F32(0.0),
-        };
-        let load = l.scoped(|l| {
-            let v = if self.width == 1 {
-                l.value_at(self.operand.value, &element.index)?
-            } else {
-                // A group input: the vector holding the element.
-                let param = l.inputs[&self.operand.value].clone();
-                let at = div(element.index.get_linear(), VECTOR as i64);
-                Expr::Load(
-                    ArrayRef {
-                        name: param,
-                        ty: self.slot_ty(),
-                        reinterpret: true,
-                    },
-                    Box::new(at),
-                )
-            };
-            l.body.push(Stmt::Store(slot.clone(), var("i"), v));
-            Ok(())
-        })?;
-        match bounds {
-            None => body.extend(load),
-            Some(cond) => {
-                body.push(Stmt::Store(slot.clone(), var("i"), zero));
-                body.push(Stmt::If(cond, load));
-            }
-        }
-        Ok(unrolled("i", self.slots(), guarded_slot(used, body)))
-    }
-
-    /// Stores this thread's registers into shared buffer `buf`.
-    fn store(&self, l: &mut Lower, buf: &Expr) -> Stmt {
-        let (mut body, r, k, used) = self.slot();
-        let slot = Expr::Load(array(&self.local("ld"), self.slot_ty()), Box::new(var("i")));
-        let at = |k: Expr| {
-            add(
-                mul(
-                    add(mul(buf.clone(), int(self.tk as i64)), k),
-                    int(self.ld as i64),
-                ),
-                r.clone(),
-            )
-        };
-        if self.width == 1 {
-            body.push(Stmt::Store(shared_as(self.shared, Ty::F32), at(k), slot));
-            return unrolled("i", self.slots(), guarded_slot(used, body));
-        }
-        // The vector's four elements, as f32.
-        let lanes: Vec<Expr> = if self.dtype == DType::F32 {
-            ["x", "y", "z", "w"]
-                .iter()
-                .map(|f| Expr::Field(Box::new(slot.clone()), f))
-                .collect()
-        } else {
-            let v = self.local("v");
-            body.push(Stmt::Let {
-                name: v.clone(),
-                ty: self.slot_ty(),
-                value: slot.clone(),
-                constant: true,
-            });
-            (0..self.width)
-                .map(|lane| {
-                    let bits = vector_lane(v.clone(), self.dtype, self.width, lane);
-                    l.widen(self.dtype, bits)
-                })
-                .collect()
-        };
-        if self.k_inner {
-            // Four consecutive k: a column of the k-major tile.
-            for (j, lane) in lanes.into_iter().enumerate() {
-                body.push(Stmt::Store(
-                    shared_as(self.shared, Ty::F32),
-                    at(add(k.clone(), int(j as i64))),
-                    lane,
-                ));
-            }
-        } else {
-            // Four consecutive rows: one float4 of a k row.
-            let value = if self.dtype == DType::F32 {
-                slot
-            } else {
-                call("make_float4", lanes)
-            };
-            body.push(Stmt::Store(
-                shared_as(self.shared, Ty::Float4),
-                div(at(k), 4),
-                value,
-            ));
-        }
-        unrolled("i", self.slots(), guarded_slot(used, body))
-    }
-}
-
-/// A slot's body, under `if (used)` when not every thread has that slot.
-fn guarded_slot(used: Option<Expr>, mut body: Vec<Stmt>) -> Vec<Stmt> {
-    match used {
-        None => body,
-        Some(cond) => {
-            // The unit index must be declared before the test.
-            let first = body.remove(0);
-            vec![first, Stmt::If(cond, body)]
-        }
+/// Operand `which`'s tile of contraction `c` under tiling `t`, carried
+/// one k tile ahead in registers; `element` finds its elements.
+fn prefetch<'c>(
+    l: &Lower,
+    c: &Contraction,
+    which: GemmDim,
+    t: &Tiling,
+    element: &'c dyn Fn(&Lower, Expr, Expr) -> Element,
+) -> Prefetch<'c> {
+    let (name, shared, operand, rows, extent) = match which {
+        GemmDim::M => ("a", "As", &c.a, t.tm, c.m),
+        _ => ("b", "Bs", &c.b, t.tn, c.n),
+    };
+    let k_inner = operand.contiguous == GemmDim::K;
+    let fits = if k_inner {
+        t.tk.is_multiple_of(VECTOR)
+    } else {
+        rows.is_multiple_of(VECTOR)
+    };
+    Prefetch {
+        name,
+        shared,
+        value: operand.value,
+        dtype: l.g.ty(operand.value).dtype,
+        rows,
+        extent,
+        tk: t.tk,
+        k_extent: c.k,
+        threads: t.threads,
+        width: if operand.vector && fits { VECTOR } else { 1 },
+        k_inner,
+        ld: rows + if k_inner { 4 } else { 0 },
+        element,
     }
 }
 
 /// One k step of the inner loop: this thread's fragments of A and B from
 /// shared buffer `buf`, then `mt × nt` FMAs.
-fn multiply(t: &Tiling, a: &Stage, b: &Stage, buf: &Expr) -> Vec<Stmt> {
-    let (mt, nt) = (t.mt(), t.nt());
-    let fragment = |stage: &Stage, frag: &str, len: usize, w: usize, spread: usize, lane: &str| {
-        let ty = match w {
-            4 => Ty::Float4,
-            2 => Ty::Float2,
-            _ => Ty::F32,
-        };
-        // Group q of the fragment: `w` floats at row q·spread·w + lane·w of k row `kk`.
+fn multiply(t: &Tiling, a: &Prefetch, b: &Prefetch, buf: &Expr) -> Vec<Stmt> {
+    // Group q of a fragment: `w` floats at row q·spread·w + lane·w of k row `kk`.
+    let fragment = |stage: &Prefetch, len: usize, w: usize, spread: usize, lane: &str| {
         let k_row = add(mul(buf.clone(), int(stage.tk as i64)), var("kk"));
-        let at = add(
-            add(
-                mul(k_row, int((stage.ld / w) as i64)),
-                mul(var("q"), int(spread as i64)),
-            ),
-            var(lane),
-        );
-        let load = Expr::Load(shared_as(stage.shared, ty), Box::new(at));
-        let target = |j: usize| add(mul(var("q"), int(w as i64)), int(j as i64));
-        let body = if w == 1 {
-            vec![Stmt::Store(array(frag, Ty::F32), target(0), load)]
-        } else {
-            let v = format!("{frag}{w}");
-            let mut body = vec![Stmt::Let {
-                name: v.clone(),
-                ty,
-                value: load,
-                constant: true,
-            }];
-            for (j, f) in ["x", "y", "z", "w"][..w].iter().enumerate() {
-                body.push(Stmt::Store(
-                    array(frag, Ty::F32),
-                    target(j),
-                    Expr::Field(Box::new(var(&v)), f),
-                ));
-            }
-            body
-        };
-        vec![
-            Stmt::LocalArray {
-                name: frag.into(),
-                ty: Ty::F32,
-                len,
-            },
-            unrolled("q", len / w, body),
-        ]
+        Fragment {
+            shared: stage.shared,
+            declared: Ty::Float4,
+            base: add(mul(k_row, int((stage.ld / w) as i64)), var(lane)),
+            step: spread,
+            len,
+            width: w,
+        }
     };
-    let mut step = fragment(a, "a_frag", mt, t.wm, t.threads_m, "ty");
-    step.extend(fragment(b, "b_frag", nt, t.wn, t.threads_n, "tx"));
-    let acc = add(mul(var("i"), int(nt as i64)), var("j"));
-    step.push(unrolled(
-        "i",
-        mt,
-        vec![unrolled(
-            "j",
-            nt,
-            vec![Stmt::Store(
-                array("acc", Ty::F32),
-                acc.clone(),
-                call(
-                    "fmaf",
-                    vec![
-                        Expr::Load(array("a_frag", Ty::F32), Box::new(var("i"))),
-                        Expr::Load(array("b_frag", Ty::F32), Box::new(var("j"))),
-                        Expr::Load(array("acc", Ty::F32), Box::new(acc)),
-                    ],
-                ),
-            )],
-        )],
-    ));
-    vec![unrolled("kk", t.tk, step)]
+    let a = fragment(a, t.mt(), t.wm, t.threads_m, "ty");
+    let b = fragment(b, t.nt(), t.wn, t.threads_n, "tx");
+    vec![unrolled("kk", t.tk, rank1_update("acc", &a, &b))]
 }
 
 /// The k loop over `tiles` tiles of `tk`. Registers carry one tile from its
@@ -1315,7 +1038,13 @@ fn multiply(t: &Tiling, a: &Stage, b: &Stage, buf: &Expr) -> Vec<Stmt> {
 ///   (the other buffer was last read before the previous barrier);
 /// - one buffer: `load 0;` then per tile: `store kt; load kt+1; sync;
 ///   multiply; sync`.
-fn k_loop(l: &mut Lower, t: &Tiling, split: &SplitK, a: &Stage, b: &Stage) -> Result<Vec<Stmt>> {
+fn k_loop(
+    l: &mut Lower,
+    t: &Tiling,
+    split: &SplitK,
+    a: &Prefetch,
+    b: &Prefetch,
+) -> Result<Vec<Stmt>> {
     let tiles = split.tiles_per_split;
     let k_tile0 = split.first_k_tile();
     let (m0, n0) = (var("m0"), var("n0"));
@@ -1532,8 +1261,13 @@ fn lower_contraction(l: &mut Lower, op: OpId, c: &Contraction) -> Result<Kernel>
     let (t, fallback) = Tiling::of(l, op, c.out_vector() == Some(GemmDim::M))?;
     let (mt, nt) = (t.mt(), t.nt());
     let (grid_m, grid_n) = (c.m.div_ceil(t.tm), c.n.div_ceil(t.tn));
-    let a = Stage::new(l, c, GemmDim::M, &t);
-    let b = Stage::new(l, c, GemmDim::N, &t);
+    let bz = batch_index(c);
+    let (a_at, b_at) = (
+        |l: &Lower, row, k| c.a_at(l, &bz, row, k),
+        |l: &Lower, row, k| c.b_at(l, &bz, k, row),
+    );
+    let a = prefetch(l, c, GemmDim::M, &t, &a_at);
+    let b = prefetch(l, c, GemmDim::N, &t, &b_at);
     let split = SplitK::new(
         attr_int(g, op, "split_k", 1),
         c.k.div_ceil(t.tk),
@@ -1611,7 +1345,7 @@ fn lower_contraction(l: &mut Lower, op: OpId, c: &Contraction) -> Result<Kernel>
         ),
         Geometry::Conv(geo) => geo.describe(c),
     };
-    let access = |s: &Stage| if s.width > 1 { "vector" } else { "scalar" };
+    let access = |s: &Prefetch| if s.width > 1 { "vector" } else { "scalar" };
     let summary = format!(
         "{} ({}): {shape}, tile [{}, {}, {}]{}, {} threads, {mt}x{nt} per thread, {} buffer(s){}, A {} B {} loads, {stores}, fma",
         if matches!(c.geometry, Geometry::Conv(_)) {
@@ -1637,7 +1371,7 @@ fn lower_contraction(l: &mut Lower, op: OpId, c: &Contraction) -> Result<Kernel>
         access(&a),
         access(&b),
     );
-    let shared = |name: &str, s: &Stage| SharedArray {
+    let shared = |name: &str, s: &Prefetch| SharedArray {
         name: name.into(),
         ty: Ty::Float4,
         len: t.buffers * t.tk * s.ld / 4,

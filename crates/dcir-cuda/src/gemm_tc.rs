@@ -594,12 +594,12 @@ fn xor(a: Expr, b: Expr) -> Expr {
     }
 }
 
-fn at(name: &str, ty: Ty, index: Expr) -> Expr {
+fn load_as(name: &str, ty: Ty, index: Expr) -> Expr {
     Expr::Load(array(name, ty), Box::new(index))
 }
 
 /// `for (int v = 0; v < n; v += 1)`, unrolled; just `body` (with `v` = 0) when `n` is 1.
-fn unrolled(v: &str, n: usize, body: impl Fn(Expr) -> Vec<Stmt>) -> Vec<Stmt> {
+fn unrolled_over(v: &str, n: usize, body: impl Fn(Expr) -> Vec<Stmt>) -> Vec<Stmt> {
     if n == 1 {
         return body(int(0));
     }
@@ -635,7 +635,7 @@ pub(super) fn copy_chunks(
     per_thread: usize,
     chunk: impl Fn(Expr) -> Chunk,
 ) -> Vec<Stmt> {
-    unrolled("s", per_thread, |s| {
+    unrolled_over("s", per_thread, |s| {
         let c = chunk(s);
         let (src, full) = match c.full {
             Some(full) => (select(full.clone(), c.src, int(0)), full),
@@ -820,7 +820,7 @@ fn registers(p: &Problem, c: &Config, a: &TileLayout, b: &TileLayout) -> Vec<Stm
         ty: Ty::F32,
         len: acc_len,
     }];
-    out.extend(unrolled("i", acc_len, |i| {
+    out.extend(unrolled_over("i", acc_len, |i| {
         vec![Stmt::Store(array("acc", Ty::F32), i, Expr::F32(0.0))]
     }));
     for (t, op) in [(a, &p.a), (b, &p.b)] {
@@ -948,7 +948,7 @@ fn epilogue_loops(
     epilogue: &EpilogueFn,
 ) -> Result<Vec<Stmt>> {
     let (frag_m, frag_n) = (c.wm() / 16, c.wn() / 8);
-    let acc = at(
+    let acc = load_as(
         "acc",
         Ty::F32,
         add(
@@ -1253,12 +1253,12 @@ fn copy_tile(
             body: chunk(l, var("s"))?,
         }]
     };
-    let deferred = unrolled("s", t.per_thread, |s| {
+    let deferred = unrolled_over("s", t.per_thread, |s| {
         guard(
             &s,
             vec![Stmt::Call(
                 "dcir_st_shared16".into(),
-                vec![dst_of(&s), at(&stage_arr, Ty::Uint4, s.clone())],
+                vec![dst_of(&s), load_as(&stage_arr, Ty::Uint4, s.clone())],
             )],
         )
     });
@@ -1545,7 +1545,7 @@ impl PixelPlan {
             );
             let store = Stmt::Call(
                 "dcir_st_shared2".into(),
-                vec![addr, at(&t.name("el"), Ty::F16Bits, int(i as i64))],
+                vec![addr, load_as(&t.name("el"), Ty::F16Bits, int(i as i64))],
             );
             out.extend(self.guard(&row, vec![store]));
         }
@@ -1622,7 +1622,7 @@ fn load_fragments(t: &TileLayout, tile: &str, blocks: usize, kk: usize, buf: usi
         "dcir_ldmatrix_x4_trans"
     };
     let rb = t.row_bytes() as i64;
-    unrolled("i", blocks, |i| {
+    unrolled_over("i", blocks, |i| {
         let (rows_on, chunk) = if t.k_inner {
             (
                 mul(i.clone(), int(16 * rb)),
@@ -1642,7 +1642,7 @@ fn load_fragments(t: &TileLayout, tile: &str, blocks: usize, kk: usize, buf: usi
             ),
         );
         let mut args: Vec<Expr> = (0..4)
-            .map(|q| at(&frag, Ty::U32, add(mul(i.clone(), int(4)), int(q))))
+            .map(|q| load_as(&frag, Ty::U32, add(mul(i.clone(), int(4)), int(q))))
             .collect();
         args.push(addr);
         vec![Stmt::Call(f.into(), args)]
@@ -1653,14 +1653,18 @@ fn load_fragments(t: &TileLayout, tile: &str, blocks: usize, kk: usize, buf: usi
 fn mma_slice(c: &Config, buf: usize, mma: &str) -> Vec<Stmt> {
     let (frag_m, frag_n) = (c.wm() / 16, c.wn() / 8);
     let (a_frag, b_frag) = (format!("a_frag{buf}"), format!("b_frag{buf}"));
-    unrolled("i", frag_m, |i| {
-        unrolled("j", frag_n, |j| {
+    unrolled_over("i", frag_m, |i| {
+        unrolled_over("j", frag_n, |j| {
             let tile = add(mul(i.clone(), int(frag_n as i64)), j.clone());
             let mut args: Vec<Expr> = (0..4)
-                .map(|q| at("acc", Ty::F32, add(mul(tile.clone(), int(4)), int(q))))
+                .map(|q| load_as("acc", Ty::F32, add(mul(tile.clone(), int(4)), int(q))))
                 .collect();
-            args.extend((0..4).map(|q| at(&a_frag, Ty::U32, add(mul(i.clone(), int(4)), int(q)))));
-            args.extend((0..2).map(|q| at(&b_frag, Ty::U32, add(mul(j.clone(), int(2)), int(q)))));
+            args.extend(
+                (0..4).map(|q| load_as(&a_frag, Ty::U32, add(mul(i.clone(), int(4)), int(q)))),
+            );
+            args.extend(
+                (0..2).map(|q| load_as(&b_frag, Ty::U32, add(mul(j.clone(), int(2)), int(q)))),
+            );
             vec![Stmt::Call(mma.into(), args)]
         })
     })

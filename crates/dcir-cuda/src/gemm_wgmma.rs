@@ -62,9 +62,9 @@ use dcir_fusion::{
 };
 use dcir_ir::{DType, Graph, OpId};
 
-use super::chain::crossing;
 use super::gemm::ConvGeometry;
 use super::gemm_tc::{EpilogueFn, Problem, Strided, StridedTensor, block_order};
+use super::simt::crossing;
 use super::split_k;
 use super::{EmitError, Lower, attr_int, storage_ty, vector_lane};
 use crate::kir::{

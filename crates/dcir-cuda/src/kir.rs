@@ -785,6 +785,47 @@ pub fn unrolled(var: &str, n: usize, body: Vec<Stmt>) -> Stmt {
     }
 }
 
+/// `float name = value;` (`const` when `constant`).
+pub fn let_float(name: &str, value: Expr, constant: bool) -> Stmt {
+    Stmt::Let {
+        name: name.into(),
+        ty: Ty::F32,
+        value,
+        constant,
+    }
+}
+
+/// An f32 array (shared or per-thread) by name.
+pub fn f32_array(name: &str) -> ArrayRef {
+    ArrayRef {
+        name: name.into(),
+        ty: Ty::F32,
+        reinterpret: false,
+    }
+}
+
+/// `name[index]` of an f32 array.
+pub fn at(name: &str, index: Expr) -> Expr {
+    Expr::Load(f32_array(name), Box::new(index))
+}
+
+/// `for (int var = start; var < end; var += step) { body }`, unroll left to the compiler.
+pub fn counted(var: &str, start: Expr, end: Expr, step: usize, body: Vec<Stmt>) -> Stmt {
+    Stmt::For {
+        var: var.into(),
+        start,
+        end,
+        step: int(step as i64),
+        unroll: false,
+        body,
+    }
+}
+
+/// `a < n` for an integer bound.
+pub fn below(a: Expr, n: usize) -> Expr {
+    lt(a, int(n as i64))
+}
+
 /// `f(args..)`.
 pub fn call(f: &str, args: Vec<Expr>) -> Expr {
     Expr::Call(f.to_string(), args)

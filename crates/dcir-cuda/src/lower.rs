@@ -49,6 +49,8 @@ mod gemm_tc;
 mod gemm_wgmma;
 #[path = "pool.rs"]
 mod pool;
+#[path = "simt.rs"]
+mod simt;
 #[path = "split_k.rs"]
 mod split_k;
 

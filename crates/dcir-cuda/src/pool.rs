@@ -201,7 +201,7 @@ pub(super) fn result_index(
 }
 
 /// Binds `value` to a new `const int name` unless it is a literal or a variable.
-pub(super) fn let_int(body: &mut Vec<Stmt>, name: &str, value: Expr) -> Expr {
+pub(super) fn bind_int(body: &mut Vec<Stmt>, name: &str, value: Expr) -> Expr {
     if matches!(value, Expr::Int(_) | Expr::Var(_)) {
         return value;
     }
@@ -322,21 +322,21 @@ pub(super) fn pool(l: &mut Lower, op: OpId) -> Result<Kernel> {
     let body = l.scoped(|l| {
         let mut b = Vec::new();
         let (nn, cc, oy, ox, plane) = if nhwc.is_some() {
-            let cc = let_int(&mut b, "c", rem(var("i"), c as i64));
-            let ox = let_int(&mut b, "ox", rem(div(var("i"), c as i64), ow as i64));
-            let oy = let_int(&mut b, "oy", rem(div(var("i"), (c * ow) as i64), oh as i64));
-            let nn = let_int(&mut b, "n", div(var("i"), (c * ow * oh) as i64));
-            let plane = let_int(
+            let cc = bind_int(&mut b, "c", rem(var("i"), c as i64));
+            let ox = bind_int(&mut b, "ox", rem(div(var("i"), c as i64), ow as i64));
+            let oy = bind_int(&mut b, "oy", rem(div(var("i"), (c * ow) as i64), oh as i64));
+            let nn = bind_int(&mut b, "n", div(var("i"), (c * ow * oh) as i64));
+            let plane = bind_int(
                 &mut b,
                 "plane",
                 add(mul(nn.clone(), int(c as i64)), cc.clone()),
             );
             (nn, cc, oy, ox, plane)
         } else {
-            let ox = let_int(&mut b, "ox", rem(var("i"), ow as i64));
-            let oy = let_int(&mut b, "oy", rem(div(var("i"), ow as i64), oh as i64));
-            let plane = let_int(&mut b, "plane", div(var("i"), (oh * ow) as i64));
-            let nn = let_int(
+            let ox = bind_int(&mut b, "ox", rem(var("i"), ow as i64));
+            let oy = bind_int(&mut b, "oy", rem(div(var("i"), ow as i64), oh as i64));
+            let plane = bind_int(&mut b, "plane", div(var("i"), (oh * ow) as i64));
+            let nn = bind_int(
                 &mut b,
                 "n",
                 if n == 1 {
@@ -345,7 +345,7 @@ pub(super) fn pool(l: &mut Lower, op: OpId) -> Result<Kernel> {
                     div(plane.clone(), c as i64)
                 },
             );
-            let cc = let_int(
+            let cc = bind_int(
                 &mut b,
                 "c",
                 if n == 1 {
@@ -367,8 +367,8 @@ pub(super) fn pool(l: &mut Lower, op: OpId) -> Result<Kernel> {
         let (rows, cols) = (win.leaves(0), win.leaves(1));
         let tap = l.scoped(|l| {
             let mut b = Vec::new();
-            let iy = let_int(&mut b, "iy", win.tap(0, oy.clone(), var("ki")));
-            let ix = let_int(&mut b, "ix", win.tap(1, ox.clone(), var("kj")));
+            let iy = bind_int(&mut b, "iy", win.tap(0, oy.clone(), var("ki")));
+            let ix = bind_int(&mut b, "ix", win.tap(1, ox.clone(), var("kj")));
             l.body.extend(b);
             let inside = and_opt(in_range(&iy, h, rows), in_range(&ix, w, cols));
             let (cy, cx) = (clamp_to(iy, h, rows), clamp_to(ix, w, cols));
