@@ -28,8 +28,10 @@ const TILES_K: [u32; 4] = [8, 16, 32, 64];
 const THREADS_GEMM: [u32; 3] = [64, 128, 256];
 /// Pipeline depths offered to the SIMT contraction mainloop. The emitter
 /// double-buffers at most, so 3 and 4 run as 2 (`--emit plan` notes each
-/// such kernel); offering only 1 and 2 changes most f32 plans' tiles (36 of
-/// ResNet-50's 55 kernels at batch 32), which waits for an A/B run on a GPU.
+/// such kernel). Offering only 1 and 2 changed most f32 plans and ran them
+/// slower (an H100, batch 1: DenseNet-121 1.44×, MnasNet 1.09×, geomean
+/// 1.035× over eight models; docs/benchmarks.md, 2026-12-07): the price of
+/// a two-buffer mainloop is what is off, so the deeper offers stay.
 const STAGES_FMA: [u32; 4] = [1, 2, 3, 4];
 /// Pipeline depths of the `mma.sync` mainloop: 2 to 4 `cp.async` stages
 /// (the emitter's blocking clamps to those).
