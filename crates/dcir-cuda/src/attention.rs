@@ -41,7 +41,7 @@ use dcir_fusion::Reason;
 use dcir_ir::{OpId, OpKind, ValueId};
 
 use super::chain::{
-    Contraction, SharedLayout, batch_coords, filled, is_anchor, thread_coords, with_lets,
+    Contraction, SharedLayout, anchors, batch_coords, filled, thread_coords, with_lets,
 };
 use super::epilogue::{
     self, Output, check_elementwise_path, classify_outputs, derived, store_derived,
@@ -82,14 +82,7 @@ pub(super) struct Parts {
 impl Parts {
     pub(super) fn find(l: &Lower, op: OpId, params: &[super::Param]) -> Result<Parts> {
         let g = l.g;
-        let region = g.op(op).region.expect("a fused op has a region");
-        let anchors: Vec<OpId> = g
-            .block(region)
-            .ops
-            .iter()
-            .copied()
-            .filter(|&o| is_anchor(g.op(o).kind))
-            .collect();
+        let anchors = anchors(g, op);
         let kinds: Vec<OpKind> = anchors.iter().map(|&o| g.op(o).kind).collect();
         use OpKind::{Matmul, Softmax};
         let (qk_op, softmax, pv_op) = match kinds[..] {

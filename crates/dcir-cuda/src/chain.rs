@@ -74,14 +74,7 @@ struct Chain {
 impl Chain {
     fn find(l: &Lower, op: OpId, params: &[Param]) -> Result<Chain> {
         let g = l.g;
-        let region = g.op(op).region.expect("a fused op has a region");
-        let anchors: Vec<OpId> = g
-            .block(region)
-            .ops
-            .iter()
-            .copied()
-            .filter(|&o| is_anchor(g.op(o).kind))
-            .collect();
+        let anchors = anchors(g, op);
         let [op1, op2] = anchors[..] else {
             let kinds: Vec<&str> = anchors.iter().map(|&o| g.op(o).kind.name()).collect();
             return Err(l.unsupported(format!(
@@ -844,6 +837,17 @@ fn unit_stride(g: &Graph, v: ValueId, axis: usize) -> bool {
         (source_offset(g, v, &zero), source_offset(g, v, &step)),
         (Some(a), Some(b)) if b - a == 1
     )
+}
+
+/// The anchors of fused group `op`, in order.
+pub(super) fn anchors(g: &Graph, op: OpId) -> Vec<OpId> {
+    let region = g.op(op).region.expect("a fused op has a region");
+    g.block(region)
+        .ops
+        .iter()
+        .copied()
+        .filter(|&o| is_anchor(g.op(o).kind))
+        .collect()
 }
 
 /// Whether ops of `kind` anchor a kernel: the planner's contractions,
