@@ -29,7 +29,11 @@
 #             first) in f16 through dcir-run --tune (candidates timed as
 #             CUDA-graph replays; one cache for all), TUNE_TIMEOUT (300 s) a
 #             model; the reports under $OUT/tune/, one line a model and the
-#             total in tune_share.log
+#             total in tune_share.log (counted from the per-group lines, so a
+#             model the timeout cuts off counts what it tuned). TUNE_RUN: another
+#             build's dcir-run (e.g. $B/ab/dcir-run); TUNE_CACHE_SEED: a cache
+#             an earlier call brought back (only new candidates are measured;
+#             xtask/gpu/data/tune_cache_h100_b32_f16.json is 2026-12-07's, H100)
 #   zoo-peers PyTorch eager (or torch.compile with ZOO_COMPILE=1, ZOO_PEERS_JOBS
 #             compiling at once, 8) on the zoo models, batch ZOO_BATCH (1), f32 and f16
 #             (ZOO_PEERS_DTYPES), ZOO_ONLY for some (zoo_peers.py) into zoo_peers.log
@@ -217,11 +221,12 @@ tune_share() {
     local dir m src ours=0 lib=0 o l n
     dir=$(ZOO_BATCH=${ZOO_BATCH:-32} zoo_dir)
     : >"$OUT/tune_share.log"
+    [ -n "${TUNE_CACHE_SEED:-}" ] && cp "$TUNE_CACHE_SEED" "$OUT/tune/cache.json"
     for m in ${ZOO_ONLY:-resnet50 efficientnet_b0 densenet121 regnet_y_1_6gf mobilenet_v2 inception_v3}; do
         src=/tmp/zoo/${m}_b${ZOO_BATCH:-32}_f16.dcir
         "$B/dcir-import" "$dir/$m.onnx" -o "/tmp/zoo/$m.b.dcir" --no-weights >/dev/null 2>&1 &&
             to_f16 "/tmp/zoo/$m.b.dcir" "$src" || { echo "$m import FAIL" >>"$OUT/tune_share.log"; status=1; continue; }
-        timeout "${TUNE_TIMEOUT:-300}" "$B/dcir-run" "$src" --backend cuda --tune --tune-cache "$OUT/tune/cache.json" \
+        timeout "${TUNE_TIMEOUT:-300}" "${TUNE_RUN:-$B/dcir-run}" "$src" --backend cuda --tune --tune-cache "$OUT/tune/cache.json" \
             --tune-report "$OUT/tune/$m.json" >"$OUT/tune/$m.log" 2>&1 || status=1
         # Counted from the per-group lines, so a model cut off by the
         # timeout still counts the groups it tuned.
