@@ -271,6 +271,18 @@ pub(crate) fn import(
     Ok(Imported { module, weights })
 }
 
+/// The `--dim INPUT:INDEX` keys of `opts` that name a dim of input `name`.
+fn dims_of_input(opts: &ImportOptions, name: &str) -> Vec<String> {
+    opts.dims
+        .iter()
+        .filter(|(k, _)| {
+            k.rsplit_once(':')
+                .is_some_and(|(input, i)| input == name && i.parse::<usize>().is_ok())
+        })
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
 fn show_dims(d: &[Option<usize>]) -> String {
     let parts: Vec<String> = d
         .iter()
@@ -451,9 +463,14 @@ impl<'m> Importer<'m> {
             .filter_map(|t| t.name.as_deref())
             .collect();
         let mut missing = Vec::new();
+        // The `--dim` keys some input's dim took, and each input's dims as
+        // the model has them (for the error naming what a key could match).
+        let mut matched = std::collections::BTreeSet::new();
+        let mut shapes = Vec::new();
         for input in &graph.input {
             let name = input.name.as_deref().unwrap_or("");
             if inits.contains(name) {
+                matched.extend(dims_of_input(opts, name));
                 continue;
             }
             let invalid = |m: String| ImportError::Invalid {
@@ -461,6 +478,7 @@ impl<'m> Importer<'m> {
             };
             // A value the caller knows: a constant, as an integer initializer.
             if let Some((_, t)) = opts.known_inputs.iter().find(|(n, _)| n == name) {
+                matched.extend(dims_of_input(opts, name));
                 let c = tensor::decode(t, None)
                     .map_err(invalid)?
                     .ok_or_else(|| invalid("the known value has no data".to_string()))?;
@@ -486,23 +504,47 @@ impl<'m> Importer<'m> {
                 });
             };
             let mut dims = Vec::new();
+            let mut shown = Vec::new();
             for (i, d) in shape.dim.iter().enumerate() {
                 let by_index = format!("{name}:{i}");
-                let lookup = |key: &str| opts.dims.iter().find(|(k, _)| k == key).map(|x| x.1);
+                let mut lookup = |key: &str| {
+                    let found = opts.dims.iter().find(|(k, _)| k == key).map(|x| x.1);
+                    if found.is_some() {
+                        matched.insert(key.to_string());
+                    }
+                    found
+                };
                 match &d.value {
-                    Some(Dv::DimValue(v)) if *v >= 0 => dims.push(*v as usize),
+                    Some(Dv::DimValue(v)) if *v >= 0 => {
+                        // A fixed dim takes only its own value (the ONNX
+                        // node tests give every input dim).
+                        if opts
+                            .dims
+                            .iter()
+                            .any(|(k, n)| *k == by_index && *n as i64 == *v)
+                        {
+                            matched.insert(by_index.clone());
+                        }
+                        dims.push(*v as usize);
+                        shown.push(v.to_string());
+                    }
                     Some(Dv::DimParam(p)) if !p.is_empty() => {
                         match lookup(p).or_else(|| lookup(&by_index)) {
                             Some(v) => dims.push(v),
                             None => missing.push((name.to_string(), i, Some(p.clone()))),
                         }
+                        shown.push(p.clone());
                     }
-                    _ => match lookup(&by_index) {
-                        Some(v) => dims.push(v),
-                        None => missing.push((name.to_string(), i, None)),
-                    },
+                    _ => {
+                        match lookup(&by_index) {
+                            Some(v) => dims.push(v),
+                            None => missing.push((name.to_string(), i, None)),
+                        }
+                        shown.push(format!("{by_index}?"));
+                    }
                 }
             }
+            shapes.push(format!("`{name}` [{}]", shown.join(", ")));
             if missing.is_empty() {
                 let v = self
                     .b
@@ -510,6 +552,18 @@ impl<'m> Importer<'m> {
                     .map_err(|e| invalid(e.to_string()))?;
                 self.vals.insert(name, Val::Ir(v));
             }
+        }
+        let unmatched: Vec<&str> = opts
+            .dims
+            .iter()
+            .map(|(k, _)| k.as_str())
+            .filter(|k| !matched.contains(*k))
+            .collect();
+        if !unmatched.is_empty() {
+            return Err(ImportError::UnmatchedDims {
+                unmatched: unmatched.iter().map(|k| k.to_string()).collect(),
+                inputs: shapes,
+            });
         }
         if !missing.is_empty() {
             return Err(ImportError::DynamicDims(missing));

@@ -139,6 +139,14 @@ pub enum ImportError {
     /// Dynamic dims with no value given: (input, dim index, `dim_param`).
     #[error("{}", dynamic_message(.0))]
     DynamicDims(Vec<(String, usize, Option<String>)>),
+    /// `--dim` keys that name no dynamic dim of the model.
+    #[error("{}", unmatched_message(.unmatched, .inputs))]
+    UnmatchedDims {
+        /// The keys no input dim took.
+        unmatched: Vec<String>,
+        /// Each graph input's dims: values, `dim_param` names, `INPUT:INDEX?` for unnamed dynamic dims.
+        inputs: Vec<String>,
+    },
     /// A node could not be translated.
     #[error("cannot import {node}: {message}")]
     Node {
@@ -196,6 +204,16 @@ fn unsupported_message(nodes: &[NodeRef]) -> String {
             format!("unsupported ONNX ops: {}", parts.join(", "))
         }
     }
+}
+
+fn unmatched_message(unmatched: &[String], inputs: &[String]) -> String {
+    let keys: Vec<String> = unmatched.iter().map(|k| format!("`--dim {k}`")).collect();
+    format!(
+        "{} {} no dynamic dim of the model (a `dim_param` name, or INPUT:INDEX of a dim without a value; a fixed dim cannot be changed); its inputs: {}",
+        keys.join(", "),
+        if keys.len() == 1 { "matches" } else { "match" },
+        inputs.join(", ")
+    )
 }
 
 fn dynamic_message(dims: &[(String, usize, Option<String>)]) -> String {

@@ -46,6 +46,35 @@ fn dynamic_dims_ask_for_values() {
 }
 
 #[test]
+fn a_dim_option_that_matches_nothing_names_the_dims_the_model_has() {
+    // `x` is [batch, 3, ?]: a fixed dim, a misspelt name and an input the
+    // model does not have match nothing.
+    for key in ["x:1", "btch", "input:0"] {
+        let opts = ImportOptions {
+            dims: vec![("batch".into(), 2), ("x:2".into(), 5), (key.into(), 32)],
+            ..Default::default()
+        };
+        let err = import_file(&fixture("dynamic.onnx"), &opts).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            matches!(err, ImportError::UnmatchedDims { ref unmatched, .. } if unmatched == &[key]),
+            "{msg}"
+        );
+        assert!(
+            msg.starts_with(&format!("`--dim {key}` matches no dynamic dim")),
+            "{msg}"
+        );
+        assert!(msg.contains("its inputs: `x` [batch, 3, x:2?]"), "{msg}");
+    }
+    // A fixed dim given its own value is no change.
+    let opts = ImportOptions {
+        dims: vec![("batch".into(), 2), ("x:2".into(), 5), ("x:1".into(), 3)],
+        ..Default::default()
+    };
+    assert!(import_file(&fixture("dynamic.onnx"), &opts).is_ok());
+}
+
+#[test]
 fn stripped_initializers_get_seeded_values() {
     let a = import_file(&fixture("stripped.onnx"), &ImportOptions::default()).unwrap();
     let b = import_file(&fixture("stripped.onnx"), &ImportOptions::default()).unwrap();
