@@ -857,7 +857,9 @@ fn gemm(dev: &DeviceSpec, info: &GroupInfo, g: &GemmShape, conv: bool, out: &mut
 /// items), the k steps split where the tiles alone leave SMs idle. 192
 /// columns ran fastest on the f16 GEMMs 4096×3072×768, 4096×768×3072 and
 /// 4096×768×768 (35.0, 30.2 and 11.6 µs against 38.5, 40.5 and 14.9 at 128;
-/// 256 slower still; an H100, 2026-12-06, with the staged epilogue).
+/// 256 slower still; an H100, 2026-12-06, with the staged epilogue); 64
+/// columns are offered too, for problems whose 128- and 192-wide tiles
+/// leave a wave part-filled.
 /// Its operands come from shared memory by descriptor (no per-thread loads:
 /// no shared-latency factor), its k-steps carry no fragment-pipeline
 /// overhead, and its registers are the producer's and consumers' split. A
@@ -871,7 +873,7 @@ fn wgmma_gemm(
 ) {
     let rate = dev.matrix_rate(info.dtype);
     let e = info.elem;
-    let tns: &[u32] = if g.n <= 64.0 { &[64] } else { &[128, 192] };
+    let tns: &[u32] = if g.n <= 64.0 { &[64] } else { &[64, 128, 192] };
     for &tn in tns {
         // Two consumer warpgroups (128 rows); one (64) where a second would
         // have no rows, or where 128-row tiles leave SMs idle.
