@@ -69,7 +69,7 @@ use super::split_k;
 use super::{EmitError, Lower, attr_int, storage_ty, vector_lane};
 use crate::kir::{
     ArrayRef, BinOp, Builtin, Expr, Helper, Kernel, Param, Scratch, Stmt, Ty, WgmmaShape, add,
-    array, bin, call, div, guarded, int, let_int, lt, mul, rem, sub, unrolled, var,
+    array, bin, call, clamp, div, guarded, int, let_int, lt, mul, rem, sub, unrolled, var,
 };
 
 type Result<T> = std::result::Result<T, EmitError>;
@@ -137,16 +137,16 @@ enum Copy {
     /// pixels' window elements at one tap, a box of channels each, from the
     /// tile's first pixel's window origin (locals `px_w`, `px_h`, `px_img`)
     /// offset by the tap (`k_s`, `k_r`) from channel `k_c0`; with several
-    /// taps a step ([`HopperConvSteps`]), one such box per tap from tap
-    /// `k_tap`, side by side.
+    /// boxes a step ([`HopperConvSteps`]), box `j` at tap `k_tap{j}` from
+    /// channel `k_c{j}` ([`KSteps::locals`]), the boxes side by side in k.
     Im2col {
         dilation: [usize; 2],
         steps: HopperConvSteps,
         kw: usize,
     },
     /// A convolution's KRSC filter: a `channels × 1 × 1 × rows` box at tap
-    /// `(k_r, k_s)` from channel `k_c0`; with several taps a step, one per
-    /// tap as for [`Copy::Im2col`].
+    /// `(k_r, k_s)` from channel `k_c0`; with several boxes a step, one per
+    /// box as for [`Copy::Im2col`].
     Filter { steps: HopperConvSteps, kw: usize },
 }
 
@@ -297,17 +297,22 @@ impl TmaOperand {
         }
     }
 
-    /// The taps of the step's copies: `(k_r, k_s)` from the step's locals
-    /// with one tap a step, else each of the step's taps from `k_tap`
-    /// ([`Copy::Im2col`]).
-    fn taps(steps: HopperConvSteps, kw: usize) -> Vec<(Expr, Expr)> {
-        if steps.taps_per_step == 1 {
-            return vec![(var("k_r"), var("k_s"))];
+    /// The boxes of the step's copies, each `(r, s, c0)`: its tap's row and
+    /// column and its first channel, from the step's locals
+    /// ([`KSteps::locals`]).
+    fn boxes(steps: HopperConvSteps, kw: usize) -> Vec<(Expr, Expr, Expr)> {
+        if steps.boxes_per_step == 1 {
+            return vec![(var("k_r"), var("k_s"), var("k_c0"))];
         }
-        (0..steps.taps_per_step)
+        (0..steps.boxes_per_step)
             .map(|j| {
-                let tap = add(var("k_tap"), int(j as i64));
-                (div(tap.clone(), kw as i64), rem(tap, kw as i64))
+                let tap = var(&format!("k_tap{j}"));
+                let c0 = if KSteps::box_channel_varies(steps, j) {
+                    var(&format!("k_c{j}"))
+                } else {
+                    int(0)
+                };
+                (div(tap.clone(), kw as i64), rem(tap, kw as i64), c0)
             })
             .collect()
     }
@@ -364,13 +369,13 @@ impl TmaOperand {
             } => {
                 let box_bytes = (rows * self.row_bytes()) as i64;
                 let at = |j: usize| add(dst.clone(), int(j as i64 * box_bytes));
-                Self::taps(steps, kw)
+                Self::boxes(steps, kw)
                     .into_iter()
                     .enumerate()
-                    .map(|(j, (r, s))| {
+                    .map(|(j, (r, s, c0))| {
                         let mut args = head(if j == 0 { dst.clone() } else { at(j) });
                         args.extend([
-                            var("k_c0"),
+                            c0,
                             var("px_w"),
                             var("px_h"),
                             var("px_img"),
@@ -383,17 +388,17 @@ impl TmaOperand {
             }
             Copy::Filter { steps, kw } => {
                 let box_bytes = (rows * self.row_bytes()) as i64;
-                Self::taps(steps, kw)
+                Self::boxes(steps, kw)
                     .into_iter()
                     .enumerate()
-                    .map(|(j, (r, s))| {
+                    .map(|(j, (r, s, c0))| {
                         let dst = if j == 0 {
                             dst.clone()
                         } else {
                             add(dst.clone(), int(j as i64 * box_bytes))
                         };
                         let mut args = head(dst);
-                        args.extend([var("k_c0"), s, r, r0.clone()]);
+                        args.extend([c0, s, r, r0.clone()]);
                         Stmt::Call("dcir_tma_load4".into(), args)
                     })
                     .collect()
@@ -460,14 +465,42 @@ impl KSteps {
         }
     }
 
-    /// The locals of step `kt` its copies read ([`Copy`]).
+    /// The locals of step `kt` its copies read ([`Copy`]): a GEMM's `k0`;
+    /// a convolution's tap (`k_tap`, `k_r`, `k_s`) and first channel
+    /// (`k_c0`) with one box a step, else each box `j`'s tap `k_tap{j}` and
+    /// first channel `k_c{j}` where it is not 0 ([`HopperConvSteps`]: box
+    /// `b` of the window is tap `b / slices`, channel `(b % slices) · box`;
+    /// a box past the window's is the last tap past the channels).
     fn locals(&self) -> Vec<Stmt> {
         match *self {
             KSteps::Gemm { .. } => vec![let_int("k0", mul(var("kt"), int(TK as i64)))],
-            KSteps::Conv { steps, .. } if steps.taps_per_step > 1 => vec![
-                let_int("k_tap", mul(var("kt"), int(steps.taps_per_step as i64))),
-                let_int("k_c0", int(0)),
-            ],
+            KSteps::Conv { steps, .. } if steps.boxes_per_step > 1 => {
+                let slices = steps.slices as i64;
+                let mut locals = vec![let_int(
+                    "k_b",
+                    mul(var("kt"), int(steps.boxes_per_step as i64)),
+                )];
+                for j in 0..steps.boxes_per_step {
+                    let b = add(var("k_b"), int(j as i64));
+                    let mut tap = if slices == 1 {
+                        b.clone()
+                    } else {
+                        div(b.clone(), slices)
+                    };
+                    if steps.tail() && j > 0 {
+                        tap = clamp(tap, 0, steps.taps as i64 - 1);
+                    }
+                    locals.push(let_int(&format!("k_tap{j}"), tap));
+                    if Self::box_channel_varies(steps, j) {
+                        let slice = sub(b, mul(var(&format!("k_tap{j}")), int(slices)));
+                        locals.push(let_int(
+                            &format!("k_c{j}"),
+                            mul(slice, int(steps.channel_box as i64)),
+                        ));
+                    }
+                }
+                locals
+            }
             KSteps::Conv { taps, channels, .. } => {
                 let slices = channels.div_ceil(TK) as i64;
                 vec![
@@ -478,6 +511,12 @@ impl KSteps {
                 ]
             }
         }
+    }
+
+    /// Whether box `j` of a step may start past channel 0: a tap has
+    /// several boxes, or the box may be past the window's.
+    fn box_channel_varies(steps: HopperConvSteps, j: usize) -> bool {
+        steps.slices > 1 || (steps.tail() && j > 0)
     }
 }
 
@@ -740,7 +779,13 @@ pub(super) fn lower(
             && g.ty(v).num_elements().unwrap_or(0) > p.n
     });
     let splits = Split::count(attr_int(g, op, "split_k", 1), steps.count());
-    let c = HopperBlocking::new(tile, attr_int(g, op, "stages", 4), splits > 1, MAX_SHARED);
+    let c = HopperBlocking::new(
+        tile,
+        attr_int(g, op, "stages", 4),
+        splits > 1,
+        b.k_major(),
+        MAX_SHARED,
+    );
     a.set_rows(c.tm);
     b.set_rows(c.tn);
     let shape = WgmmaShape {
@@ -1164,8 +1209,11 @@ pub(super) fn lower(
 
     let mut body = vec![
         Stmt::Comment(format!(
-            "ring: {} stages of A ({} x {TK}) and B ({} x {TK}), 128-byte swizzled, from a 1024-byte aligned base; full and empty barriers after it",
-            c.stages, c.tm, c.tn
+            "ring: {} stages of A ({} x {TK}) and B ({} x {TK}), {}-byte swizzled, from a 1024-byte aligned base; full and empty barriers after it",
+            c.stages,
+            c.tm,
+            c.tn,
+            a.row_bytes()
         )),
         Stmt::Let {
             name: "smem".into(),

@@ -204,12 +204,24 @@ pub const HOPPER_RING_ALIGN: usize = 1024;
 impl HopperBlocking {
     /// The blocking for attributes `tile` (`[tm, tn, _]`) and `stages` within
     /// `shared_limit` bytes of shared memory a block: `tm` 128 unless it asks
-    /// for 64 or less, `tn` rounded up to a multiple of 64 in 64..=256,
-    /// `stages` clamped to 2..=6 and lowered while the blocking needs more
-    /// than `shared_limit` (two stages may still: see [`Self::fits`]).
-    pub fn new(tile: [i64; 3], stages: i64, split: bool, shared_limit: usize) -> HopperBlocking {
+    /// for 64 or less, `tn` 32 where it asks for 32 or less and the B tile
+    /// may be that narrow (`narrow_b`: its k contiguous, one box of rows),
+    /// else rounded up to a multiple of 64 in 64..=256, `stages` clamped to
+    /// 2..=6 and lowered while the blocking needs more than `shared_limit`
+    /// (two stages may still: see [`Self::fits`]).
+    pub fn new(
+        tile: [i64; 3],
+        stages: i64,
+        split: bool,
+        narrow_b: bool,
+        shared_limit: usize,
+    ) -> HopperBlocking {
         let tm = if tile[0] <= 64 { 64 } else { 128 };
-        let tn = (tile[1].clamp(64, 256) as usize).div_ceil(64) * 64;
+        let tn = if tile[1] <= 32 && narrow_b {
+            32
+        } else {
+            (tile[1].clamp(64, 256) as usize).div_ceil(64) * 64
+        };
         let mut blocking = HopperBlocking {
             tm,
             tn,
@@ -267,42 +279,64 @@ impl HopperBlocking {
 }
 
 /// How the Hopper mainloop's implicit GEMM walks a convolution's k in its
-/// 64-wide steps ([`hopper_conv_steps`]).
+/// 64-wide steps ([`hopper_conv_steps`]): the window's taps, each cut into
+/// `slices` boxes of `channel_box` channels, walked in (tap, slice) order
+/// `boxes_per_step` boxes a step. Box `b` is tap `b / slices` from channel
+/// `(b % slices) · channel_box`; a last step with fewer boxes left (where
+/// `boxes_per_step` does not divide `taps · slices`) fills the rest with
+/// boxes at the last tap past the channels, which read zeros.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HopperConvSteps {
     /// Channels of one copy (a TMA box `channel_box` 16-bit elements wide,
     /// swizzled in rows of twice as many bytes); channels past the input's
     /// read as zeros.
     pub channel_box: usize,
-    /// Window taps one step holds, each a copy.
-    pub taps_per_step: usize,
+    /// Boxes of one step: `64 / channel_box`, side by side in k.
+    pub boxes_per_step: usize,
+    /// Boxes of one tap: `⌈channels / channel_box⌉`.
+    pub slices: usize,
+    /// Taps of the window.
+    pub taps: usize,
     /// The k steps of the whole window.
     pub steps: usize,
+}
+
+impl HopperConvSteps {
+    /// Whether the last step has boxes past the window's (see the type).
+    pub fn tail(&self) -> bool {
+        !(self.taps * self.slices).is_multiple_of(self.boxes_per_step)
+    }
 }
 
 /// The k steps of the Hopper mainloop's implicit GEMM over a window of
 /// `taps` taps of `channels` input channels (a multiple of 8), stated once
 /// for the cost model, which prices that many steps, and the CUDA emitter,
-/// which copies and multiplies them: where 16 or 32 channels fit a box and
-/// a step's 4 or 2 taps divide the window, a step holds several taps (a
-/// space-to-depth stem's 16 channels: 4 taps a step); otherwise one tap a
-/// step in 64-channel slices, the last zero-filled past the channels.
+/// which copies and multiplies them: the box width of 64 or 32 channels (16
+/// for 16 or fewer: a space-to-depth stem's, 4 taps a step) that takes the
+/// fewest steps, the wider one where they tie. 64-channel boxes waste a
+/// step's half on 32 channels (a tap a step) or on 96 (two steps a tap);
+/// 32-channel ones take two taps a step, or three taps in two steps.
 pub fn hopper_conv_steps(channels: usize, taps: usize) -> HopperConvSteps {
-    let narrow = [16, 32]
-        .into_iter()
-        .find(|&b| channels <= b && taps.is_multiple_of(64 / b));
-    match narrow {
-        Some(channel_box) => HopperConvSteps {
+    let with_box = |channel_box: usize| {
+        let boxes_per_step = 64 / channel_box;
+        let slices = channels.div_ceil(channel_box);
+        HopperConvSteps {
             channel_box,
-            taps_per_step: 64 / channel_box,
-            steps: taps / (64 / channel_box),
-        },
-        None => HopperConvSteps {
-            channel_box: 64,
-            taps_per_step: 1,
-            steps: taps * channels.div_ceil(64),
-        },
-    }
+            boxes_per_step,
+            slices,
+            taps,
+            steps: (taps * slices).div_ceil(boxes_per_step),
+        }
+    };
+    [64, 32, 16]
+        .into_iter()
+        .filter(|&b| b != 16 || channels <= 16)
+        .map(with_box)
+        .fold(None, |best: Option<HopperConvSteps>, s| match best {
+            Some(b) if b.steps <= s.steps => Some(b),
+            _ => Some(s),
+        })
+        .expect("a 64-channel box is always offered")
 }
 
 /// Elements one vector access of a reduction row moves, stated once for the

@@ -7,6 +7,7 @@ use std::fmt::Write;
 use dcir_fusion::cost::{Candidate, wave_efficiency};
 use dcir_fusion::{
     Bound, CostModel, DeviceSpec, Estimator, Group, GroupKind, HopperBlocking, Level, group_kind,
+    hopper_conv_steps,
 };
 use dcir_ir::{Attr, Graph, OpId, OpKind, verify_module};
 
@@ -820,7 +821,8 @@ fn hopper_candidates_are_blockings_the_emitter_honours() {
             .get("split_k")
             .and_then(|a| a.as_int())
             .unwrap_or(1);
-        let blocking = HopperBlocking::new([tile[0], tile[1], tile[2]], stages, split > 1, limit);
+        let blocking =
+            HopperBlocking::new([tile[0], tile[1], tile[2]], stages, split > 1, false, limit);
         let what = c.params.describe();
         assert_eq!(blocking.stages as i64, stages, "{what}");
         assert_eq!(
@@ -882,4 +884,34 @@ fn tensor_core_attention_counts_keys_in_chunks_of_16() {
         "{}",
         e.params.describe()
     );
+}
+
+/// The Hopper implicit GEMM's k steps: the box width that takes the fewest
+/// steps (the wider where they tie), boxes walked in (tap, slice) order
+/// across steps, a last step part past the window where the boxes do not
+/// fill it.
+#[test]
+fn hopper_conv_steps_take_the_box_with_fewest_steps() {
+    // (channels, taps) -> (box, boxes a tap, steps, tail)
+    let cases = [
+        ((64, 9), (64, 1, 9, false)),
+        ((128, 9), (64, 2, 18, false)),
+        ((16, 16), (16, 1, 4, false)),
+        ((8, 4), (16, 1, 1, false)),
+        ((32, 4), (32, 1, 2, false)),
+        ((32, 9), (32, 1, 5, true)),
+        ((96, 9), (32, 3, 14, true)),
+        ((160, 7), (32, 5, 18, true)),
+        ((192, 7), (64, 3, 21, false)),
+        ((48, 9), (64, 1, 9, false)),
+    ];
+    for ((channels, taps), (channel_box, slices, steps, tail)) in cases {
+        let s = hopper_conv_steps(channels, taps);
+        assert_eq!(
+            (s.channel_box, s.slices, s.steps, s.tail()),
+            (channel_box, slices, steps, tail),
+            "{channels} channels, {taps} taps"
+        );
+        assert_eq!(s.boxes_per_step * s.channel_box, 64);
+    }
 }

@@ -859,7 +859,8 @@ fn gemm(dev: &DeviceSpec, info: &GroupInfo, g: &GemmShape, conv: bool, out: &mut
 /// 4096×768×768 (35.0, 30.2 and 11.6 µs against 38.5, 40.5 and 14.9 at 128;
 /// 256 slower still; an H100, 2026-12-06, with the staged epilogue); 64
 /// columns are offered too, for problems whose 128- and 192-wide tiles
-/// leave a wave part-filled.
+/// leave a wave part-filled, and 32 to convolutions of at most 32 output
+/// channels (a 64-wide tile would multiply as many zeros).
 /// Its operands come from shared memory by descriptor (no per-thread loads:
 /// no shared-latency factor), its k-steps carry no fragment-pipeline
 /// overhead, and its registers are the producer's and consumers' split. A
@@ -873,7 +874,13 @@ fn wgmma_gemm(
 ) {
     let rate = dev.matrix_rate(info.dtype);
     let e = info.elem;
-    let tns: &[u32] = if g.n <= 64.0 { &[64] } else { &[64, 128, 192] };
+    // A convolution's B, its KRSC filter, has k contiguous: it may take a
+    // 32-column tile.
+    let tns: &[u32] = match g.n {
+        n if n <= 32.0 && conv => &[32],
+        n if n <= 64.0 => &[64],
+        _ => &[64, 128, 192],
+    };
     for &tn in tns {
         // Two consumer warpgroups (128 rows); one (64) where a second would
         // have no rows, or where 128-row tiles leave SMs idle.
@@ -900,7 +907,7 @@ fn wgmma_gemm(
                 // As many stages as fit beside the epilogue's staging tile.
                 let limit = dev.shared_per_block as usize;
                 let tile = [tm, tn, HOPPER_TK as u32].map(i64::from);
-                let blocking = HopperBlocking::new(tile, 6, split > 1, limit);
+                let blocking = HopperBlocking::new(tile, 6, split > 1, conv, limit);
                 if !blocking.fits(limit) {
                     continue;
                 }
