@@ -1243,6 +1243,10 @@ pub(super) fn lower(
         Stmt::If(
             bin(BinOp::Eq, Expr::Builtin(Builtin::ThreadX), int(0)),
             vec![
+                // The operands' descriptors fetched while the barriers are
+                // set up, not on the first copy's path.
+                Stmt::Call("dcir_prefetch_tensor_map".into(), vec![var(&a.param)]),
+                Stmt::Call("dcir_prefetch_tensor_map".into(), vec![var(&b.param)]),
                 unrolled(
                     "s",
                     c.stages,

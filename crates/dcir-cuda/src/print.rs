@@ -58,6 +58,10 @@ __device__ __forceinline__ void dcir_mbar_wait(unsigned bar, unsigned parity) {
   asm volatile("{\n .reg .pred done;\n dcir_wait_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n @!done bra dcir_wait_%=;\n}"
                :: "r"(bar), "r"(parity) : "memory");
 }
+// Brings a tensor map's descriptor into the cache ahead of the copies that read it.
+__device__ __forceinline__ void dcir_prefetch_tensor_map(const dcir_tensor_map& map) {
+  asm volatile("prefetch.tensormap [%0];" :: "l"(reinterpret_cast<unsigned long long>(&map)) : "memory");
+}
 // A box of `map` at element coordinates (c0 innermost, ..) into shared memory at
 // `dst`, counted on barrier `bar`; zeros outside the tensor.
 __device__ __forceinline__ void dcir_tma_load2(unsigned dst, const dcir_tensor_map& map, unsigned bar, int c0, int c1) {
