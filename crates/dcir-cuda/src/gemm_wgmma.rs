@@ -306,9 +306,9 @@ impl TmaOperand {
         }
         (0..steps.boxes_per_step)
             .map(|j| {
-                let tap = var(&format!("k_tap{j}"));
+                let tap = var(format!("k_tap{j}"));
                 let c0 = if KSteps::box_channel_varies(steps, j) {
-                    var(&format!("k_c{j}"))
+                    var(format!("k_c{j}"))
                 } else {
                     int(0)
                 };
@@ -492,7 +492,7 @@ impl KSteps {
                     }
                     locals.push(let_int(&format!("k_tap{j}"), tap));
                     if Self::box_channel_varies(steps, j) {
-                        let slice = sub(b, mul(var(&format!("k_tap{j}")), int(slices)));
+                        let slice = sub(b, mul(var(format!("k_tap{j}")), int(slices)));
                         locals.push(let_int(
                             &format!("k_c{j}"),
                             mul(slice, int(steps.channel_box as i64)),
