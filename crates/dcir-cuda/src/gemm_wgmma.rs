@@ -444,17 +444,11 @@ fn aligned(x: i64) -> bool {
 }
 
 /// How the k loop steps: over 64-wide slices of K, or over a convolution's
-/// window as [`hopper_conv_steps`] says (a tap and a 64-channel slice a
-/// step, or several taps of a narrow box).
+/// window (`kw` taps a row) as [`hopper_conv_steps`] says (a tap's
+/// 64-channel box a step, or several narrower boxes).
 enum KSteps {
-    Gemm {
-        k: usize,
-    },
-    Conv {
-        taps: [usize; 2],
-        channels: usize,
-        steps: HopperConvSteps,
-    },
+    Gemm { k: usize },
+    Conv { kw: usize, steps: HopperConvSteps },
 }
 
 impl KSteps {
@@ -501,13 +495,16 @@ impl KSteps {
                 }
                 locals
             }
-            KSteps::Conv { taps, channels, .. } => {
-                let slices = channels.div_ceil(TK) as i64;
+            KSteps::Conv { kw, steps } => {
+                let slices = steps.slices as i64;
                 vec![
                     let_int("k_tap", div(var("kt"), slices)),
-                    let_int("k_c0", mul(rem(var("kt"), slices), int(TK as i64))),
-                    let_int("k_r", div(var("k_tap"), taps[1] as i64)),
-                    let_int("k_s", rem(var("k_tap"), taps[1] as i64)),
+                    let_int(
+                        "k_c0",
+                        mul(rem(var("kt"), slices), int(steps.channel_box as i64)),
+                    ),
+                    let_int("k_r", div(var("k_tap"), kw as i64)),
+                    let_int("k_s", rem(var("k_tap"), kw as i64)),
                 ]
             }
         }
@@ -719,14 +716,7 @@ fn operands(p: &Problem) -> std::result::Result<([TmaOperand; 2], KSteps), Strin
             TmaOperand::im2col(&conv.geo, input, steps),
             TmaOperand::filter(&conv.geo, filter, steps),
         ) {
-            (true, Some(a), Some(b)) => Ok((
-                [a, b],
-                KSteps::Conv {
-                    taps: [kh, kw],
-                    channels: c,
-                    steps,
-                },
-            )),
+            (true, Some(a), Some(b)) => Ok(([a, b], KSteps::Conv { kw, steps })),
             _ => Err(refused.into()),
         };
     }
