@@ -6,10 +6,12 @@
 //! Shape of the kernel:
 //!
 //! - **Warpgroups**: one producer and `tm / 64` consumers (128 threads
-//!   each). The producer gives its registers up (`setmaxnreg.dec` to 40) and
-//!   one of its threads issues every copy; each consumer takes 232 registers
-//!   (`setmaxnreg.inc`) and owns 64 rows of the block tile, its `tn / 2` f32
-//!   accumulators per thread in registers.
+//!   each; `tm` 64, 128 or 192). The producer gives its registers up
+//!   (`setmaxnreg.dec` to 40) and one of its threads issues every copy; each
+//!   consumer takes what the block has left (`setmaxnreg.inc`: 232 for one
+//!   or two consumers, 152 for three; [`HopperBlocking::registers`]) and
+//!   owns 64 rows of the block tile, its `tn / 2` f32 accumulators per thread
+//!   in registers.
 //! - **Persistent grid**: [`PERSISTENT_BLOCKS`] blocks (or fewer tiles) walk
 //!   the `batch × ⌈M/tm⌉ × ⌈N/tn⌉` output tiles in the order of
 //!   [`super::gemm_tc`]'s block order; the producer runs ahead across tile
@@ -47,7 +49,7 @@
 //!   and the tail reads no residual, those stores are deferred: a tile's
 //!   staged results go out during the next tile's k loop, one pass of rows
 //!   a step, the first consumer's after its `wgmma`s are issued and the
-//!   second's before (a warpgroup is held at issue while the tensor cores
+//!   others' before (a warpgroup is held at issue while the tensor cores
 //!   work through earlier products, so each one's math runs during the
 //!   other's products; what the loop leaves after it, the last tile's after
 //!   the work loop).
@@ -731,7 +733,7 @@ fn operands(p: &Problem) -> std::result::Result<([TmaOperand; 2], KSteps), Strin
             })
     };
     Ok((
-        [side(&p.a, 128, "A")?, side(&p.b, 256, "B")?],
+        [side(&p.a, 192, "A")?, side(&p.b, 256, "B")?],
         KSteps::Gemm { k: p.k },
     ))
 }
@@ -776,6 +778,7 @@ pub(super) fn lower(
         b.k_major(),
         MAX_SHARED,
     );
+    let (producer_registers, consumer_registers) = c.registers();
     a.set_rows(c.tm);
     b.set_rows(c.tn);
     let shape = WgmmaShape {
@@ -874,7 +877,10 @@ pub(super) fn lower(
     }
     producer_tile.push(k_loop(fill));
     let producer = vec![
-        Stmt::Call("dcir_producer_registers".into(), vec![]),
+        Stmt::Call(
+            format!("dcir_producer_registers<{producer_registers}>"),
+            vec![],
+        ),
         Stmt::If(
             bin(BinOp::Eq, var("wt"), int(0)),
             vec![
@@ -1075,25 +1081,26 @@ pub(super) fn lower(
     };
     if overlapped {
         // A warpgroup's wgmmas hold it at issue while the tensor cores work
-        // through the ones before, so a second consumer takes its pass
-        // before its wgmmas, the first after: each one's math runs while
-        // the other's products do, the two alternating on the tensor cores.
+        // through the ones before, so the second and third consumers take
+        // their pass before their wgmmas, the first after: each one's math
+        // runs while another's products do.
         let mut pass = vec![let_int("i", var("kt"))];
         pass.extend(staged_row_loop.clone());
-        let pass_of = |role: Option<i64>| {
+        // `first`: the comparison of the consumer's role with the first's.
+        let pass_of = |first: Option<BinOp>| {
             let mut cond = bin(
                 BinOp::And,
                 bin(BinOp::Ne, var("pending"), int(0)),
                 lt(var("kt"), int(passes as i64)),
             );
-            if let Some(r) = role {
-                cond = bin(BinOp::And, bin(BinOp::Eq, var("role"), int(r)), cond);
+            if let Some(op) = first {
+                cond = bin(BinOp::And, bin(op, var("role"), int(1)), cond);
             }
             Stmt::If(cond, staged_tile(pass.clone()))
         };
-        if c.consumers() == 2 {
-            mma.insert(1, pass_of(Some(2)));
-            mma.push(pass_of(Some(1)));
+        if c.consumers() > 1 {
+            mma.insert(1, pass_of(Some(BinOp::Ne)));
+            mma.push(pass_of(Some(BinOp::Eq)));
         } else {
             mma.push(pass_of(None));
         }
@@ -1145,7 +1152,10 @@ pub(super) fn lower(
     }
     let (finish, scratch) = split.finish(&c, &mut params, &mut l.helpers, tile_epilogue);
     consumer_tile.extend(finish);
-    let mut consumer = vec![Stmt::Call("dcir_consumer_registers".into(), vec![])];
+    let mut consumer = vec![Stmt::Call(
+        format!("dcir_consumer_registers<{consumer_registers}>"),
+        vec![],
+    )];
     if split.splits > 1 {
         consumer.push(Stmt::SharedView {
             name: "split_flags".into(),

@@ -83,9 +83,9 @@ __device__ __forceinline__ void dcir_tma_load_im2col4(unsigned dst, const dcir_t
                :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(&map)), "r"(bar), "r"(c), "r"(w), "r"(h), "r"(n),
                   "h"((unsigned short)ow), "h"((unsigned short)oh) : "memory");
 }
-// Registers move from the producer warpgroup (40 each) to the consumers (232 each).
-__device__ __forceinline__ void dcir_producer_registers() { asm volatile("setmaxnreg.dec.sync.aligned.u32 40;"); }
-__device__ __forceinline__ void dcir_consumer_registers() { asm volatile("setmaxnreg.inc.sync.aligned.u32 232;"); }
+// setmaxnreg: a producer thread's registers shrink to N, a consumer's grow to N.
+template <unsigned N> __device__ __forceinline__ void dcir_producer_registers() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(N)); }
+template <unsigned N> __device__ __forceinline__ void dcir_consumer_registers() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(N)); }
 // Waits for the 128 threads of warpgroup `id` (named barrier `id`; 0 is __syncthreads').
 __device__ __forceinline__ void dcir_warpgroup_barrier(int id) { asm volatile("bar.sync %0, 128;" :: "r"(id) : "memory"); }
 // Split-K: counts warpgroup `role`'s split in at `arrivals[slot]`; true in the last

@@ -175,9 +175,10 @@ pub const HOPPER_TK: usize = 64;
 
 /// The Hopper mainloop's blocking, stated once for the cost model, which
 /// offers and prices it, and the CUDA emitter, which lays its shared memory
-/// out by it: `tm` (64 or 128: one or two consumer warpgroups) × `tn` (a
-/// multiple of 64 up to 256) output tiles, a ring of `stages` buffers of
-/// [`HOPPER_TK`]-wide k, each an A and a B tile of 16-bit elements.
+/// out by it: `tm` (64, 128 or 192: one consumer warpgroup per 64 rows) ×
+/// `tn` (32, or a multiple of 64 up to 256; at most 128 beside 192 rows)
+/// output tiles, a ring of `stages` buffers of [`HOPPER_TK`]-wide k, each an
+/// A and a B tile of 16-bit elements.
 ///
 /// Dynamic shared memory, in order: 1024 bytes of slack to align the ring
 /// to the swizzle's repeat, the ring, a full and an empty `mbarrier` per
@@ -203,8 +204,10 @@ pub const HOPPER_RING_ALIGN: usize = 1024;
 
 impl HopperBlocking {
     /// The blocking for attributes `tile` (`[tm, tn, _]`) and `stages` within
-    /// `shared_limit` bytes of shared memory a block: `tm` 128 unless it asks
-    /// for 64 or less, `tn` 32 where it asks for 32 or less and the B tile
+    /// `shared_limit` bytes of shared memory a block: `tm` 64 where it asks
+    /// for 64 or less, 192 where it asks for more than 128 and `tn` is at most
+    /// 128 (three consumers' accumulators fit their registers,
+    /// [`Self::registers`], no wider), else 128; `tn` 32 where it asks for 32 or less and the B tile
     /// may be that narrow (`narrow_b`: its k contiguous, one box of rows),
     /// else rounded up to a multiple of 64 in 64..=256, `stages` clamped to
     /// 2..=6 and lowered while the blocking needs more than `shared_limit`
@@ -216,11 +219,15 @@ impl HopperBlocking {
         narrow_b: bool,
         shared_limit: usize,
     ) -> HopperBlocking {
-        let tm = if tile[0] <= 64 { 64 } else { 128 };
         let tn = if tile[1] <= 32 && narrow_b {
             32
         } else {
             (tile[1].clamp(64, 256) as usize).div_ceil(64) * 64
+        };
+        let tm = match tile[0] {
+            ..=64 => 64,
+            129.. if tn <= 128 => 192,
+            _ => 128,
         };
         let mut blocking = HopperBlocking {
             tm,
@@ -247,6 +254,24 @@ impl HopperBlocking {
     /// Threads of a block: the producer warpgroup and the consumers.
     pub fn threads(&self) -> usize {
         128 * (1 + self.consumers())
+    }
+
+    /// Registers a thread is launched with: the register file (65,536) over
+    /// the block's threads, in multiples of 8, at most 255.
+    pub fn launch_registers(&self) -> usize {
+        (65536 / self.threads() / 8 * 8).min(255)
+    }
+
+    /// Registers a thread of the producer and of each consumer take
+    /// (`setmaxnreg`): the producer gives all but 40 up, the consumers share
+    /// what the block holds, at most 232 each (multiples of 8). Launched at
+    /// 65,536 / threads each, a block of two consumers splits 64,512 as 40 +
+    /// 2 × 232, one of three 65,536 as 40 + 3 × 152.
+    pub fn registers(&self) -> (usize, usize) {
+        const PRODUCER: usize = 40;
+        let block = self.launch_registers() * self.threads();
+        let consumer = (block - 128 * PRODUCER) / (128 * self.consumers()) / 8 * 8;
+        (PRODUCER, consumer.min(232))
     }
 
     /// Bytes of one stage of the ring: an A and a B tile.

@@ -813,6 +813,15 @@ fn hopper_candidates_are_blockings_the_emitter_honours() {
         .filter(|c| attr_str(c.params.get("mainloop")) == Some("wgmma"))
         .collect();
     assert!(hopper.len() >= 2, "{} Hopper candidates", hopper.len());
+    // 50 × 24 tiles of 128 × 128 fill waves: 192-row ones are offered beside.
+    assert!(
+        hopper.iter().any(|c| c
+            .params
+            .get("tile")
+            .and_then(|a| a.as_ints())
+            .is_some_and(|t| t[..2] == [192, 128])),
+        "no 192-row candidate"
+    );
     for c in hopper {
         let tile = c.params.get("tile").and_then(|a| a.as_ints()).unwrap();
         let stages = c.params.get("stages").and_then(|a| a.as_int()).unwrap();
@@ -884,6 +893,45 @@ fn tensor_core_attention_counts_keys_in_chunks_of_16() {
         "{}",
         e.params.describe()
     );
+}
+
+/// The Hopper blocking's warpgroups and register split: one consumer per 64
+/// rows, 192 rows only beside at most 128 columns, and the registers the
+/// consumers take no more than the block was launched with once the
+/// producer's are given up (`setmaxnreg.inc` would wait forever).
+#[test]
+fn hopper_blockings_split_the_registers_they_hold() {
+    let limit = DeviceSpec::h100().shared_per_block as usize;
+    let cases = [
+        ([64, 64], (64, 64, 256, (40, 232))),
+        ([128, 192], (128, 192, 384, (40, 232))),
+        ([192, 128], (192, 128, 512, (40, 152))),
+        ([192, 64], (192, 64, 512, (40, 152))),
+        ([256, 192], (128, 192, 384, (40, 232))),
+    ];
+    for ([tm, tn], (rows, cols, threads, registers)) in cases {
+        let b = HopperBlocking::new([tm, tn, 64], 4, false, false, limit);
+        assert_eq!(
+            (b.tm, b.tn, b.threads()),
+            (rows, cols, threads),
+            "{tm}x{tn}"
+        );
+        assert_eq!(b.registers(), registers, "{tm}x{tn}");
+        let (producer, consumer) = b.registers();
+        assert!(
+            128 * (producer + b.consumers() * consumer) <= b.launch_registers() * b.threads(),
+            "{tm}x{tn}"
+        );
+        assert!(
+            consumer >= b.tn / 2 + 24,
+            "{tm}x{tn}: accumulators and addressing"
+        );
+        assert!(
+            b.fits(limit) && b.stages == 4,
+            "{tm}x{tn}: {} stages",
+            b.stages
+        );
+    }
 }
 
 /// The Hopper implicit GEMM's k steps: the box width that takes the fewest

@@ -849,7 +849,8 @@ fn gemm(dev: &DeviceSpec, info: &GroupInfo, g: &GemmShape, conv: bool, out: &mut
 /// operands its im2col copies read ([`GemmShape::channels_last`]), of f16
 /// or bf16 on a device with `wgmma` (compute capability 9.0): 128 rows (two
 /// consumer warpgroups; 64 and one where M is at most 64, and beside 128
-/// where 128-row tiles leave SMs idle) × 64 (where N is at most 64), 128 or
+/// where 128-row tiles leave SMs idle; 192 and three beside 128 where they
+/// fill a wave, at most 128 columns) × 64 (where N is at most 64), 128 or
 /// 192 columns, k in 64-wide stages, as many stages as
 /// fit beside the epilogue's staging tile ([`HopperBlocking`], the emitter's
 /// blocking), a persistent grid that walks the work items in
@@ -883,11 +884,16 @@ fn wgmma_gemm(
     };
     for &tn in tns {
         // Two consumer warpgroups (128 rows); one (64) where a second would
-        // have no rows, or where 128-row tiles leave SMs idle.
+        // have no rows, or where 128-row tiles leave SMs idle; three (192)
+        // beside two where 128-row tiles fill a wave and their columns are
+        // few enough (a last wave part-filled at 128 rows may be whole at
+        // 192: ResNet-50's 25,088-row convolutions, 196 tiles of 128 × 128
+        // and 131 of 192 × 128 on 132 SMs).
         let idle = g.batch * ceil_div(g.m, 128.0) * ceil_div(g.n, tn as f64) < dev.sm_count as f64;
         let tms: &[u32] = match (g.m <= 64.0, idle) {
             (true, _) => &[64],
             (false, true) => &[128, 64],
+            (false, false) if tn <= 128 => &[128, 192],
             (false, false) => &[128],
         };
         for &tm in tms {
@@ -926,7 +932,7 @@ fn wgmma_gemm(
                     blocks: units,
                     threads,
                     smem: blocking.shared_bytes() as f64,
-                    regs: if tm == 64 { 232.0 } else { 168.0 },
+                    regs: blocking.launch_registers() as f64,
                     oi: block_flops / block_bytes,
                     rate,
                     comp_per_load: None,
