@@ -45,7 +45,7 @@
 #   variants  hand-set kernel variants (examples/data/variants_*.dcir) checked
 #             and timed, to fit the cost model
 #   hopper    the wgmma mainloop: gemm_wgmma.dcir's and conv_wgmma.dcir's
-#             graphs through --check (memcheck and racecheck on four GEMMs and six convs),
+#             graphs through --check (memcheck and racecheck on five GEMMs and eight convs),
 #             then perf_stem.dcir's (ResNet-50's 7x7 stem as planned before
 #             and space-to-depth), perf_gemm_wgmma.dcir's graphs (cuBLASLt, wgmma tile widths,
 #             mma.sync), perf_conv_wgmma.dcir's (ResNet-50's 3x3 convs at
@@ -288,7 +288,8 @@ hopper() {
     done
     for g in gemm_wgmma:odd_bf16_nt gemm_wgmma:split_bf16 gemm_wgmma:overlapped_bf16 conv_wgmma:strided_bf16 conv_wgmma:split_c3x3_f16 \
         conv_wgmma:n32_c96_f16 conv_wgmma:k1x7_c160_bf16 conv_wgmma:rows192_c3x3_f16 conv_wgmma:rows192_split_bf16 \
-        gemm_wgmma:rows192_overlapped_f16; do
+        gemm_wgmma:rows192_overlapped_f16 conv_wgmma:swapped_c3x3_f16 conv_wgmma:swapped_split_c32_bf16 \
+        gemm_wgmma:swapped_overlapped_f16; do
         f=tests/filetests/cuda/${g%%:*}.dcir
         for tool in memcheck racecheck; do
             timeout 180 /usr/local/cuda/bin/compute-sanitizer --tool "$tool" --error-exitcode 3 \

@@ -599,7 +599,7 @@ impl Split {
             sub(var("role"), int(1)),
         );
         add(
-            mul(add(mul(row, int((c.tn / 2) as i64)), i), int(128)),
+            mul(add(mul(row, int(c.accumulators() as i64)), i), int(128)),
             var("wt"),
         )
     }
@@ -612,7 +612,7 @@ impl Split {
         if self.splits == 1 {
             return Expr::Load(array("acc", Ty::F32), Box::new(i));
         }
-        let stride = c.consumers() * (c.tn / 2) * 128;
+        let stride = c.consumers() * c.accumulators() * 128;
         call(
             "dcir_split_sum",
             vec![
@@ -649,7 +649,7 @@ impl Split {
                 tensor_map: None,
             });
         }
-        let acc_len = (c.tn / 2) as i64;
+        let acc_len = c.accumulators() as i64;
         let consumer = sub(var("role"), int(1));
         let slot = |split: Expr, i: Expr| self.slot(c, split, i);
         let acc = |i: Expr| Expr::Load(array("acc", Ty::F32), Box::new(i));
@@ -775,14 +775,14 @@ pub(super) fn lower(
         tile,
         attr_int(g, op, "stages", 4),
         splits > 1,
-        b.k_major(),
+        [a.k_major(), b.k_major()],
         MAX_SHARED,
     );
     let (producer_registers, consumer_registers) = c.registers();
     a.set_rows(c.tm);
     b.set_rows(c.tn);
     let shape = WgmmaShape {
-        n: c.tn as u16,
+        n: c.wgmma_n() as u16,
         bf16: p.dtype == DType::BF16,
         a_m_major: !a.k_major(),
         b_n_major: !b.k_major(),
@@ -905,13 +905,19 @@ pub(super) fn lower(
         Stmt::Call("dcir_wgmma_fence".into(), vec![]),
     ];
     for kk in 0..TK / 16 {
+        let (a_desc, b_desc) = (
+            a.descriptor(a_rows.clone(), kk),
+            b.descriptor(b_base.clone(), kk),
+        );
+        // Swapped, B's tile is the wgmma's M and A's its N.
+        let (m_desc, n_desc) = if c.swapped {
+            (b_desc, a_desc)
+        } else {
+            (a_desc, b_desc)
+        };
         mma.push(Stmt::Call(
             shape.helper_name(),
-            vec![
-                var("acc"),
-                a.descriptor(a_rows.clone(), kk),
-                b.descriptor(b_base.clone(), kk),
-            ],
+            vec![var("acc"), m_desc, n_desc],
         ));
     }
     mma.push(Stmt::Call("dcir_wgmma_commit".into(), vec![]));
@@ -942,35 +948,76 @@ pub(super) fn lower(
         ),
     ];
     // Epilogue, first half: the accumulators rounded to the product's dtype
-    // into the consumer's rows of the staging tile, two columns a word.
+    // into the consumer's rows of the staging tile, two columns a word; or,
+    // swapped (the accumulators' rows are the tile's columns), by
+    // `stmatrix.trans`, four 8 × 8 blocks an instruction.
     let row_elems = c.staged_row_elems() as i64;
-    let consumer_row0 = mul(sub(var("role"), int(1)), int(64));
+    let consumer_row0 = if c.swapped {
+        int(0)
+    } else {
+        mul(sub(var("role"), int(1)), int(64))
+    };
     let acc = |i: Expr| split.accumulator(&c, i);
-    let pair = add(mul(var("j"), int(4)), mul(var("h"), int(2)));
-    let (lo, hi) = (
-        l.narrow(p.dtype, acc(pair.clone())),
-        l.narrow(p.dtype, acc(add(pair, int(1)))),
-    );
-    let word = bin(
-        BinOp::BitOr,
-        Expr::Cast(Ty::U32, Box::new(lo)),
-        bin(BinOp::Shl, Expr::Cast(Ty::U32, Box::new(hi)), int(16)),
-    );
-    let staged_row = add(
-        consumer_row0.clone(),
-        add(
-            add(mul(var("warp"), int(16)), div(var("lane"), 4)),
-            mul(var("h"), int(8)),
-        ),
-    );
-    let stage_out = Stmt::Store(
-        array("out_pairs", Ty::U32),
-        add(
-            mul(staged_row, int(row_elems / 2)),
-            add(mul(var("j"), int(4)), rem(var("lane"), 4)),
-        ),
-        word,
-    );
+    // Accumulators `i` and `i + 1` (one row, two adjacent columns) as a word.
+    let mut word = |i: Expr| {
+        let (lo, hi) = (
+            l.narrow(p.dtype, acc(i.clone())),
+            l.narrow(p.dtype, acc(add(i, int(1)))),
+        );
+        bin(
+            BinOp::BitOr,
+            Expr::Cast(Ty::U32, Box::new(lo)),
+            bin(BinOp::Shl, Expr::Cast(Ty::U32, Box::new(hi)), int(16)),
+        )
+    };
+    let stage_out = if c.swapped {
+        // Block q (lanes 8q..8q+8 address its rows) of step j: accumulator
+        // columns 16j + 8(q / 2) + (0..8) (the tile's rows), accumulator rows
+        // 16·warp + 8(q % 2) + (0..8) (its columns).
+        let lane_row = add(mul(div(var("lane"), 16), int(8)), rem(var("lane"), 8));
+        let lane_col = add(
+            mul(var("warp"), int(16)),
+            mul(rem(div(var("lane"), 8), 2), int(8)),
+        );
+        let at = add(
+            add(
+                call("dcir_smem_base", vec![var("dcir_smem")]),
+                int(c.staging_offset() as i64),
+            ),
+            mul(
+                add(
+                    mul(add(mul(var("j"), int(16)), lane_row), int(row_elems)),
+                    lane_col,
+                ),
+                int(ELEM as i64),
+            ),
+        );
+        let mut args = vec![at];
+        args.extend((0..4).map(|q| word(add(mul(var("j"), int(8)), int(2 * q)))));
+        unrolled(
+            "j",
+            c.wgmma_n() / 16,
+            vec![Stmt::Call("dcir_stmatrix_x4_trans".into(), args)],
+        )
+    } else {
+        let staged_row = add(
+            consumer_row0.clone(),
+            add(
+                add(mul(var("warp"), int(16)), div(var("lane"), 4)),
+                mul(var("h"), int(8)),
+            ),
+        );
+        let pair = add(mul(var("j"), int(4)), mul(var("h"), int(2)));
+        let store = Stmt::Store(
+            array("out_pairs", Ty::U32),
+            add(
+                mul(staged_row, int(row_elems / 2)),
+                add(mul(var("j"), int(4)), rem(var("lane"), 4)),
+            ),
+            word(pair),
+        );
+        unrolled("j", c.tn / 8, vec![unrolled("h", 2, vec![store])])
+    };
     // Second half, one element at a time: each warp walks every fourth row,
     // its lanes on 32 consecutive columns at a time, each element through
     // the group's tail and stored (coalesced: 64 bytes of one row per store).
@@ -1016,7 +1063,7 @@ pub(super) fn lower(
             .chain(stores)
             .collect(),
         ));
-        (64 * c.tn / columns / 128, body)
+        (c.consumer_rows() * c.tn / columns / 128, body)
     } else {
         let staged = l.widen(
             p.dtype,
@@ -1048,7 +1095,7 @@ pub(super) fn lower(
             vec![row_check()],
             vec![unrolled("j", c.tn / 32, element)],
         ));
-        (16, body)
+        (c.consumer_rows() / 4, body)
     };
     let warpgroup_barrier = Stmt::Call("dcir_warpgroup_barrier".into(), vec![var("role")]);
     // Unrolled: the rows' loads of the tail's other operands (a residual)
@@ -1109,7 +1156,7 @@ pub(super) fn lower(
     let mut consumer_tile = locate;
     consumer_tile.push(unrolled(
         "i",
-        c.tn / 2,
+        c.accumulators(),
         vec![Stmt::Store(array("acc", Ty::F32), var("i"), Expr::F32(0.0))],
     ));
     consumer_tile.push(k_loop(mma));
@@ -1122,7 +1169,12 @@ pub(super) fn lower(
     }
     let mut tile_epilogue = vec![
         Stmt::Comment(format!(
-            "epilogue: accumulator 4j + 2h + e is row 16·warp + lane/4 + 8h, column 8j + 2(lane%4) + e of the consumer's rows; staged, then stored {}{}",
+            "epilogue: accumulator 4j + 2h + e is row 16·warp + lane/4 + 8h, column 8j + 2(lane%4) + e of the consumer's {}; staged, then stored {}{}",
+            if c.swapped {
+                "columns and rows (swapped), staged by stmatrix.trans"
+            } else {
+                "rows"
+            },
             if columns > 1 {
                 format!("{columns} columns a thread, the rows' vectors in order")
             } else {
@@ -1135,7 +1187,7 @@ pub(super) fn lower(
             }
         )),
         warpgroup_barrier.clone(),
-        unrolled("j", c.tn / 8, vec![unrolled("h", 2, vec![stage_out])]),
+        stage_out,
         warpgroup_barrier,
     ];
     if overlapped {
@@ -1179,7 +1231,7 @@ pub(super) fn lower(
         Stmt::LocalArray {
             name: "acc".into(),
             ty: Ty::F32,
-            len: c.tn / 2,
+            len: c.accumulators(),
         },
         Stmt::Let {
             name: "it".into(),
@@ -1280,13 +1332,18 @@ pub(super) fn lower(
         param.tensor_map = Some(o.map.clone());
     }
     let summary = format!(
-        "{what}, wgmma + TMA (sm_90a), tile [{}, {}, {TK}], {} consumer warpgroup{} of {}x{}, {} stages, persistent over {}; A {}, B {}",
+        "{what}, wgmma + TMA (sm_90a), tile [{}, {}, {TK}], {} consumer warpgroup{} of {}x{}{}, {} stages, persistent over {}; A {}, B {}",
         c.tm,
         c.tn,
         c.consumers(),
         if c.consumers() == 1 { "" } else { "s" },
         64,
-        c.tn,
+        c.wgmma_n(),
+        if c.swapped {
+            " (swapped: B's rows its M, A's its N)"
+        } else {
+            ""
+        },
         c.stages,
         if split.splits == 1 {
             format!("{tiles} tiles")

@@ -86,6 +86,11 @@ __device__ __forceinline__ void dcir_tma_load_im2col4(unsigned dst, const dcir_t
 // setmaxnreg: a producer thread's registers shrink to N, a consumer's grow to N.
 template <unsigned N> __device__ __forceinline__ void dcir_producer_registers() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(N)); }
 template <unsigned N> __device__ __forceinline__ void dcir_consumer_registers() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(N)); }
+// Four 8x8 blocks of 16-bit pairs (a warp's mma accumulator fragments, r0..r3)
+// into shared memory transposed: lanes 8q..8q+8 give the addresses of block q's rows.
+__device__ __forceinline__ void dcir_stmatrix_x4_trans(unsigned addr, unsigned r0, unsigned r1, unsigned r2, unsigned r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" :: "r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
+}
 // Waits for the 128 threads of warpgroup `id` (named barrier `id`; 0 is __syncthreads').
 __device__ __forceinline__ void dcir_warpgroup_barrier(int id) { asm volatile("bar.sync %0, 128;" :: "r"(id) : "memory"); }
 // Split-K: counts warpgroup `role`'s split in at `arrivals[slot]`; true in the last

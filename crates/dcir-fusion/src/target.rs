@@ -178,7 +178,11 @@ pub const HOPPER_TK: usize = 64;
 /// out by it: `tm` (64, 128 or 192: one consumer warpgroup per 64 rows) ×
 /// `tn` (32, or a multiple of 64 up to 256; at most 128 beside 192 rows)
 /// output tiles, a ring of `stages` buffers of [`HOPPER_TK`]-wide k, each an
-/// A and a B tile of 16-bit elements.
+/// A and a B tile of 16-bit elements. Or, *swapped*, 256 × 64 tiles whose
+/// operands trade places in the `wgmma`: the B tile's 64 rows its M, the A
+/// tile's 256 its N, one consumer warpgroup (`m64n256k16`: per k step its
+/// tensor cores read 40 KiB of shared memory for 2 MFLOP, where two
+/// consumers of a 128 × 64 tile read 32 KiB for 1 MFLOP).
 ///
 /// Dynamic shared memory, in order: 1024 bytes of slack to align the ring
 /// to the swizzle's repeat, the ring, a full and an empty `mbarrier` per
@@ -194,6 +198,8 @@ pub struct HopperBlocking {
     pub stages: usize,
     /// Whether the k steps are split (the arrival words).
     pub split: bool,
+    /// Whether the operands trade places in the `wgmma` (see the type).
+    pub swapped: bool,
 }
 
 /// Bytes of one element the Hopper mainloop multiplies (f16 or bf16).
@@ -207,24 +213,30 @@ impl HopperBlocking {
     /// `shared_limit` bytes of shared memory a block: `tm` 64 where it asks
     /// for 64 or less, 192 where it asks for more than 128 and `tn` is at most
     /// 128 (three consumers' accumulators fit their registers,
-    /// [`Self::registers`], no wider), else 128; `tn` 32 where it asks for 32 or less and the B tile
-    /// may be that narrow (`narrow_b`: its k contiguous, one box of rows),
-    /// else rounded up to a multiple of 64 in 64..=256, `stages` clamped to
-    /// 2..=6 and lowered while the blocking needs more than `shared_limit`
-    /// (two stages may still: see [`Self::fits`]).
+    /// [`Self::registers`], no wider), else 128; `tn` 32 where it asks for
+    /// 32 or less and the B tile may be that narrow (`k_major[1]`: its k
+    /// contiguous, one box of rows), else rounded up to a multiple of 64 in
+    /// 64..=256; swapped 256 × 64 where it asks for 256 or more rows and 64
+    /// or fewer columns of two K-major operands (`k_major`, A's and B's);
+    /// `stages` clamped to 2..=6 and lowered while the blocking needs more
+    /// than `shared_limit` (two stages may still: see [`Self::fits`]).
     pub fn new(
         tile: [i64; 3],
         stages: i64,
         split: bool,
-        narrow_b: bool,
+        k_major: [bool; 2],
         shared_limit: usize,
     ) -> HopperBlocking {
-        let tn = if tile[1] <= 32 && narrow_b {
+        let swapped = tile[0] >= 256 && tile[1] <= 64 && k_major == [true, true];
+        let tn = if swapped {
+            64
+        } else if tile[1] <= 32 && k_major[1] {
             32
         } else {
             (tile[1].clamp(64, 256) as usize).div_ceil(64) * 64
         };
         let tm = match tile[0] {
+            _ if swapped => 256,
             ..=64 => 64,
             129.. if tn <= 128 => 192,
             _ => 128,
@@ -234,6 +246,7 @@ impl HopperBlocking {
             tn,
             stages: stages.clamp(2, 6) as usize,
             split,
+            swapped,
         };
         while blocking.stages > 2 && !blocking.fits(shared_limit) {
             blocking.stages -= 1;
@@ -246,9 +259,24 @@ impl HopperBlocking {
         self.shared_bytes() <= shared_limit
     }
 
-    /// Consumer warpgroups: one per 64 rows.
+    /// Consumer warpgroups: one per 64 rows, one swapped.
     pub fn consumers(&self) -> usize {
-        self.tm / 64
+        if self.swapped { 1 } else { self.tm / 64 }
+    }
+
+    /// The N of a consumer's `wgmma`s (`m64nNk16`): `tn`, swapped `tm`.
+    pub fn wgmma_n(&self) -> usize {
+        if self.swapped { self.tm } else { self.tn }
+    }
+
+    /// f32 accumulators a consumer thread holds: `64 · N / 128`.
+    pub fn accumulators(&self) -> usize {
+        self.wgmma_n() / 2
+    }
+
+    /// Rows of the output tile a consumer stores: its 64, swapped all `tm`.
+    pub fn consumer_rows(&self) -> usize {
+        if self.swapped { self.tm } else { 64 }
     }
 
     /// Threads of a block: the producer warpgroup and the consumers.

@@ -830,8 +830,13 @@ fn hopper_candidates_are_blockings_the_emitter_honours() {
             .get("split_k")
             .and_then(|a| a.as_int())
             .unwrap_or(1);
-        let blocking =
-            HopperBlocking::new([tile[0], tile[1], tile[2]], stages, split > 1, false, limit);
+        let blocking = HopperBlocking::new(
+            [tile[0], tile[1], tile[2]],
+            stages,
+            split > 1,
+            [false; 2],
+            limit,
+        );
         let what = c.params.describe();
         assert_eq!(blocking.stages as i64, stages, "{what}");
         assert_eq!(
@@ -910,7 +915,8 @@ fn hopper_blockings_split_the_registers_they_hold() {
         ([256, 192], (128, 192, 384, (40, 232))),
     ];
     for ([tm, tn], (rows, cols, threads, registers)) in cases {
-        let b = HopperBlocking::new([tm, tn, 64], 4, false, false, limit);
+        let b = HopperBlocking::new([tm, tn, 64], 4, false, [false; 2], limit);
+        assert!(!b.swapped, "{tm}x{tn}: swapped without K-major operands");
         assert_eq!(
             (b.tm, b.tn, b.threads()),
             (rows, cols, threads),
@@ -932,6 +938,28 @@ fn hopper_blockings_split_the_registers_they_hold() {
             b.stages
         );
     }
+}
+
+/// Swapped blockings: 256 × 64 tiles of two K-major operands, one consumer
+/// whose `m64n256k16` accumulators (128 a thread) are the tile transposed,
+/// storing all 256 rows.
+#[test]
+fn hopper_swapped_blockings_multiply_256_columns_a_consumer() {
+    let limit = DeviceSpec::h100().shared_per_block as usize;
+    for tile in [[256, 64, 64], [256, 32, 64], [512, 48, 64]] {
+        let b = HopperBlocking::new(tile, 4, false, [true; 2], limit);
+        assert!(b.swapped, "{tile:?}");
+        assert_eq!((b.tm, b.tn, b.consumers(), b.threads()), (256, 64, 1, 256));
+        assert_eq!(
+            (b.wgmma_n(), b.accumulators(), b.consumer_rows()),
+            (256, 128, 256)
+        );
+        assert_eq!(b.registers(), (40, 232));
+        assert!(b.fits(limit) && b.stages == 4);
+    }
+    // Not where A is M-major, nor for more than 64 columns.
+    assert!(!HopperBlocking::new([256, 64, 64], 4, false, [false, true], limit).swapped);
+    assert!(!HopperBlocking::new([256, 128, 64], 4, false, [true; 2], limit).swapped);
 }
 
 /// The Hopper implicit GEMM's k steps: the box width that takes the fewest

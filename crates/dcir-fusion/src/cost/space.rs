@@ -913,7 +913,7 @@ fn wgmma_gemm(
                 // As many stages as fit beside the epilogue's staging tile.
                 let limit = dev.shared_per_block as usize;
                 let tile = [tm, tn, HOPPER_TK as u32].map(i64::from);
-                let blocking = HopperBlocking::new(tile, 6, split > 1, conv, limit);
+                let blocking = HopperBlocking::new(tile, 6, split > 1, [conv, conv], limit);
                 if !blocking.fits(limit) {
                     continue;
                 }
