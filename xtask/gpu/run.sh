@@ -273,7 +273,9 @@ hopper() {
     # and conv_wgmma.dcir through --check (and memcheck, racecheck on three
     # GEMMs and four convs), then each graph of examples/data/perf_stem.dcir,
     # perf_gemm_wgmma.dcir, perf_conv_wgmma.dcir and perf_pointwise_wgmma.dcir
-    # timed, and cuDNN at the conv shapes; hopper.log.
+    # timed, and cuDNN at the conv shapes; hopper.log. HOPPER_SANITIZE
+    # (file:graph words) replaces the sanitized list, HOPPER_PERF_ONLY (an
+    # extended regex) picks the timed graphs by name.
     local data=crates/dcir-cuda/examples/data f g tool
     : >"$OUT/hopper.log"
     for f in tests/filetests/cuda/gemm_wgmma.dcir tests/filetests/cuda/conv_wgmma.dcir; do
@@ -286,10 +288,10 @@ hopper() {
             fi
         done
     done
-    for g in gemm_wgmma:odd_bf16_nt gemm_wgmma:split_bf16 gemm_wgmma:overlapped_bf16 conv_wgmma:strided_bf16 conv_wgmma:split_c3x3_f16 \
-        conv_wgmma:n32_c96_f16 conv_wgmma:k1x7_c160_bf16 conv_wgmma:rows192_c3x3_f16 conv_wgmma:rows192_split_bf16 \
-        gemm_wgmma:rows192_overlapped_f16 conv_wgmma:swapped_c3x3_f16 conv_wgmma:swapped_split_c32_bf16 \
-        gemm_wgmma:swapped_overlapped_f16; do
+    for g in ${HOPPER_SANITIZE:-gemm_wgmma:odd_bf16_nt gemm_wgmma:split_bf16 gemm_wgmma:overlapped_bf16 conv_wgmma:strided_bf16 \
+        conv_wgmma:split_c3x3_f16 conv_wgmma:n32_c96_f16 conv_wgmma:k1x7_c160_bf16 conv_wgmma:rows192_c3x3_f16 \
+        conv_wgmma:rows192_split_bf16 gemm_wgmma:rows192_overlapped_f16 conv_wgmma:swapped_c3x3_f16 \
+        conv_wgmma:swapped_split_c32_bf16 gemm_wgmma:swapped_overlapped_f16}; do
         f=tests/filetests/cuda/${g%%:*}.dcir
         for tool in memcheck racecheck; do
             timeout 180 /usr/local/cuda/bin/compute-sanitizer --tool "$tool" --error-exitcode 3 \
@@ -298,7 +300,7 @@ hopper() {
         done
     done
     for f in "$data/perf_stem.dcir" "$data/perf_gemm_wgmma.dcir" "$data/perf_conv_wgmma.dcir" "$data/perf_pointwise_wgmma.dcir"; do
-        for g in $(grep -o '^graph @[a-z0-9_]*' "$f" | cut -c8-); do
+        for g in $(grep -o '^graph @[a-z0-9_]*' "$f" | cut -c8- | grep -E "${HOPPER_PERF_ONLY:-.}"); do
             echo "$g $(timeout 60 "$B/dcir-run" "$f" --graph "$g" --backend cuda --bench 100 2>&1 | grep -o 'median [0-9.]* ms')" >>"$OUT/hopper.log"
         done
     done
