@@ -849,8 +849,7 @@ fn gemm(dev: &DeviceSpec, info: &GroupInfo, g: &GemmShape, conv: bool, out: &mut
 /// operands its im2col copies read ([`GemmShape::channels_last`]), of f16
 /// or bf16 on a device with `wgmma` (compute capability 9.0): 128 rows (two
 /// consumer warpgroups; 64 and one where M is at most 64, and beside 128
-/// where 128-row tiles leave SMs idle; 192 and three beside 128 where they
-/// fill a wave, at most 128 columns) × 64 (where N is at most 64), 128 or
+/// where 128-row tiles leave SMs idle) × 64 (where N is at most 64), 128 or
 /// 192 columns, k in 64-wide stages, as many stages as
 /// fit beside the epilogue's staging tile ([`HopperBlocking`], the emitter's
 /// blocking), a persistent grid that walks the work items in
@@ -884,24 +883,16 @@ fn wgmma_gemm(
     };
     for &tn in tns {
         // Two consumer warpgroups (128 rows); one (64) where a second would
-        // have no rows, or where 128-row tiles leave SMs idle; three (192)
-        // beside two where 128-row tiles fill a wave and their columns are
-        // few enough (a last wave part-filled at 128 rows may be whole at
-        // 192: ResNet-50's 25,088-row convolutions, 196 tiles of 128 × 128
-        // and 131 of 192 × 128 on 132 SMs).
-        // A convolution's operands are both K-major: at most 64 columns
-        // also take swapped 256 × 64 tiles where they fill a wave.
+        // have no rows, or where 128-row tiles leave SMs idle. (The blocking
+        // also runs 192-row and swapped 256 × 64 tiles; they are offered
+        // once measured on a GPU.)
         let idle = g.batch * ceil_div(g.m, 128.0) * ceil_div(g.n, tn as f64) < dev.sm_count as f64;
         let tms: &[u32] = match (g.m <= 64.0, idle) {
             (true, _) => &[64],
             (false, true) => &[128, 64],
-            (false, false) if conv && tn <= 64 => &[128, 192, 256],
-            (false, false) if tn <= 128 => &[128, 192],
             (false, false) => &[128],
         };
         for &tm in tms {
-            // The blocking's tile (a swapped one is 256 × 64).
-            let [tm, tn] = if tm == 256 { [256, 64] } else { [tm, tn] };
             let (tmf, tnf, tkf) = (tm as f64, tn as f64, HOPPER_TK as f64);
             // A conv's steps hold whole taps: channels short of a step's
             // are zeros, multiplied all the same.
@@ -922,7 +913,6 @@ fn wgmma_gemm(
                 if !blocking.fits(limit) {
                     continue;
                 }
-                debug_assert_eq!([blocking.tm, blocking.tn], [tm as usize, tn as usize]);
                 let (stages, threads) = (blocking.stages as u32, blocking.threads() as u32);
                 let units = tiles * sf;
                 out(Cand {
@@ -955,7 +945,7 @@ fn wgmma_gemm(
                     panels: Some(Panels::of(g, tmf, tnf, [gm, gn], sf, e)),
                     serialize: false,
                     in_flight: None,
-                    feed: hopper_feed(dev, rate, &blocking),
+                    feed: 1.0,
                     // Persistent: a CTA's producer runs ahead across its work
                     // items, so it waits one latency chain, not one per item.
                     chain: latency_chain(gk / sf, stages, kstep, split)
@@ -964,24 +954,6 @@ fn wgmma_gemm(
             }
         }
     }
-}
-
-/// Bytes of shared memory an SM reads or writes a clock.
-const SHARED_BYTES_PER_CLOCK: f64 = 128.0;
-
-/// The fraction of the time the Hopper mainloop's tensor cores are fed
-/// past shared memory: a k step's copies write both tiles and each
-/// consumer's `wgmma`s read its 64 rows of the M operand and the whole N
-/// operand, at [`SHARED_BYTES_PER_CLOCK`], against the step's products at
-/// the SM's share of `rate`. Two consumers of a 128 × 64 tile move 56 KiB
-/// for 1 MFLOP (0.81 on an H200); 128 × 128 and swapped 256 × 64 tiles 80
-/// KiB for 2 MFLOP (1).
-fn hopper_feed(dev: &DeviceSpec, rate: f64, b: &HopperBlocking) -> f64 {
-    let step = HOPPER_TK as f64 * 2.0;
-    let moved = step * ((b.tm + b.tn) + b.consumers() * (64 + b.wgmma_n())) as f64;
-    let smem = moved / (SHARED_BYTES_PER_CLOCK * dev.clock_hz);
-    let math = 2.0 * (b.tm * b.tn) as f64 * HOPPER_TK as f64 / (rate / dev.sm_count.max(1) as f64);
-    (math / smem).min(1.0)
 }
 
 /// Split-K splits a contraction may take.
