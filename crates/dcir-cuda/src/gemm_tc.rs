@@ -2596,7 +2596,7 @@ mod tests {
         let math = wgmma_tail(8192, "    %y.r = tanh %mm : f16[8192,768]");
         assert!(math.contains(overlapped), "{math}");
         assert!(
-            math.contains("role == 2 && (pending != 0 && kt < 8)"),
+            math.contains("role != 1 && (pending != 0 && kt < 8)"),
             "{math}"
         );
         assert!(
